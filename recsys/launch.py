@@ -1,0 +1,176 @@
+"""Start ranks: spawn local gloo processes, or join a torchrun / Slurm launch.
+
+Every distributed wait has a timeout: the process group's (`timeout_s`) for collectives,
+and the spawner's own deadline for the whole job. A rank that dies or hangs makes the
+others fail with an error that names it, never a hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+_ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankFailedError(RuntimeError):
+    """One or more ranks of a job failed; the message names them and their errors."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launched_externally() -> bool:
+    """True under torchrun (RANK/WORLD_SIZE set) or inside a multi-task Slurm job step."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def init_distributed(timeout_s: float, backend: str = "gloo") -> tuple[int, int]:
+    """Join the process group from env:// (torchrun, our spawner) or Slurm via submitit."""
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    missing = [k for k in _ENV_KEYS if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"cannot join the process group: environment lacks {missing}")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def local_world_size() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+@dataclass
+class LaunchResult:
+    results: list[Any]  # what each rank's function returned (None where it failed)
+    exitcodes: list[int | None]  # None: still running when killed at the deadline
+    errors: dict[int, str]  # rank -> traceback text, in the order the failures were seen
+
+
+def _rank_entry(
+    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    try:
+        result = fn(*args)
+    except BaseException:  # noqa: B036 - report everything, then exit non-zero
+        out.put((rank, "error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    out.put((rank, "ok", result))
+
+
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    timeout_s: float = 3600.0,
+    grace_s: float = 20.0,
+) -> LaunchResult:
+    """Run `fn(*args)` in `world_size` fresh processes on a free local port.
+
+    `fn` must be importable (spawn pickles it by name). Once a rank fails, the others get
+    `grace_s` seconds to fail on their own (they should: their collectives error out or time
+    out) before they are killed; after `timeout_s` every rank still running is killed.
+    """
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_entry, args=(fn, r, world_size, port, args, out), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: list[Any] = [None] * world_size
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    first_failure: float | None = None
+
+    def drain(block_s: float) -> None:
+        try:
+            rank, status, payload = out.get(timeout=block_s)
+        except queue.Empty:
+            return
+        if status == "ok":
+            results[rank] = payload
+        else:
+            errors[rank] = payload
+
+    def note_dead_ranks() -> None:
+        for r, p in enumerate(procs):
+            if p.exitcode not in (None, 0) and r not in errors:
+                drain(0.5)  # its own report may still be in the queue
+                errors.setdefault(r, f"exited with code {p.exitcode} without reporting an error")
+
+    while any(p.is_alive() for p in procs):
+        drain(0.2)
+        note_dead_ranks()
+        now = time.monotonic()
+        if errors and first_failure is None:
+            first_failure = now
+        timed_out = now > deadline
+        if timed_out or (first_failure is not None and now - first_failure > grace_s):
+            why = (
+                f"still running at the job deadline ({timeout_s:.0f} s); killed"
+                if timed_out
+                else f"still running {grace_s:.0f} s after another rank failed; killed (hung?)"
+            )
+            for r, p in enumerate(procs):
+                if p.is_alive():
+                    p.kill()
+                    errors.setdefault(r, why)
+            break
+    for p in procs:
+        p.join()
+    while any(results[r] is None and r not in errors for r in range(world_size)):
+        before = sum(x is not None for x in results) + len(errors)
+        drain(1.0)  # results a rank put just before it exited
+        if sum(x is not None for x in results) + len(errors) == before:
+            break
+    note_dead_ranks()
+    return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)
+
+
+def raise_on_failure(launch: LaunchResult, what: str) -> list[Any]:
+    """The per-rank results, or RankFailedError with every failed rank's last error line."""
+    if not launch.errors and all(c == 0 for c in launch.exitcodes):
+        return launch.results
+    lines = [f"{what} failed on {len(launch.errors)} of {len(launch.exitcodes)} ranks:"]
+    for r in launch.errors:
+        last = launch.errors[r].strip().splitlines()[-1]
+        lines.append(f"  rank {r} (exit code {launch.exitcodes[r]}): {last}")
+    first = next(iter(launch.errors))  # the first failure seen, usually the cause
+    lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
+    raise RankFailedError("\n".join(lines))

@@ -1,0 +1,128 @@
+"""`python -m recsys.train`: train a DLRM from Hydra configs on N ranks.
+
+Started plainly, it spawns the cluster config's world size of local gloo processes itself.
+Started by torchrun (RANK/WORLD_SIZE set) or as a multi-task Slurm step (Hydra's submitit
+launcher), every process is one rank. `train(cfg)` is the testable core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from recsys import launch
+from recsys.config import TrainConfig, register_configs
+from recsys.models.dlrm import validate_model_config
+from sharding.cluster import resolve_cluster
+
+log = logging.getLogger(__name__)
+
+
+def quiet_library_noise() -> None:
+    """Filter warnings TorchRec and torch print on every run (see TORCHREC_NOTES.md)."""
+    for pattern in (
+        ".*Topology constructed directly.*",
+        ".*HeuristicalStorageReservation.*",
+        ".*broadcast_buffers.*",
+        ".*is_fx_tracing.*",
+        ".*_check_unpickable_fn.*",
+        ".*TypedStorage is deprecated.*",
+        ".*autograd kernel was not registered.*",  # fbgemm CPU dense TBE; its grads are right
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("torchrec", "torch.distributed", "torch.fx", "fbgemm_gpu", "iopath"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _rank_main(cfg: TrainConfig, run_dir: str) -> dict:
+    quiet_library_noise()
+    from recsys.trainer import run_rank
+
+    return run_rank(cfg, run_dir)
+
+
+def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """The composed config as plain dataclasses (picklable for spawned ranks)."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> dict:
+    """Run the job `cfg` describes; return rank 0's summary (also written to summary.json)."""
+    from recsys.trainer import plan_only, write_summary
+
+    quiet_library_noise()
+    tcfg = to_typed(cfg)
+    validate_model_config(tcfg.model)  # fail here, before any rank starts
+    world = len(resolve_cluster(tcfg.cluster))
+    run_dir = Path(run_dir or os.getcwd())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if tcfg.trainer.dry_run:
+        summary = plan_only(tcfg, run_dir)
+    elif launch.launched_externally():
+        summary = _rank_main(tcfg, str(run_dir))
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
+            return summary
+    else:
+        job = launch.spawn_ranks(
+            _rank_main,
+            world,
+            args=(tcfg, str(run_dir)),
+            timeout_s=tcfg.trainer.job_timeout_s,
+            grace_s=tcfg.trainer.dist_timeout_s + 10,
+        )
+        summary = launch.raise_on_failure(job, f"training ({world} ranks)")[0]
+    summary["run_dir"] = str(run_dir)
+    path = write_summary(run_dir, summary)
+    log.info("summary written to %s", path)
+    return summary
+
+
+register_configs()
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys.models.dlrm import ModelConfigError
+    from sharding.cluster import ClusterConfigError
+    from sharding.torchrec_planner import PlanDoesNotFitError
+
+    return (
+        launch.RankFailedError,
+        ClusterConfigError,
+        ModelConfigError,
+        PlanDoesNotFitError,
+        FloatingPointError,
+        FileNotFoundError,
+    )
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        summary = train(cfg, HydraConfig.get().runtime.output_dir)
+    except _user_errors() as e:  # a clear message, not a traceback from deep inside
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    if summary.get("dry_run"):
+        print(f"dry run: plan for {summary['world_size']} ranks written to {summary['plan_file']}")
+        return None
+    print(
+        f"eval AUC {summary['eval_auc']:.4f} | eval log loss {summary['eval_logloss']:.4f} | "
+        f"train loss {summary['train_loss']:.4f} | {summary['samples_per_s']:,.0f} samples/s "
+        f"on {summary['world_size']} ranks ({summary['pipeline']})\n"
+        f"summary: {Path(summary['run_dir']) / 'summary.json'}"
+    )
+    return summary["eval_auc"]  # a sweeper's objective
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The per-rank training job: plan, shard with DMP, train through a pipeline, evaluate.
+
+`run_rank(cfg, run_dir)` runs on every rank (spawned locally, or under torchrun / Slurm)
+and returns that rank's results; rank 0's become `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+from tqdm import tqdm
+
+from pipelines.build import build_pipeline, detach_for_eval
+from recsys import launch
+from recsys.checkpoint import load_checkpoint, save_checkpoint
+from recsys.data.synthetic import SyntheticCriteo
+from recsys.metrics import evaluate
+from recsys.models.dlrm import build_model, feature_names
+from sharding.cluster import compute_device_type, resolve_cluster
+from sharding.torchrec_planner import plan_with_torchrec
+
+if TYPE_CHECKING:
+    from recsys.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class DenseOptimizer(str, Enum):
+    adagrad = "adagrad"
+    sgd = "sgd"
+    adam = "adam"
+
+
+class SparseOptimizer(str, Enum):
+    rowwise_adagrad = "rowwise_adagrad"  # fused into FBGEMM's backward (EXACT_ROWWISE_ADAGRAD)
+    sgd = "sgd"  # fused EXACT_SGD
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 400
+    batch_size: int = 1024  # per rank
+    lr: float = 0.05  # dense optimizer
+    embedding_lr: float = 0.05  # fused embedding optimizer
+    dense_optimizer: DenseOptimizer = DenseOptimizer.adagrad
+    sparse_optimizer: SparseOptimizer = SparseOptimizer.rowwise_adagrad
+    eps: float = 1e-8
+    seed: int = 0  # initial weights; the data has its own (dataset.seed)
+    log_every: int = 20  # also how often losses are checked for NaN/inf
+    eval_every: int = 0  # 0: evaluate once, at the end
+    checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
+    checkpoint_every: int = 0  # 0: only at the end, and only if save_checkpoint
+    save_checkpoint: bool = False
+    resume_from: str | None = None  # a checkpoint dir, or a dir of step_* checkpoints
+    dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
+    job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
+    threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
+    warmup_steps: int = 5  # steps left out of samples/s
+    progress_bar: bool = True
+    dry_run: bool = False  # plan on the meta device, print the plan, train nothing
+
+
+def _dense_optimizer(cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]) -> Any:
+    kind = DenseOptimizer(cfg.dense_optimizer)
+    if kind == DenseOptimizer.adagrad:
+        make = lambda ps: torch.optim.Adagrad(ps, lr=cfg.lr, eps=cfg.eps)  # noqa: E731
+    elif kind == DenseOptimizer.adam:
+        make = lambda ps: torch.optim.Adam(ps, lr=cfg.lr, eps=cfg.eps)  # noqa: E731
+    else:
+        make = lambda ps: torch.optim.SGD(ps, lr=cfg.lr)  # noqa: E731
+    return KeyedOptimizerWrapper(params, make)
+
+
+def _fuse_embedding_optimizer(cfg: TrainerConfig, model: torch.nn.Module) -> None:
+    """FBGEMM applies this optimizer inside the embedding backward (no dense grads)."""
+    if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
+        opt_cls, kwargs = RowWiseAdagrad, {"lr": cfg.embedding_lr, "eps": cfg.eps}
+    else:
+        opt_cls, kwargs = torch.optim.SGD, {"lr": cfg.embedding_lr}
+    apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), kwargs)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(launch.local_rank())
+        return torch.device("cuda", launch.local_rank())
+    return torch.device("cpu")
+
+
+def _check_finite(losses: list[torch.Tensor], first_step: int, rank: int) -> None:
+    bad = ~torch.isfinite(torch.stack(losses))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise FloatingPointError(
+            f"rank {rank}: train loss is {float(losses[i])} at step {first_step + i}; stopping. "
+            f"Lower trainer.lr / trainer.embedding_lr or check the data."
+        )
+
+
+def _is_comm_failure(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, dist.DistBackendError) or any(
+        s in text for s in ("gloo", "Connection closed", "Connection reset", "Timed out", "NCCL")
+    )
+
+
+def _set_threads(cfg: TrainerConfig) -> None:
+    threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // launch.local_world_size())
+    torch.set_num_threads(threads)
+
+
+def plan_only(cfg: TrainConfig, run_dir: Path) -> dict:
+    """Dry run: plan the model for the cluster on the meta device; no process group needed."""
+    ranks = resolve_cluster(cfg.cluster)
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    plan = plan_with_torchrec(
+        model,
+        ranks,
+        [EmbeddingBagCollectionSharder()],
+        batch_size=cfg.trainer.batch_size,
+        config=cfg.planner,
+    )
+    (run_dir / "plan.txt").write_text(str(plan))
+    return {
+        "dry_run": True,
+        "world_size": len(ranks),
+        "compute_device": compute_device_type(ranks),
+        "planner": cfg.planner.name.value,
+        "plan_file": str(run_dir / "plan.txt"),
+        "tables": len(cfg.model.num_embeddings_per_feature),
+        "embedding_rows": sum(cfg.model.num_embeddings_per_feature),
+    }
+
+
+def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
+    """Train on this rank; every rank returns its results, rank 0 also writes them."""
+    tcfg = cfg.trainer
+    rank, world = launch.init_distributed(tcfg.dist_timeout_s)
+    ranks = resolve_cluster(cfg.cluster)
+    if len(ranks) != world:
+        raise ValueError(
+            f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
+            f"as many processes as the cluster config has devices"
+        )
+    _set_threads(tcfg)
+    device = _device()
+    torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
+
+    model = build_model(cfg.model, dense_device=device)
+    _fuse_embedding_optimizer(tcfg, model)
+    sharders = [EmbeddingBagCollectionSharder()]
+    plan = plan_with_torchrec(
+        model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
+    )
+    if rank == 0:
+        (Path(run_dir) / "plan.txt").write_text(str(plan))
+    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    dense_opt = _dense_optimizer(tcfg, dict(in_backward_optimizer_filter(model.named_parameters())))
+    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+
+    start = 0
+    if tcfg.resume_from:
+        start = load_checkpoint(tcfg.resume_from, model, optimizer, dense_opt)
+        if rank == 0:
+            log.info("resumed from %s at step %d", tcfg.resume_from, start)
+    ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
+
+    source = SyntheticCriteo(
+        cfg.dataset,
+        list(cfg.model.num_embeddings_per_feature),
+        feature_names(cfg.model),
+        cfg.model.dense_in_features,
+        tcfg.batch_size,
+    )
+    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
+    train_iter = source.batches("train", start, tcfg.max_steps, rank)
+
+    def run_eval() -> dict:
+        eval_model = detach_for_eval(pipeline, model)
+        return evaluate(
+            eval_model, source.batches("eval", 0, cfg.dataset.eval_batches, rank), device
+        )
+
+    losses: list[torch.Tensor] = []
+    checked = 0
+    evals: list[dict] = []
+    bar = tqdm(
+        total=tcfg.max_steps,
+        initial=start,
+        disable=rank != 0 or not tcfg.progress_bar,
+        desc=f"train {cfg.pipeline.name.value} x{world}",
+        unit="step",
+        dynamic_ncols=True,
+    )
+    t_start, timed_from = time.perf_counter(), start
+    for step in range(start, tcfg.max_steps):
+        try:
+            loss, _, _ = pipeline.progress(train_iter)
+        except RuntimeError as e:
+            if not _is_comm_failure(e):
+                raise
+            raise RuntimeError(
+                f"rank {rank}: step {step} failed in a collective ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}). Another rank probably died or "
+                f"hung; its own error is reported too. Collectives time out after "
+                f"trainer.dist_timeout_s={tcfg.dist_timeout_s:g} s."
+            ) from e
+        losses.append(loss.detach())
+        done = step + 1
+        if done == start + tcfg.warmup_steps:
+            t_start, timed_from = time.perf_counter(), done
+        if done % tcfg.log_every == 0 or done == tcfg.max_steps:
+            _check_finite(losses[checked:], start + checked, rank)
+            bar.set_postfix(loss=f"{float(torch.stack(losses[checked:]).mean()):.4f}")
+            checked = len(losses)
+        bar.update(1)
+        if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
+            evals.append({"step": done, **run_eval()})
+        if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
+            _check_finite(losses[checked:], start + checked, rank)
+            save_checkpoint(ckpt_root, model, optimizer, done)
+    bar.close()
+    elapsed = time.perf_counter() - t_start
+    timed_steps = tcfg.max_steps - timed_from
+
+    saved = None
+    if tcfg.save_checkpoint or tcfg.checkpoint_every:
+        saved = str(save_checkpoint(ckpt_root, model, optimizer, tcfg.max_steps))
+    final = run_eval()
+    step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(step_losses)  # one collective for the whole run: global mean per step
+    step_losses /= world
+    window = step_losses[-tcfg.log_every :]
+    result = {
+        "world_size": world,
+        "steps": tcfg.max_steps,
+        "start_step": start,
+        "batch_size_per_rank": tcfg.batch_size,
+        "samples_per_s": world * tcfg.batch_size * timed_steps / elapsed if timed_steps else None,
+        "train_loss": float(window.mean()) if len(window) else None,
+        **final,
+        "evals": evals,
+        "pipeline": cfg.pipeline.name.value,
+        "planner": cfg.planner.name.value,
+        "model": cfg.model.name,
+        "cluster": cfg.cluster.name,
+        "checkpoint": saved,
+        "step_losses": step_losses.tolist(),
+        "versions": versions(),
+    }
+    if rank == 0:
+        write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
+    return result
+
+
+def write_losses(path: Path, start: int, losses: list[float]) -> None:
+    lines = ["step,loss"] + [f"{start + i + 1},{v:.6f}" for i, v in enumerate(losses)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def versions() -> dict:
+    import fbgemm_gpu
+    import torchrec
+
+    return {
+        "torch": torch.__version__,
+        "torchrec": getattr(torchrec, "__version__", "unknown"),
+        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
+    }
+
+
+def write_summary(run_dir: Path, summary: dict) -> Path:
+    """summary.json: everything but the per-step losses (those are in train_losses.csv)."""
+    path = run_dir / "summary.json"
+    kept = {k: v for k, v in summary.items() if k != "step_losses"}
+    path.write_text(json.dumps(kept, indent=2) + "\n")
+    return path

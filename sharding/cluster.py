@@ -1,0 +1,86 @@
+"""Resolve a ClusterSpec into one RankDevice per rank, validating it on the way."""
+
+from __future__ import annotations
+
+from sharding.constants import DEVICE_CATALOG, GIB
+from sharding.types import ClusterSpec, RankDevice
+
+
+class ClusterConfigError(ValueError):
+    """A cluster layout that cannot describe real hardware."""
+
+
+def _positive(value: float, what: str, cluster: str) -> None:
+    if not value > 0:
+        raise ClusterConfigError(
+            f"cluster '{cluster}': {what} must be > 0, got {value}. Fix it in "
+            f"conf/cluster/{cluster}.yaml or the override that set it."
+        )
+
+
+def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
+    """Expand node and device groups into ranks (node-major order, as torchrun numbers them)."""
+    if not spec.nodes:
+        raise ClusterConfigError(f"cluster '{spec.name}' has no nodes")
+    _positive(spec.network.intra_node_gbps, "network.intra_node_gbps", spec.name)
+    _positive(spec.network.inter_node_gbps, "network.inter_node_gbps", spec.name)
+    ranks: list[RankDevice] = []
+    node_index = 0
+    for g, group in enumerate(spec.nodes):
+        where = f"nodes[{g}]"
+        _positive(group.count, f"{where}.count", spec.name)
+        _positive(group.host_memory_gb, f"{where}.host_memory_gb", spec.name)
+        _positive(group.host_to_device_gbps, f"{where}.host_to_device_gbps", spec.name)
+        if not group.devices:
+            raise ClusterConfigError(f"cluster '{spec.name}': {where} has no devices")
+        per_node = sum(d.count for d in group.devices)
+        for d_i, dev in enumerate(group.devices):
+            dwhere = f"{where}.devices[{d_i}]"
+            if dev.kind not in DEVICE_CATALOG:
+                raise ClusterConfigError(
+                    f"cluster '{spec.name}': {dwhere}.kind '{dev.kind}' is unknown; "
+                    f"known kinds: {', '.join(sorted(DEVICE_CATALOG))}"
+                )
+            _positive(dev.count, f"{dwhere}.count", spec.name)
+            for name in ("hbm_gb", "hbm_gbps", "speed"):
+                value = getattr(dev, name)
+                if value is not None:
+                    _positive(value, f"{dwhere}.{name}", spec.name)
+        for _ in range(group.count):
+            local = 0
+            for dev in group.devices:
+                kind = DEVICE_CATALOG[dev.kind]
+                for _ in range(dev.count):
+                    ranks.append(
+                        RankDevice(
+                            rank=len(ranks),
+                            node=node_index,
+                            local_rank=local,
+                            kind=dev.kind,
+                            hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
+                            hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
+                            speed=dev.speed or kind.speed,
+                            host_bytes=int(group.host_memory_gb * GIB / per_node),
+                        )
+                    )
+                    local += 1
+            node_index += 1
+    return ranks
+
+
+def compute_device_type(ranks: list[RankDevice]) -> str:
+    """'cpu' for a cluster of local CPU ranks, 'cuda' for GPUs; a mix is an error."""
+    kinds = {"cpu" if r.kind == "cpu" else "cuda" for r in ranks}
+    if len(kinds) != 1:
+        raise ClusterConfigError(
+            "a cluster mixes 'cpu' ranks with GPUs; TorchRec runs one device type"
+        )
+    return kinds.pop()
+
+
+def local_world_size(ranks: list[RankDevice]) -> int:
+    """Ranks on the largest node (TorchRec's Topology takes one number)."""
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    return max(per_node.values())

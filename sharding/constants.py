@@ -1,0 +1,39 @@
+"""Hardware constants: the catalog of device kinds a cluster config can name.
+
+Units are in the names. Sources: vendor datasheets (dense bf16/fp16 tensor-core TFLOP/s
+without sparsity, HBM size and bandwidth of the SXM/PCIe part named). `speed` is dense
+TFLOP/s relative to an A100 (312 TFLOP/s); the planner balances work by it. Every field can
+be overridden per device in a cluster config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    hbm_gb: float  # memory of one device, GiB (for `cpu`: the rank's share of host RAM)
+    hbm_gbps: float  # memory bandwidth, GB/s
+    speed: float  # dense compute relative to an A100
+    source: str
+
+
+# fmt: off
+# ruff: noqa: E501 - one device a line reads best as a table
+DEVICE_CATALOG: dict[str, DeviceKind] = {
+    "h200_141g": DeviceKind(141.0, 4800.0, 989 / 312, "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 TFLOP/s bf16"),
+    "h100_80g": DeviceKind(80.0, 3350.0, 989 / 312, "NVIDIA H100 SXM datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s bf16"),
+    "a100_80g": DeviceKind(80.0, 2039.0, 1.0, "NVIDIA A100 SXM datasheet: 80 GB HBM2e, 2.039 TB/s, 312 TFLOP/s bf16"),
+    "a100_40g": DeviceKind(40.0, 1555.0, 1.0, "NVIDIA A100 datasheet: 40 GB HBM2, 1.555 TB/s, 312 TFLOP/s bf16"),
+    "v100_32g": DeviceKind(32.0, 900.0, 125 / 312, "NVIDIA V100 SXM2 datasheet: 32 GB HBM2, 900 GB/s, 125 TFLOP/s fp16"),
+    "v100_16g": DeviceKind(16.0, 900.0, 125 / 312, "NVIDIA V100 SXM2 datasheet: 16 GB HBM2, 900 GB/s, 125 TFLOP/s fp16"),
+    "l4_24g": DeviceKind(24.0, 300.0, 121 / 312, "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOP/s fp16"),
+    "t4_16g": DeviceKind(16.0, 320.0, 65 / 312, "NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOP/s fp16"),
+    # A local gloo rank on this project's 2-core test machine. Its memory is a budget set
+    # small on purpose so placement limits bind; speed is a placeholder until calibrated.
+    "cpu": DeviceKind(1.0, 10.0, 0.01, "local CPU rank: budget, not a datasheet number"),
+}
+# fmt: on
+
+GIB = 1024**3

@@ -1,0 +1,75 @@
+"""Shared dataclasses of the sharding package: the cluster description and planner config.
+
+These double as the Hydra structured-config schemas for `conf/cluster/` and
+`conf/planner/` (registered by `recsys.config`); this package itself never imports Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass
+class DeviceGroup:
+    """`count` devices of one kind on a node; unset fields come from the catalog."""
+
+    kind: str = "cpu"
+    count: int = 1
+    hbm_gb: float | None = None
+    hbm_gbps: float | None = None
+    speed: float | None = None
+
+
+@dataclass
+class NodeGroup:
+    """`count` identical nodes."""
+
+    count: int = 1
+    host_memory_gb: float = 16.0
+    host_to_device_gbps: float = 12.0
+    devices: list[DeviceGroup] = field(default_factory=lambda: [DeviceGroup()])
+
+
+@dataclass
+class NetworkSpec:
+    intra_node_gbps: float = 100.0
+    inter_node_gbps: float = 25.0
+    latency_us: float = 10.0
+
+
+@dataclass
+class ClusterSpec:
+    """A cluster layout: nodes, their devices, host memory and the network between them."""
+
+    name: str = "local_cpu2"
+    nodes: list[NodeGroup] = field(default_factory=lambda: [NodeGroup()])
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    """One rank of a resolved cluster: its device with every number filled in."""
+
+    rank: int
+    node: int
+    local_rank: int
+    kind: str
+    hbm_bytes: int
+    hbm_gbps: float
+    speed: float
+    host_bytes: int  # this rank's share of its node's host memory
+
+
+class PlannerName(str, Enum):
+    torchrec = "torchrec"
+
+
+@dataclass
+class PlannerConfig:
+    """Which planner places the embedding tables, and its knobs."""
+
+    name: PlannerName = PlannerName.torchrec
+    # Share of each device's memory kept free for activations, buffers and the allocator
+    # (TorchRec's HeuristicalStorageReservation percentage).
+    storage_reservation: float = 0.15

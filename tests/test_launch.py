@@ -1,0 +1,48 @@
+"""The gloo multi-process harness: per-rank results, exit codes, and no hangs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import rank_jobs
+
+from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_run_a_collective_and_return_results(world: int) -> None:
+    job = spawn_ranks(rank_jobs.all_reduce_rank, world, args=(30.0,), timeout_s=120)
+    assert job.exitcodes == [0] * world and not job.errors
+    expected = world * (world + 1) / 2
+    assert [r["rank"] for r in job.results] == list(range(world))
+    assert all(r["sum"] == expected and r["world"] == world for r in job.results)
+
+
+def test_a_rank_that_raises_fails_the_job_naming_it() -> None:
+    start = time.monotonic()
+    job = spawn_ranks(rank_jobs.one_rank_raises, 2, args=(30.0,), timeout_s=120, grace_s=20)
+    assert time.monotonic() - start < 60
+    assert job.exitcodes[1] == 1 and job.exitcodes[0] != 0
+    assert "rank 1 broke on purpose" in job.errors[1]
+    with pytest.raises(RankFailedError, match="rank 1 broke on purpose") as e:
+        raise_on_failure(job, "toy job")
+    assert "rank 1 (exit code 1)" in str(e.value)
+
+
+def test_a_hung_rank_makes_the_others_time_out_then_is_killed() -> None:
+    start = time.monotonic()
+    job = spawn_ranks(rank_jobs.one_rank_hangs, 2, args=(5.0,), timeout_s=120, grace_s=5)
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+    assert job.exitcodes[0] == 1  # rank 0's collective timed out: its own error
+    assert job.exitcodes[1] not in (0, None)  # killed by the launcher
+    assert "killed" in job.errors[1]
+
+
+def test_the_job_deadline_kills_everything() -> None:
+    start = time.monotonic()
+    job = spawn_ranks(rank_jobs.one_rank_hangs, 2, args=(600.0,), timeout_s=8, grace_s=5)
+    assert time.monotonic() - start < 40
+    assert all(code not in (0, None) for code in job.exitcodes)
+    assert "deadline" in job.errors[1]

@@ -1,0 +1,38 @@
+"""Model shapes: the configs build, and bad shapes fail naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recsys.models.dlrm import Arch, ModelConfig, ModelConfigError, build_model, table_configs
+
+
+def test_mlperf_reference_shapes(typed_cfg) -> None:
+    cfg = typed_cfg(["model=dcnv2_mlperf"]).model
+    assert cfg.arch == Arch.dcnv2 and cfg.embedding_dim == 128
+    assert list(cfg.dense_arch_layer_sizes) == [512, 256, 128]
+    assert list(cfg.over_arch_layer_sizes) == [1024, 1024, 512, 256, 1]
+    assert (cfg.dcn_num_layers, cfg.dcn_low_rank_dim) == (3, 512)
+    assert len(cfg.num_embeddings_per_feature) == 26
+    assert max(cfg.num_embeddings_per_feature) == 40_000_000
+    model = build_model(cfg, dense_device=torch.device("meta"))  # ~97 GiB: meta only
+    rows = sum(t.num_embeddings for t in table_configs(cfg))
+    assert rows == sum(cfg.num_embeddings_per_feature)
+    cross = model.model.inter_arch.crossnet
+    assert len(cross.V_kernels) == 3  # (rank, (26 tables + dense) x 128) low-rank factors
+    assert tuple(cross.V_kernels[0].shape) == (512, 27 * 128)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"over_arch_layer_sizes": [64, 2]}, "over_arch_layer_sizes"),
+        ({"dense_arch_layer_sizes": [64, 8]}, "dense_arch_layer_sizes"),
+        ({"num_embeddings_per_feature": [10, 0]}, "num_embeddings_per_feature"),
+        ({"embedding_dim": 0, "dense_arch_layer_sizes": [0]}, "embedding_dim"),
+    ],
+)
+def test_bad_shapes_fail_naming_the_field(change: dict, field: str) -> None:
+    with pytest.raises(ModelConfigError, match=field):
+        build_model(ModelConfig(**change), dense_device=torch.device("cpu"))
