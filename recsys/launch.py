@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -40,8 +41,12 @@ def launched_externally() -> bool:
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
 
 
-def init_distributed(timeout_s: float, backend: str = "gloo") -> tuple[int, int]:
-    """Join the process group from env:// (torchrun, our spawner) or Slurm via submitit."""
+def init_distributed(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
+    """Join the process group from env:// (torchrun, our spawner) or Slurm via submitit.
+
+    Backend: NCCL where CUDA is available, else gloo, unless `backend` names one.
+    """
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         from submitit.helpers import TorchDistributedEnvironment
 
@@ -52,6 +57,16 @@ def init_distributed(timeout_s: float, backend: str = "gloo") -> tuple[int, int]
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed(clean: bool) -> None:
+    """Leave the process group. After a clean run, wait for every rank first: tearing gloo
+    down while a peer still talks to it can abort that peer."""
+    if not dist.is_initialized():
+        return
+    if clean:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def local_rank() -> int:
@@ -84,10 +99,9 @@ def _rank_entry(
         result = fn(*args)
     except BaseException:  # noqa: B036 - report everything, then exit non-zero
         out.put((rank, "error", traceback.format_exc()))
+        shutdown_distributed(clean=False)
         raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    shutdown_distributed(clean=True)
     out.put((rank, "ok", result))
 
 

@@ -66,12 +66,13 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     world = len(resolve_cluster(tcfg.cluster))
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
+    writer = True
     if tcfg.trainer.dry_run:
         summary = plan_only(tcfg, run_dir)
     elif launch.launched_externally():
         summary = _rank_main(tcfg, str(run_dir))
-        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
-            return summary
+        launch.shutdown_distributed(clean=True)
+        writer = summary["rank"] == 0
     else:
         job = launch.spawn_ranks(
             _rank_main,
@@ -82,8 +83,8 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         )
         summary = launch.raise_on_failure(job, f"training ({world} ranks)")[0]
     summary["run_dir"] = str(run_dir)
-    path = write_summary(run_dir, summary)
-    log.info("summary written to %s", path)
+    if writer:
+        log.info("summary written to %s", write_summary(run_dir, summary))
     return summary
 
 
@@ -112,6 +113,8 @@ def main(cfg: DictConfig) -> float | None:
     except _user_errors() as e:  # a clear message, not a traceback from deep inside
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    if summary.get("rank", 0) != 0:
+        return None  # under torchrun / Slurm, rank 0 reports
     if summary.get("dry_run"):
         print(f"dry run: plan for {summary['world_size']} ranks written to {summary['plan_file']}")
         return None

@@ -102,14 +102,29 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _check_finite(losses: list[torch.Tensor], first_step: int, rank: int) -> None:
-    bad = ~torch.isfinite(torch.stack(losses))
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise FloatingPointError(
-            f"rank {rank}: train loss is {float(losses[i])} at step {first_step + i}; stopping. "
-            f"Lower trainer.lr / trainer.embedding_lr or check the data."
-        )
+class LossWatch:
+    """Checks recorded losses for NaN/inf in windows (one host sync per window, not per step)."""
+
+    def __init__(self, start_step: int, rank: int) -> None:
+        self.losses: list[torch.Tensor] = []
+        self._start, self._rank, self._checked = start_step, rank, 0
+
+    def check(self) -> float | None:
+        """Raise naming the first bad step; return the mean loss of the new window."""
+        window = self.losses[self._checked :]
+        if not window:
+            return None
+        values = torch.stack(window)
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise FloatingPointError(
+                f"rank {self._rank}: train loss is {float(values[i])} at step "
+                f"{self._start + self._checked + i + 1}; stopping. Lower trainer.lr / "
+                f"trainer.embedding_lr or check the data."
+            )
+        self._checked = len(self.losses)
+        return float(values.mean())
 
 
 def _is_comm_failure(e: BaseException) -> bool:
@@ -196,8 +211,7 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
             eval_model, source.batches("eval", 0, cfg.dataset.eval_batches, rank), device
         )
 
-    losses: list[torch.Tensor] = []
-    checked = 0
+    watch = LossWatch(start, rank)
     evals: list[dict] = []
     bar = tqdm(
         total=tcfg.max_steps,
@@ -215,24 +229,22 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
             if not _is_comm_failure(e):
                 raise
             raise RuntimeError(
-                f"rank {rank}: step {step} failed in a collective ({type(e).__name__}: "
+                f"rank {rank}: step {step + 1} failed in a collective ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}). Another rank probably died or "
                 f"hung; its own error is reported too. Collectives time out after "
                 f"trainer.dist_timeout_s={tcfg.dist_timeout_s:g} s."
             ) from e
-        losses.append(loss.detach())
+        watch.losses.append(loss.detach())
         done = step + 1
         if done == start + tcfg.warmup_steps:
             t_start, timed_from = time.perf_counter(), done
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
-            _check_finite(losses[checked:], start + checked, rank)
-            bar.set_postfix(loss=f"{float(torch.stack(losses[checked:]).mean()):.4f}")
-            checked = len(losses)
+            bar.set_postfix(loss=f"{watch.check():.4f}")
         bar.update(1)
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
             evals.append({"step": done, **run_eval()})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
-            _check_finite(losses[checked:], start + checked, rank)
+            watch.check()  # never checkpoint a diverged model
             save_checkpoint(ckpt_root, model, optimizer, done)
     bar.close()
     elapsed = time.perf_counter() - t_start
@@ -242,11 +254,13 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(save_checkpoint(ckpt_root, model, optimizer, tcfg.max_steps))
     final = run_eval()
+    losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
     dist.all_reduce(step_losses)  # one collective for the whole run: global mean per step
     step_losses /= world
     window = step_losses[-tcfg.log_every :]
     result = {
+        "rank": rank,
         "world_size": world,
         "steps": tcfg.max_steps,
         "start_step": start,

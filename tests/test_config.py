@@ -90,6 +90,20 @@ def test_yaml_typo_inside_a_group_file_is_caught(tmp_path: Path) -> None:
     assert "embeding_dim" in str(e.value.__cause__ or e.value)
 
 
+def test_slurm_launcher_config_composes() -> None:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=["hydra/launcher=slurm", "hydra.launcher.nodes=2"],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.nodes == 2 and launcher.tasks_per_node == 8
+
+
 @pytest.mark.slow
 def test_multirun_sweep_runs_every_point(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -1,0 +1,130 @@
+"""End to end: 2-rank (and 3-rank) training through train(cfg), pipelines, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import rank_jobs
+from conftest import CONF_DIR, compose_config
+
+from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
+from recsys.train import to_typed, train
+
+pytestmark = pytest.mark.slow
+TINY = ["debug=tiny"]
+
+
+def test_two_rank_training_learns_and_writes_summary(tmp_path: Path) -> None:
+    cfg = compose_config(["trainer.max_steps=60", "trainer.batch_size=256", "trainer.log_every=10"])
+    summary = train(cfg, tmp_path)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("world_size", "steps", "samples_per_s", "train_loss", "eval_auc", "eval_logloss",
+                "pipeline", "planner"):  # fmt: skip
+        assert key in on_disk, key
+    assert on_disk["world_size"] == 2 and on_disk["steps"] == 60
+    assert on_disk["pipeline"] == "plain" and on_disk["planner"] == "torchrec"
+    assert on_disk["samples_per_s"] > 0
+    assert on_disk["eval_auc"] > 0.65, "the planted model should be learnt"
+    assert on_disk["eval_samples"] == 2 * 16 * 256
+    losses = summary["step_losses"]
+    assert len(losses) == 60 and sum(losses[-10:]) < sum(losses[:10])
+    assert (tmp_path / "plan.txt").read_text().startswith("module: model.sparse_arch")
+    assert len((tmp_path / "train_losses.csv").read_text().splitlines()) == 61
+
+
+def test_sparse_dist_pipeline_equals_the_plain_loop(tmp_path: Path) -> None:
+    plain = train(compose_config(TINY), tmp_path / "plain")
+    sparse = train(compose_config(TINY + ["pipeline=sparse_dist"]), tmp_path / "sparse")
+    assert sparse["pipeline"] == "sparse_dist"
+    assert sparse["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-6)
+    assert sparse["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6)
+
+
+@pytest.mark.parametrize("pipeline", ["plain", "sparse_dist"])
+def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, pipeline) -> None:
+    common = TINY + [f"pipeline={pipeline}", "trainer.max_steps=8", "trainer.eval_every=0"]
+    full = train(compose_config(common), tmp_path / "full")
+    first = train(
+        compose_config(common + ["trainer.max_steps=4", "trainer.save_checkpoint=true"]),
+        tmp_path / "first",
+    )
+    assert first["checkpoint"] and Path(first["checkpoint"]).name == "step_00000004"
+    resumed = train(
+        compose_config(common + [f"trainer.resume_from={tmp_path / 'first' / 'checkpoints'}"]),
+        tmp_path / "resumed",
+    )
+    assert resumed["start_step"] == 4 and len(resumed["step_losses"]) == 4
+    assert resumed["step_losses"] == pytest.approx(full["step_losses"][4:], rel=1e-6, abs=1e-7)
+    assert resumed["eval_auc"] == pytest.approx(full["eval_auc"], rel=1e-6)
+    assert resumed["eval_logloss"] == pytest.approx(full["eval_logloss"], rel=1e-6)
+
+
+def test_periodic_checkpoints_are_written(tmp_path: Path) -> None:
+    summary = train(compose_config(TINY + ["trainer.checkpoint_every=2"]), tmp_path)
+    steps = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert steps == ["step_00000002", "step_00000004", "step_00000006"]
+    assert summary["checkpoint"].endswith("step_00000006")
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(RankFailedError, match="no checkpoint at"):
+        train(compose_config(TINY + [f"trainer.resume_from={tmp_path / 'nothing'}"]), tmp_path)
+
+
+def test_three_ranks_train(tmp_path: Path) -> None:
+    summary = train(compose_config(TINY + ["cluster.nodes.0.devices.0.count=3"]), tmp_path)
+    assert summary["world_size"] == 3 and math.isfinite(summary["train_loss"])
+
+
+def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
+    cfg = compose_config(TINY + ["trainer.dense_optimizer=sgd", "trainer.lr=1e30"])
+    with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+"):
+        train(cfg, tmp_path)
+
+
+def test_a_rank_that_dies_fails_the_others_in_bounded_time(tmp_path: Path) -> None:
+    cfg = to_typed(compose_config(TINY + ["trainer.dist_timeout_s=20"]))
+    start = time.monotonic()
+    job = spawn_ranks(rank_jobs.train_rank_dies, 2, args=(cfg, str(tmp_path)), grace_s=30)
+    assert time.monotonic() - start < 90
+    assert job.exitcodes[1] == 17
+    assert (
+        "step 4 failed in a collective" in job.errors[0]
+    )  # batch index 3 = 4th step  # rank 0 exits by itself, clearly
+    with pytest.raises(RankFailedError, match="rank 1"):
+        raise_on_failure(job, "training")
+
+
+def test_a_rank_that_hangs_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
+    cfg = to_typed(compose_config(TINY + ["trainer.dist_timeout_s=5"]))
+    start = time.monotonic()
+    job = spawn_ranks(rank_jobs.train_rank_hangs, 2, args=(cfg, str(tmp_path)), grace_s=10)
+    assert time.monotonic() - start < 90
+    assert "failed in a collective" in job.errors[0] and "dist_timeout_s=5" in job.errors[0]
+    assert "killed" in job.errors[1]
+
+
+def test_dry_run_plans_the_mlperf_model_without_training(tmp_path: Path) -> None:
+    summary = train(compose_config(["experiment=mlperf_plan_a100"]), tmp_path)
+    assert summary["dry_run"] and summary["world_size"] == 8
+    assert summary["compute_device"] == "cuda"
+    assert "t_cat_25" in (tmp_path / "plan.txt").read_text()
+
+
+def test_torchrun_launch_runs_the_same_code(tmp_path: Path) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "recsys.train", *TINY, f"hydra.run.dir={tmp_path}"],
+        cwd=CONF_DIR.parent, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 6
