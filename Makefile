@@ -23,7 +23,7 @@ install: $(STAMP)
 
 # Main demo job: DLRM on 2 local gloo ranks, synthetic Criteo-shaped data.
 demo: $(STAMP)
-	$(BIN)/python -m recsys.train experiment=demo
+	$(BIN)/python -m recsys.train
 
 # The whole suite (slow tests included); CI runs this.
 test: $(STAMP)
