@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -96,13 +97,23 @@ def _rank_entry(
         MASTER_PORT=str(port),
     )
     try:
-        result = fn(*args)
+        message, code = (rank, "ok", fn(*args)), 0
     except BaseException:  # noqa: B036 - report everything, then exit non-zero
-        out.put((rank, "error", traceback.format_exc()))
-        shutdown_distributed(clean=False)
-        raise SystemExit(1) from None
-    shutdown_distributed(clean=True)
-    out.put((rank, "ok", result))
+        message, code = (rank, "error", traceback.format_exc()), 1
+    out.put(message)
+    out.close()
+    out.join_thread()  # the result reaches the parent whatever happens below
+    shutdown_distributed(clean=code == 0)
+    exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    """Flush, then leave without interpreter teardown. Some native thread (torch / gloo /
+    fbgemm) is sometimes still joinable at exit and its destructor aborts the process
+    ("terminate called without an active exception", exit -6) after the work is done."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def spawn_ranks(
