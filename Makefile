@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install data demo test test-fast lint bench-data clean
 
 # fbgemm-gpu-cpu by default; `make install KERNELS=cuda` takes the CUDA fbgemm-gpu instead.
 KERNELS ?= cpu
@@ -21,9 +21,20 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# Main demo job: DLRM on 2 local gloo ranks, synthetic Criteo-shaped data.
-demo: $(STAMP)
-	$(BIN)/python -m recsys.train
+# Demo data: synthetic files in the real Criteo text format, then TorchRec's binary layout.
+DEMO_DATA := outputs/data/synthetic_criteo
+$(DEMO_DATA)/binary/summary.json: $(STAMP)
+	$(BIN)/python -m recsys.data.synth output=$(DEMO_DATA)/tsv rows=1000000
+	$(BIN)/python -m recsys.data.prepare input=$(DEMO_DATA)/tsv output=$(DEMO_DATA)/binary
+
+data: $(DEMO_DATA)/binary/summary.json
+
+# Main demo job: raw TSV -> binary -> sharded batches -> DLRM on 2 local gloo ranks.
+demo: data
+	$(BIN)/python -m recsys.train dataset=synthetic_criteo
+
+bench-data: $(STAMP)
+	$(BIN)/python -m benchmarks.data
 
 # The whole suite (slow tests included); CI runs this.
 test: $(STAMP)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from pipelines.types import PipelineConfig
-from recsys.data.synthetic import SyntheticConfig
+from recsys.data.source import DatasetConfig
 from recsys.models.dlrm import ModelConfig
 from recsys.trainer import TrainerConfig
 from sharding.types import ClusterSpec, PlannerConfig
@@ -22,7 +22,7 @@ GROUPS = ("dataset", "model", "cluster", "planner", "pipeline", "trainer", "expe
 
 @dataclass
 class TrainConfig:
-    dataset: SyntheticConfig = field(default_factory=SyntheticConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -33,7 +33,7 @@ class TrainConfig:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=TrainConfig)
-    cs.store(group="dataset", name="base_dataset", node=SyntheticConfig)
+    cs.store(group="dataset", name="base_dataset", node=DatasetConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="cluster", name="base_cluster", node=ClusterSpec)
     cs.store(group="planner", name="base_planner", node=PlannerConfig)

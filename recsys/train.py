@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from recsys import launch
 from recsys.config import TrainConfig, register_configs
@@ -40,10 +42,15 @@ def quiet_library_noise() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("torchrec", "torch.distributed", "torch.fx", "fbgemm_gpu", "iopath"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # TorchRec logs this on the root logger for every data-parallel table; it is expected
+    logging.getLogger().addFilter(lambda r: not str(r.msg).startswith("Sharding spec not found"))
 
 
 def _rank_main(cfg: TrainConfig, run_dir: str) -> dict:
     quiet_library_noise()
+    # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
+    # launch.exit_now), which would leak it. One process needs only a thread lock.
+    tqdm.set_lock(threading.RLock())
     from recsys.trainer import run_rank
 
     return run_rank(cfg, run_dir)
@@ -92,6 +99,7 @@ register_configs()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys.data.criteo_binary import CriteoDataError
     from recsys.models.dlrm import ModelConfigError
     from sharding.cluster import ClusterConfigError
     from sharding.torchrec_planner import PlanDoesNotFitError
@@ -103,6 +111,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         PlanDoesNotFitError,
         FloatingPointError,
         FileNotFoundError,
+        CriteoDataError,
     )
 
 
@@ -129,3 +138,5 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     main()
+    if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now
+        launch.exit_now(0)

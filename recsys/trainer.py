@@ -28,9 +28,9 @@ from tqdm import tqdm
 from pipelines.build import build_pipeline, detach_for_eval
 from recsys import launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
-from recsys.data.synthetic import SyntheticCriteo
+from recsys.data.source import build_source
 from recsys.metrics import evaluate
-from recsys.models.dlrm import build_model, feature_names
+from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.torchrec_planner import plan_with_torchrec
 
@@ -195,13 +195,7 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
 
-    source = SyntheticCriteo(
-        cfg.dataset,
-        list(cfg.model.num_embeddings_per_feature),
-        feature_names(cfg.model),
-        cfg.model.dense_in_features,
-        tcfg.batch_size,
-    )
+    source = build_source(cfg.dataset, cfg.model, tcfg.batch_size, world)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
     train_iter = source.batches("train", start, tcfg.max_steps, rank)
 

@@ -34,7 +34,7 @@ class SyntheticConfig:
     name: str = "synthetic"
     zipf_exponent: float = 1.1  # p(k-th hottest row) ~ k^-exponent
     seed: int = 1234  # planted model and data stream; independent of trainer.seed
-    eval_batches: int = 16  # held-out batches per rank
+    eval_batches: int = 16  # held-out batches per rank (files: at most the val split)
     signal: float = 1.0  # scales the planted logit; 0 makes labels pure noise
     bias: float = -1.0  # planted intercept; about 30% positives at signal 1
 

@@ -1,0 +1,39 @@
+"""What every benchmark saves beside its numbers: versions, machine, resolved config."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def environment() -> dict[str, Any]:
+    import fbgemm_gpu
+    import numpy
+    import torch
+    import torchrec
+
+    return {
+        "torch": torch.__version__,
+        "torchrec": getattr(torchrec, "__version__", "unknown"),
+        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def save(result: dict, table: str, name: str, dirs: list[Path]) -> list[Path]:
+    """Write `<name>.json` and `<name>.md` into each directory."""
+    written = []
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (d / f"{name}.md").write_text(table + "\n")
+        written.append(d / f"{name}.md")
+    return written

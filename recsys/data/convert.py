@@ -1,0 +1,199 @@
+"""Convert Criteo TSV files into TorchRec's binary Criteo layout, streaming in chunks.
+
+For each input `<name>.<ext>[.gz]` it writes, as `BinaryCriteoUtils.tsv_to_npys` does:
+- `<name>_dense.npy`: float32 [N, 13], log(x - min + 2) with min over the whole file;
+- `<name>_sparse.npy`: int64 [N, 26], the raw hex values (0 where missing);
+- `<name>_labels.npy`: int32 [N, 1] (-1 for files without labels, e.g. Kaggle's test.txt).
+Memory stays bounded by the chunk size times the number of chunks in flight: counts go to a
+temporary int64 file first, then a second pass over that binary file applies the log.
+Chunks are parsed in a pool of worker processes while the main process reads and writes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from tqdm import tqdm
+
+from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES, ParsedChunk, parse_lines
+from recsys.data.npy_io import NpyAppender
+
+TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
+
+
+class LabelColumn(str, Enum):
+    auto = "auto"  # no label column only in a file named test (Kaggle's test.txt)
+    yes = "yes"
+    no = "no"
+
+
+@dataclass
+class ConvertOptions:
+    skip_bad_lines: bool = False
+    label_column: LabelColumn = LabelColumn.auto
+    chunk_mb: float = 16.0  # text per parse task
+    workers: int = 0  # parse processes; 0: one per core (at most 4); 1: parse inline
+    progress: bool = True
+
+
+def output_name(path: Path) -> str:
+    """`day_0.gz` -> `day_0`, `train.txt` -> `train`, `test.txt.gz` -> `test`."""
+    name = path.name
+    while True:
+        stem, ext = os.path.splitext(name)
+        if ext.lower() not in TEXT_SUFFIXES:
+            return name
+        name = stem
+
+
+def input_files(input_path: str | Path) -> list[Path]:
+    """A file, or every Criteo text file in a directory (sorted: day_2 before day_10)."""
+    path = Path(input_path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"input '{path}' is neither a file nor a directory")
+    files = [p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES)]
+    files += [p for p in path.glob("day_*") if p.is_file() and "." not in p.name]  # 1TB: day_0
+    if not files:
+        raise FileNotFoundError(f"no Criteo text files (*.txt, *.tsv, *.gz, day_N) in '{path}'")
+    return sorted(files, key=natural_key)
+
+
+def natural_key(path: Path) -> tuple:
+    return tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", path.name))
+
+
+def has_label(path: Path, option: LabelColumn) -> bool:
+    if option == LabelColumn.auto:
+        return output_name(path) != "test"
+    return option == LabelColumn.yes
+
+
+def _open(path: Path) -> tuple[BinaryIO, BinaryIO]:
+    """(text stream, raw file): progress follows the raw (compressed) position."""
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    if path.name.lower().endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw), raw
+    return raw, raw
+
+
+def _chunks(stream: BinaryIO, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """Whole-line chunks and the 1-based number of their first line; the last line may lack
+    its newline."""
+    line, rest = 1, b""
+    while True:
+        block = stream.read(chunk_bytes)
+        if not block:
+            break
+        data = rest + block
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            rest = data
+            continue
+        yield data[:cut], line
+        line += data.count(b"\n", 0, cut)
+        rest = data[cut:]
+    if rest:
+        yield rest, line
+
+
+@dataclass
+class FileResult:
+    name: str
+    input: str
+    rows: int
+    bad_lines: int
+    text_mb: float  # uncompressed
+    seconds: float
+
+
+def convert_file(
+    path: Path, out_dir: Path, opts: ConvertOptions, pool: ProcessPoolExecutor | None
+) -> FileResult:
+    start = time.perf_counter()
+    name = output_name(path)
+    labeled = has_label(path, opts.label_column)
+    raw_dense_path = out_dir / f".{name}_dense_raw.npy"
+    bad = 0
+    text_bytes = 0
+    stream, raw = _open(path)
+    bar = tqdm(
+        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"prepare {path.name}",
+        disable=not opts.progress,
+    )  # fmt: skip
+    try:
+        with (
+            NpyAppender(out_dir / f"{name}_labels.npy", np.int32, 1) as labels,
+            NpyAppender(raw_dense_path, np.int64, INT_FEATURES) as dense_raw,
+            NpyAppender(out_dir / f"{name}_sparse.npy", np.int64, CAT_FEATURES) as sparse,
+        ):
+
+            def write(chunk: ParsedChunk) -> None:
+                nonlocal bad
+                labels.append(chunk.labels_N)
+                dense_raw.append(chunk.ints_NI)
+                sparse.append(chunk.cats_NC)
+                bad += chunk.bad_lines
+                bar.update(raw.tell() - bar.n)
+
+            pending: deque[Future[ParsedChunk]] = deque()
+            in_flight = 2 * (pool._max_workers if pool else 1)  # noqa: SLF001
+            for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20)):
+                text_bytes += len(data)
+                args = (data, labeled, str(path), first_line, opts.skip_bad_lines)
+                if pool is None:
+                    write(parse_lines(*args))
+                    continue
+                pending.append(pool.submit(parse_lines, *args))
+                while len(pending) >= in_flight:
+                    write(pending.popleft().result())
+            while pending:
+                write(pending.popleft().result())
+        rows = _write_log_dense(raw_dense_path, out_dir / f"{name}_dense.npy")
+    finally:
+        bar.close()
+        stream.close()
+        raw.close()
+        raw_dense_path.unlink(missing_ok=True)
+    return FileResult(
+        name=name, input=str(path), rows=rows, bad_lines=bad, text_mb=text_bytes / 1e6,
+        seconds=time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _write_log_dense(raw_path: Path, out_path: Path, block_rows: int = 1 << 20) -> int:
+    """TorchRec's dense transform, log(x - min + 2) in float32, min over the whole file."""
+    raw = np.load(raw_path, mmap_mode="r")
+    low = min((int(raw[i : i + block_rows].min()) for i in range(0, len(raw), block_rows)),
+              default=0)  # fmt: skip
+    with NpyAppender(out_path, np.float32, INT_FEATURES) as out:
+        for i in range(0, len(raw), block_rows):
+            shifted = (raw[i : i + block_rows] - (low - 2)).astype(np.float32)
+            out.append(np.log(shifted, dtype=np.float32))
+    return len(raw)
+
+
+def convert(
+    input_path: str | Path, output_dir: str | Path, opts: ConvertOptions
+) -> list[FileResult]:
+    """Convert one file or a directory of files; returns one result per file."""
+    files = input_files(input_path)
+    out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workers = opts.workers or min(4, os.cpu_count() or 1)
+    if workers <= 1:
+        return [convert_file(f, out_dir, opts, None) for f in files]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return [convert_file(f, out_dir, opts, pool) for f in files]

@@ -1,0 +1,166 @@
+"""Batches from TorchRec's binary Criteo layout: memory-mapped, sharded by rank, shuffled by
+chunk, hashed to the model's table sizes.
+
+Splits follow TorchRec's convention: with several files (day_0 .. day_23) the last one is held
+out and split in halves, val then test; with one file (Kaggle's train.txt) its last
+`holdout_fraction` rows are held out and split the same way. Each rank reads a contiguous
+share of the split's rows, equal for all ranks (the remainder is dropped), so every rank has
+the same number of batches. Training batches are read in chunks of `shuffle_chunk_batches`
+batches whose order is shuffled each epoch (seeded), so reads stay sequential within a
+chunk. Like `SyntheticCriteo`, a batch is a pure function of (split, index, rank): the data
+position of a run is its step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recsys.data.convert import natural_key
+from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
+
+
+class CriteoDataError(ValueError):
+    """Prepared Criteo files that are missing or do not fit the run."""
+
+
+def prepared_names(path: str | Path) -> list[str]:
+    root = Path(path)
+    names = sorted(
+        (p.name[: -len("_dense.npy")] for p in root.glob("*_dense.npy")),
+        key=lambda n: natural_key(Path(n)),
+    )
+    names = [n for n in names if n != "test" and not n.startswith(".")]  # Kaggle's unlabeled test
+    if not names:
+        raise CriteoDataError(
+            f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, _labels.npy) in '{root}'. "
+            f"Make them with: python -m recsys.data.prepare input=<tsv file or dir> output={root}"
+        )
+    return names
+
+
+class CriteoBinary:
+    """Deterministic batches of prepared Criteo files for any rank of `world_size`."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_embeddings_per_feature: list[int],
+        feature_names: list[str],
+        batch_size: int,
+        world_size: int,
+        holdout_fraction: float = 1 / 7,
+        shuffle_chunk_batches: int = 16,
+        seed: int = 0,
+    ) -> None:
+        if len(num_embeddings_per_feature) != CAT_FEATURES:
+            raise CriteoDataError(
+                f"Criteo has {CAT_FEATURES} categorical features; the model has "
+                f"{len(num_embeddings_per_feature)} tables"
+            )
+        root = Path(path)
+        self.names = prepared_names(root)
+        self.dense = [np.load(root / f"{n}_dense.npy", mmap_mode="r") for n in self.names]
+        self.sparse = [np.load(root / f"{n}_sparse.npy", mmap_mode="r") for n in self.names]
+        self.labels = [np.load(root / f"{n}_labels.npy", mmap_mode="r") for n in self.names]
+        for n, d, s, lab in zip(self.names, self.dense, self.sparse, self.labels, strict=True):
+            if (
+                d.shape != (len(s), INT_FEATURES)
+                or s.shape[1:] != (CAT_FEATURES,)
+                or len(lab) != len(s)
+            ):
+                raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
+        self.batch_size = batch_size
+        self.world_size = world_size
+        self.keys = list(feature_names)
+        self.hashes_C = np.asarray(num_embeddings_per_feature, dtype=np.int64)[:, None]
+        self.shuffle_chunk_batches = shuffle_chunk_batches
+        self.seed = seed
+        self._file_starts = np.cumsum([0] + [len(d) for d in self.dense])
+        self._splits = self._split_ranges(holdout_fraction)
+        self._lengths = torch.ones(CAT_FEATURES * batch_size, dtype=torch.int32)
+        for split in ("train", "eval"):
+            if self.num_batches(split) < 1:
+                lo, hi = self._splits[split]
+                raise CriteoDataError(
+                    f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch of "
+                    f"{batch_size} for each of {world_size} ranks; use more data or a smaller "
+                    f"trainer.batch_size"
+                )
+
+    def _split_ranges(self, holdout_fraction: float) -> dict[str, tuple[int, int]]:
+        total = int(self._file_starts[-1])
+        if len(self.names) > 1:
+            held = int(self._file_starts[-2])
+        else:
+            held = total - int(round(total * holdout_fraction))
+        half = held + (total - held + 1) // 2
+        return {
+            "train": (0, held),
+            "eval": (held, half),
+            "val": (held, half),
+            "test": (half, total),
+        }
+
+    def num_batches(self, split: str) -> int:
+        start, stop = self._splits[split]
+        return (stop - start) // self.world_size // self.batch_size
+
+    def _rows(self, a: int, b: int, arrays: list[np.ndarray]) -> np.ndarray:
+        """Global rows [a, b) across files."""
+        f = int(np.searchsorted(self._file_starts, a, side="right")) - 1
+        lo = a - int(self._file_starts[f])
+        if b <= self._file_starts[f + 1]:
+            return arrays[f][lo : lo + (b - a)]
+        parts, pos = [], a
+        while pos < b:
+            f = int(np.searchsorted(self._file_starts, pos, side="right")) - 1
+            end = min(b, int(self._file_starts[f + 1]))
+            parts.append(
+                arrays[f][pos - int(self._file_starts[f]) : end - int(self._file_starts[f])]
+            )
+            pos = end
+        return np.concatenate(parts)
+
+    def _position(self, split: str, index: int) -> int:
+        """Which batch of the rank's share the index-th batch of `split` reads."""
+        n = self.num_batches(split)
+        epoch, i = divmod(index, n)
+        if split != "train" or self.shuffle_chunk_batches <= 0:
+            return i
+        chunk = self.shuffle_chunk_batches
+        n_chunks = -(-n // chunk)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n_chunks)
+        # chunks are visited in shuffled order; batches inside a chunk stay in order
+        sizes = np.minimum(chunk, n - order * chunk)
+        ends = np.cumsum(sizes)
+        k = int(np.searchsorted(ends, i, side="right"))
+        return int(order[k]) * chunk + i - int(ends[k] - sizes[k])
+
+    def batch(self, split: str, index: int, rank: int) -> Batch:
+        start, stop = self._splits[split]
+        share = (stop - start) // self.world_size
+        a = start + rank * share + self._position(split, index) * self.batch_size
+        b = a + self.batch_size
+        dense = np.array(self._rows(a, b, self.dense), dtype=np.float32)
+        ids_CB = self._rows(a, b, self.sparse).T % self.hashes_C
+        labels = self._rows(a, b, self.labels)[:, 0].astype(np.float32)
+        kjt = KeyedJaggedTensor(
+            keys=self.keys,
+            values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),
+            lengths=self._lengths,
+            stride=self.batch_size,
+            length_per_key=[self.batch_size] * CAT_FEATURES,
+        )
+        return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
+
+    def batches(self, split: str, start: int, stop: int, rank: int) -> Iterator[Batch]:
+        if split != "train":
+            stop = min(stop, self.num_batches(split))
+        for index in range(start, stop):
+            yield self.batch(split, index, rank)

@@ -1,0 +1,60 @@
+"""The dataset config (`conf/dataset/`) and the batch source it names.
+
+A source gives deterministic batches: `batches(split, start, stop, rank)` with split
+"train" or "eval" (held out), so a run's data position is just its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
+from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+from recsys.models.dlrm import ModelConfig, feature_names
+
+
+class DataKind(str, Enum):
+    synthetic = "synthetic"  # generated in memory
+    criteo = "criteo"  # binary files made by `python -m recsys.data.prepare`
+
+
+@dataclass
+class DatasetConfig(SyntheticConfig):
+    """Synthetic fields (zipf_exponent, seed, signal, bias) apply to kind=synthetic."""
+
+    kind: DataKind = DataKind.synthetic
+    path: str | None = None  # kind=criteo: the directory `recsys.data.prepare` wrote
+    holdout_fraction: float = 1 / 7  # one-file datasets: rows held out for val + test
+    shuffle_chunk_batches: int = 16  # train batches are shuffled in chunks of this many
+
+
+def build_source(
+    cfg: DatasetConfig, model: ModelConfig, batch_size: int, world_size: int
+) -> SyntheticCriteo | CriteoBinary:
+    if DataKind(cfg.kind) == DataKind.synthetic:
+        return SyntheticCriteo(
+            cfg,
+            list(model.num_embeddings_per_feature),
+            feature_names(model),
+            model.dense_in_features,
+            batch_size,
+        )
+    if not cfg.path:
+        raise CriteoDataError(
+            f"dataset '{cfg.name}' needs dataset.path: the output directory of "
+            f"`python -m recsys.data.prepare input=<tsv> output=<dir>`"
+        )
+    if model.dense_in_features != 13:
+        raise CriteoDataError(f"Criteo has 13 dense features; model '{model.name}' expects "
+                              f"{model.dense_in_features}")  # fmt: skip
+    return CriteoBinary(
+        cfg.path,
+        list(model.num_embeddings_per_feature),
+        feature_names(model),
+        batch_size,
+        world_size,
+        holdout_fraction=cfg.holdout_fraction,
+        shuffle_chunk_batches=cfg.shuffle_chunk_batches,
+        seed=cfg.seed,
+    )

@@ -1,0 +1,208 @@
+"""Criteo TSV -> binary: rough edges, bad lines, gzip, chunking, workers, TorchRec parity."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsys.data.convert import ConvertOptions, convert, output_name
+from recsys.data.criteo_tsv import MalformedLineError, parse_lines
+from recsys.data.prepare import PrepareConfig, prepare
+
+
+def row(label="1", ints=None, cats=None) -> list[str]:
+    ints = ints if ints is not None else [str(i) for i in range(13)]
+    cats = cats if cats is not None else [f"{0x10 + c:08x}" for c in range(26)]
+    return ([label] if label is not None else []) + ints + cats
+
+
+def tsv(*rows: list[str], final_newline: bool = True) -> bytes:
+    text = "\n".join("\t".join(r) for r in rows)
+    return (text + ("\n" if final_newline else "")).encode()
+
+
+def parse(data: bytes, has_label: bool = True, skip: bool = False):
+    return parse_lines(data, has_label, "f.txt", 1, skip)
+
+
+def reference(text: bytes, has_label: bool = True):
+    """The obvious per-line parser (TorchRec's row mapper) with padding for short lines."""
+    out = []
+    for line in text.decode().splitlines():
+        f = line.split("\t")
+        f += [""] * ((40 if has_label else 39) - len(f))
+        off = 1 if has_label else 0
+        out.append((int(f[0] or 0) if has_label else -1,
+                    [int(x or 0) for x in f[off : off + 13]],
+                    [int(x or "0", 16) for x in f[off + 13 :]]))  # fmt: skip
+    return out
+
+
+def test_values_land_in_place_with_missing_and_negative_values() -> None:
+    ints = ["", "-2", "7", "", "123456789012", "0", "-1", "", "", "5", "", "", "9"]
+    cats = ["", "ffffffff", "0000000a", "ABCDEF12", "1", "", *[f"{c:08x}" for c in range(20)]]
+    chunk = parse(tsv(row("0", ints, cats)))
+    assert chunk.labels_N.tolist() == [0]
+    assert chunk.ints_NI[0].tolist() == [0, -2, 7, 0, 123456789012, 0, -1, 0, 0, 5, 0, 0, 9]
+    assert chunk.cats_NC[0, :6].tolist() == [0, 0xFFFFFFFF, 10, 0xABCDEF12, 1, 0]
+    assert chunk.cats_NC[0, 6:].tolist() == list(range(20))
+
+
+def test_short_lines_are_padded_never_shifted() -> None:
+    full = row()
+    stripped = full[:30]  # trailing 10 categorical fields stripped, as in real files
+    only_label_and_ints = full[:5]
+    chunk = parse(tsv(full, stripped, only_label_and_ints))
+    assert chunk.cats_NC[1, :16].tolist() == chunk.cats_NC[0, :16].tolist()
+    assert chunk.cats_NC[1, 16:].tolist() == [0] * 10
+    assert chunk.ints_NI[2].tolist() == [0, 1, 2, 3] + [0] * 9
+    assert chunk.cats_NC[2].tolist() == [0] * 26
+
+
+def test_a_last_line_without_newline_is_kept() -> None:
+    chunk = parse(tsv(row("0"), row("1"), final_newline=False))
+    assert chunk.labels_N.tolist() == [0, 1]
+
+
+def test_very_large_integers_are_exact_or_rejected() -> None:
+    big = row(ints=["9223372036854775807", "-9223372036854775808"] + ["1"] * 11)
+    chunk = parse(tsv(big))
+    assert chunk.ints_NI[0, :2].tolist() == [2**63 - 1, -(2**63)]
+    with pytest.raises(MalformedLineError, match="f.txt:1: .*a count is not an integer"):
+        parse(tsv(row(ints=["9223372036854775808"] + ["1"] * 12)))
+
+
+@pytest.mark.parametrize(
+    "bad,why",
+    [
+        (row(cats=["xyz"] + ["1"] * 25), "a category is not hex"),
+        (row(cats=["123456789"] + ["1"] * 25), "a category is not hex of at most 8"),
+        (row(ints=["1.5"] + ["1"] * 12), "a count is not an integer"),
+        (row(ints=["-"] + ["1"] * 12), "a count is not an integer"),
+        (row(label="2"), "label is not 0 or 1"),
+        (row() + ["extra"], "more than 40 fields"),
+    ],
+)
+def test_malformed_lines_name_file_and_line_or_are_skipped(bad: list[str], why: str) -> None:
+    data = tsv(row("0"), row("1"), bad, row("1"))
+    with pytest.raises(MalformedLineError, match=f"f.txt:3: malformed Criteo line \\({why}"):
+        parse(data)
+    chunk = parse(data, skip=True)
+    assert chunk.bad_lines == 1
+    assert chunk.labels_N.tolist() == [0, 1, 1]
+    assert chunk.ints_NI.shape == (3, 13)
+
+
+def test_kaggle_test_file_has_no_label_column() -> None:
+    chunk = parse(tsv(row(None), row(None)[:20]), has_label=False)
+    assert chunk.labels_N.tolist() == [-1, -1]
+    assert chunk.ints_NI[0].tolist() == list(range(13))
+
+
+def test_random_text_matches_the_reference_parser() -> None:
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(500):
+        ints = [
+            ("" if rng.random() < 0.2 else str(int(rng.integers(-5, 10**7)))) for _ in range(13)
+        ]
+        cats = [
+            ("" if rng.random() < 0.2 else f"{int(rng.integers(0, 2**32)):x}") for _ in range(26)
+        ]
+        r = row(str(int(rng.integers(0, 2))), ints, cats)
+        rows.append(r[: int(rng.integers(20, 41))] if rng.random() < 0.3 else r)
+    data = tsv(*rows)
+    chunk = parse(data)
+    for i, (label, ints, cats) in enumerate(reference(data)):
+        assert chunk.labels_N[i] == label
+        assert chunk.ints_NI[i].tolist() == ints
+        assert chunk.cats_NC[i].tolist() == cats
+
+
+def write_files(tmp: Path, rows: list[list[str]]) -> tuple[Path, Path]:
+    data = tsv(*rows, final_newline=False)
+    plain = tmp / "in" / "day_0"
+    plain.parent.mkdir(parents=True, exist_ok=True)
+    plain.write_bytes(data)
+    gz = tmp / "gz" / "day_0.gz"
+    gz.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(gz, "wb") as f:
+        f.write(data)
+    return plain, gz
+
+
+def load(out: Path, name: str):
+    return [np.load(out / f"{name}_{k}.npy") for k in ("dense", "sparse", "labels")]
+
+
+def random_rows(n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    return [
+        row(
+            str(int(rng.integers(0, 2))),
+            [str(int(v)) for v in rng.integers(-2, 1000, 13)],
+            [f"{int(v):08x}" for v in rng.integers(0, 2**32, 26)],
+        )
+        for _ in range(n)
+    ]
+
+
+def test_gzip_chunks_and_workers_give_identical_files(tmp_path: Path) -> None:
+    plain, gz = write_files(tmp_path, random_rows(3000))
+    tiny_chunks = ConvertOptions(chunk_mb=0.01, workers=1, progress=False)
+    convert(plain, tmp_path / "a", ConvertOptions(workers=1, progress=False))
+    convert(gz, tmp_path / "b", tiny_chunks)  # ~40 chunks, lines cut at block edges
+    convert(plain, tmp_path / "c", ConvertOptions(chunk_mb=0.01, workers=2, progress=False))
+    a = load(tmp_path / "a", "day_0")
+    for other in ("b", "c"):
+        for x, y in zip(a, load(tmp_path / other, "day_0"), strict=True):
+            assert np.array_equal(x, y)
+    assert a[1].shape == (3000, 26) and a[2].shape == (3000, 1) and a[0].dtype == np.float32
+
+
+def test_bad_line_number_is_right_across_chunks(tmp_path: Path) -> None:
+    rows = random_rows(2000)
+    rows[1533] = row(cats=["nothex!"] + ["1"] * 25)
+    plain, _ = write_files(tmp_path, rows)
+    with pytest.raises(MalformedLineError, match=r"day_0:1534: "):
+        convert(plain, tmp_path / "o", ConvertOptions(chunk_mb=0.01, workers=2, progress=False))
+
+
+def test_prepare_summary_counts_rows_and_skipped_lines(tmp_path: Path) -> None:
+    rows = random_rows(100)
+    rows[10] = row(ints=["x"] * 13)
+    rows[20] = row() + ["1", "2"]
+    plain, _ = write_files(tmp_path, rows)
+    cfg = PrepareConfig(input=str(plain.parent), output=str(tmp_path / "o"), skip_bad_lines=True,
+                        workers=1, progress=False)  # fmt: skip
+    summary = prepare(cfg)
+    assert summary["rows"] == 98 and summary["bad_lines"] == 2
+    assert [f["name"] for f in summary["files"]] == ["day_0"]
+    on_disk = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert on_disk["rows"] == 98 and on_disk["bad_lines"] == 2 and len(on_disk["files"]) == 1
+
+
+def test_output_names_drop_text_extensions() -> None:
+    assert output_name(Path("day_0.gz")) == "day_0"
+    assert output_name(Path("train.txt")) == "train"
+    assert output_name(Path("test.txt.gz")) == "test"
+    assert output_name(Path("day_23")) == "day_23"
+
+
+def test_same_arrays_as_torchrecs_own_converter(tmp_path: Path) -> None:
+    from torchrec.datasets.criteo import BinaryCriteoUtils
+
+    rows = random_rows(500, seed=5)
+    src = tmp_path / "day_0.tsv"
+    src.write_bytes(tsv(*rows))
+    theirs = [tmp_path / f"t_{k}.npy" for k in ("dense", "sparse", "labels")]
+    BinaryCriteoUtils.tsv_to_npys(str(src), *map(str, theirs))
+    convert(src, tmp_path / "ours", ConvertOptions(workers=1, progress=False))
+    for ours, t in zip(load(tmp_path / "ours", "day_0"), theirs, strict=True):
+        expected = np.load(t)
+        assert ours.dtype == expected.dtype and ours.shape == expected.shape
+        assert np.array_equal(ours, expected)
