@@ -28,12 +28,14 @@ def environment() -> dict[str, Any]:
     }
 
 
-def save(result: dict, table: str, name: str, dirs: list[Path]) -> list[Path]:
-    """Write `<name>.json` and `<name>.md` into each directory."""
+def save(
+    result: dict, table: str, name: str, dirs: list[Path], json_name: str | None = None
+) -> list[Path]:
+    """Write `<json_name or name>.json` and `<name>.md` into each directory."""
     written = []
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (d / f"{json_name or name}.json").write_text(json.dumps(result, indent=2) + "\n")
         (d / f"{name}.md").write_text(table + "\n")
         written.append(d / f"{name}.md")
     return written

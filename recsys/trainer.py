@@ -32,7 +32,9 @@ from recsys.data.source import build_source
 from recsys.metrics import evaluate
 from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type, resolve_cluster
+from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
+from sharding.types import RankDevice
 
 if TYPE_CHECKING:
     from recsys.config import TrainConfig
@@ -134,8 +136,19 @@ def _is_comm_failure(e: BaseException) -> bool:
     )
 
 
-def _set_threads(cfg: TrainerConfig) -> None:
-    threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // launch.local_world_size())
+def _place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
+    """Pin the rank to its cores (cluster config) and size its intra-op thread pool."""
+    if device.cores is not None:
+        available = os.sched_getaffinity(0)
+        if not set(device.cores) <= available:
+            raise ValueError(
+                f"rank {device.rank} is pinned to cores {list(device.cores)} but this machine "
+                f"offers {sorted(available)}; fix cluster.nodes[..].devices[..].cores"
+            )
+        os.sched_setaffinity(0, device.cores)
+        threads = cfg.threads_per_rank or len(device.cores)
+    else:
+        threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // launch.local_world_size())
     torch.set_num_threads(threads)
 
 
@@ -172,7 +185,7 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
             f"as many processes as the cluster config has devices"
         )
-    _set_threads(tcfg)
+    _place_rank(tcfg, ranks[rank])
     device = _device()
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
 
@@ -184,6 +197,7 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
     )
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
+        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     dense_opt = _dense_optimizer(tcfg, dict(in_backward_optimizer_filter(model.named_parameters())))
     optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])

@@ -46,6 +46,15 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
                 value = getattr(dev, name)
                 if value is not None:
                     _positive(value, f"{dwhere}.{name}", spec.name)
+            if dev.cores is not None:
+                if dev.kind != "cpu":
+                    raise ClusterConfigError(
+                        f"cluster '{spec.name}': {dwhere}.cores pins CPU ranks; kind is {dev.kind}"
+                    )
+                if not dev.cores or min(dev.cores) < 0:
+                    raise ClusterConfigError(
+                        f"cluster '{spec.name}': {dwhere}.cores must list core numbers >= 0"
+                    )
         for _ in range(group.count):
             local = 0
             for dev in group.devices:
@@ -61,6 +70,8 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
                             hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
                             speed=dev.speed or kind.speed,
                             host_bytes=int(group.host_memory_gb * GIB / per_node),
+                            host_to_device_gbps=group.host_to_device_gbps,
+                            cores=tuple(dev.cores) if dev.cores is not None else None,
                         )
                     )
                     local += 1

@@ -19,6 +19,8 @@ class DeviceGroup:
     hbm_gb: float | None = None
     hbm_gbps: float | None = None
     speed: float | None = None
+    # local CPU ranks only: the cores these ranks are pinned to (taskset), e.g. [0]
+    cores: list[int] | None = None
 
 
 @dataclass
@@ -33,6 +35,8 @@ class NodeGroup:
 
 @dataclass
 class NetworkSpec:
+    """Per-device link bandwidth, Gbit/s one way (NVLink / NIC share), and one-way latency."""
+
     intra_node_gbps: float = 100.0
     inter_node_gbps: float = 25.0
     latency_us: float = 10.0
@@ -59,6 +63,8 @@ class RankDevice:
     hbm_gbps: float
     speed: float
     host_bytes: int  # this rank's share of its node's host memory
+    host_to_device_gbps: float = 12.0  # GB/s, PCIe or equivalent
+    cores: tuple[int, ...] | None = None  # pinned CPU cores (local CPU ranks)
 
 
 class PlannerName(str, Enum):

@@ -59,6 +59,28 @@ def test_invalid_layouts_fail_naming_the_field(mutate, needle: str) -> None:
         resolve_cluster(spec)
 
 
+def test_presets_have_the_documented_shapes(typed_cfg) -> None:
+    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x8_a100_80g": 8, "2x8_h100": 16,
+             "hetero_3node": 24, "hetero_64": 64}  # fmt: skip
+    for name, world in sizes.items():
+        ranks = resolve_cluster(typed_cfg([f"cluster={name}"]).cluster)
+        assert len(ranks) == world, name
+    hetero = resolve_cluster(typed_cfg(["cluster=hetero_64"]).cluster)
+    assert len({r.kind for r in hetero}) >= 4 and len({r.node for r in hetero}) == 8
+    skewed = resolve_cluster(typed_cfg(["cluster=local_cpu3_skewed"]).cluster)
+    assert [r.cores for r in skewed] == [(0,), (0,), (1,)]
+    assert skewed[2].speed == 2 * skewed[0].speed
+
+
+def test_core_pinning_is_only_for_cpu_ranks() -> None:
+    gpu = ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("t4_16g", 1, cores=[0])])])
+    with pytest.raises(ClusterConfigError, match="pins CPU ranks"):
+        resolve_cluster(gpu)
+    empty = ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("cpu", 1, cores=[])])])
+    with pytest.raises(ClusterConfigError, match="core numbers"):
+        resolve_cluster(empty)
+
+
 def test_mixing_cpu_and_gpu_ranks_is_rejected() -> None:
     spec = ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("cpu", 1), DeviceGroup("t4_16g", 1)])])
     with pytest.raises(ClusterConfigError, match="mixes"):

@@ -83,6 +83,11 @@ def test_three_ranks_train(tmp_path: Path) -> None:
     assert summary["world_size"] == 3 and math.isfinite(summary["train_loss"])
 
 
+def test_speed_skewed_cluster_pins_ranks_and_trains(tmp_path: Path) -> None:
+    summary = train(compose_config(TINY + ["cluster=local_cpu3_skewed"]), tmp_path)
+    assert summary["world_size"] == 3 and summary["cluster"] == "local_cpu3_skewed"
+
+
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
     cfg = compose_config(TINY + ["trainer.dense_optimizer=sgd", "trainer.lr=1e30"])
     with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+"):

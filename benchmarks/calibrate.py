@@ -1,0 +1,412 @@
+"""`python -m benchmarks.calibrate`: measure this machine, fit the cost model's constants for
+local CPU ranks, then check predicted against measured step times.
+
+Measured here, each fitted as time = fixed + amount / rate by least squares:
+- embedding lookup + fused row-wise Adagrad update (FBGEMM's CPU TBE), forward bytes/s and
+  the backward-to-forward ratio;
+- dense MLP forward + backward, FLOP/s;
+- in-memory synthetic batch assembly, s per sample;
+- gloo all-to-all and all-reduce latency and bandwidth between 2 ranks on loopback and, as
+  root, across a veth pair between two network namespaces rate-limited by tbf (`link_rate`);
+- the per-step overhead: one small training run, measured minus the other terms.
+Writes `sharding/calibration/local_cpu.json` (the cost model's constants) and, with the
+validation, `summary.json` + `calibrate.md` under benchmarks/results/calibrate/ and the
+Hydra run dir. `summary.json` has `validation` (each `setting`, `predicted_ms`,
+`measured_ms`) and `median_abs_error` (a fraction).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from benchmarks import netns
+from benchmarks.comm_probe import probe
+from benchmarks.common import environment, save
+from recsys.launch import raise_on_failure, spawn_ranks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Setting:
+    name: str
+    overrides: list[str]
+    link: str = "loopback"  # or veth
+
+
+@dataclass
+class CalibrateConfig:
+    link_rate: str = "1gbit"
+    comm_sizes: list[int] = field(
+        default_factory=lambda: [16_384, 131_072, 1_048_576, 4_194_304, 8_388_608]
+    )
+    train_steps: int = 80
+    # two runs of one model at two batch sizes: fixed and per-sample overhead
+    calibration_runs: list[int] = field(default_factory=lambda: [256, 768, 2048])
+    settings: list[Setting] = field(
+        default_factory=lambda: [
+            Setting("dlrm_small b1024 loopback plain", ["trainer.batch_size=1024"]),
+            Setting("dlrm_small b4096 loopback plain", ["trainer.batch_size=4096"]),
+            Setting("dcnv2_small b2048 loopback sparse_dist",
+                    ["model=dcnv2_small", "pipeline=sparse_dist", "trainer.batch_size=2048"]),
+            Setting("dlrm dim64 b2048 loopback plain", ["model.embedding_dim=64",
+                    "model.dense_arch_layer_sizes=[64,64]", "trainer.batch_size=2048"]),
+            Setting("dlrm_small b2048 veth plain", ["trainer.batch_size=2048"], "veth"),
+            Setting("dlrm dim64 b4096 veth plain", ["model.embedding_dim=64",
+                    "model.dense_arch_layer_sizes=[64,64]", "trainer.batch_size=4096"], "veth"),
+        ]
+    )  # fmt: skip
+    write_calibration: bool = True
+    results_dir: str = str(REPO / "benchmarks" / "results" / "calibrate")
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x; returns (a clipped at 0, b)."""
+    b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return max(0.0, float(a)), float(b)
+
+
+def _median_time(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_embedding() -> dict:
+    """FBGEMM CPU TBE with fused EXACT_ROWWISE_ADAGRAD, one thread, power-law ids."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from recsys.data.synthetic import power_law_ranks
+
+    rng = np.random.default_rng(0)
+    points = []
+    for tables, rows, dim, batch in [(8, 20000, 16, 1024), (8, 20000, 16, 4096),
+                                     (26, 20000, 16, 2048), (8, 20000, 64, 2048),
+                                     (26, 20000, 64, 4096)]:  # fmt: skip
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.01,
+        )
+        ids = torch.from_numpy(power_law_ranks(rng.random(tables * batch), rows, 1.1))
+        offsets = torch.arange(tables * batch + 1)
+
+        def fwd(tbe=tbe, ids=ids, offsets=offsets) -> None:
+            with torch.no_grad():
+                tbe(ids, offsets)
+
+        def fwd_bwd(tbe=tbe, ids=ids, offsets=offsets) -> None:
+            out = tbe(ids, offsets)
+            out.backward(torch.ones_like(out))
+
+        f, fb = _median_time(fwd), _median_time(fwd_bwd)
+        points.append({"tables": tables, "dim": dim, "batch": batch,
+                       "bytes": tables * batch * dim * 4, "fwd_s": f, "fwd_bwd_s": fb})  # fmt: skip
+    _, per_byte = fit_line([p["bytes"] for p in points], [p["fwd_s"] for p in points])
+    bwd = statistics.median((p["fwd_bwd_s"] - p["fwd_s"]) / p["fwd_s"] for p in points)
+    return {"points": points, "emb_read_bytes_per_s": 1.0 / per_byte, "emb_bwd_factor": bwd}
+
+
+def measure_dense() -> dict:
+    """Forward + backward of DLRM's own dense part (bottom MLP, dot interaction, top MLP) at
+    several sizes; FLOPs = 6 x MLP parameters x batch + the interaction's."""
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    from sharding.cost_model import dot_interaction_flops
+
+    points = []
+    features = 26
+    for dim, batch, top in [(16, 1024, [64, 32, 1]), (16, 4096, [64, 32, 1]),
+                            (64, 2048, [64, 32, 1]), (32, 2048, [256, 128, 1]),
+                            (16, 2048, [512, 256, 1]), (64, 1024, [512, 256, 1])]:  # fmt: skip
+        bottom = DenseArch(13, [64, dim])
+        inter = InteractionArch(features)
+        over = OverArch(dim + features * (features + 1) // 2, top)
+        x, emb = torch.randn(batch, 13), torch.randn(batch, features, dim, requires_grad=True)
+
+        def step(bottom=bottom, inter=inter, over=over, x=x, emb=emb) -> None:
+            over(inter(bottom(x), emb)).sum().backward()
+
+        params = sum(p.numel() for m in (bottom, over) for p in m.parameters())
+        points.append({"dim": dim, "batch": batch, "top": top, "mlp_flops": 6 * params * batch,
+                       "interaction_flops": batch * dot_interaction_flops(features + 1, dim),
+                       "s": _median_time(step, repeats=7)})  # fmt: skip
+    # t = fixed + mlp_flops / mlp_rate + interaction_flops / interaction_rate
+    a = np.array([[1.0, p["mlp_flops"], p["interaction_flops"]] for p in points])
+    (_, per_mlp, per_inter), *_ = np.linalg.lstsq(a, np.array([p["s"] for p in points]), rcond=None)
+    return {"points": points, "dense_flops_per_s": 1.0 / per_mlp,
+            "interaction_flops_per_s": 1.0 / per_inter}  # fmt: skip
+
+
+def measure_input() -> dict:
+    from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+
+    points = []
+    for batch in (256, 1024, 4096):
+        src = SyntheticCriteo(SyntheticConfig(), [20000] * 26, [f"cat_{i}" for i in range(26)],
+                              13, batch)  # fmt: skip
+        counter = iter(range(10**9))
+        t = _median_time(lambda s=src, c=counter: s.batch("train", next(c), 0))
+        points.append({"batch": batch, "s": t})
+    _, per_sample = fit_line([p["batch"] for p in points], [p["s"] for p in points])
+    return {"points": points, "input_s_per_sample": per_sample}
+
+
+def measure_compute() -> dict:
+    """Embedding, dense and input rates of one rank while the other runs the same work, as
+    in training: two ranks on two cores share caches and memory bandwidth."""
+    torch.set_num_threads(1)
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)  # FBGEMM logs every TBE it makes at INFO
+    return {"embedding": measure_embedding(), "dense": measure_dense(), "input": measure_input()}
+
+
+def _fit_comm(raw: dict, world: int = 2) -> dict:
+    """all-to-all: t = latency + sent/bw, sent = size (W-1)/W; ring all-reduce:
+    t = 2(W-1) latency + 2(W-1)/W size / bw."""
+    sizes = raw["sizes_bytes"]
+    lat, per_b = fit_line([s * (world - 1) / world for s in sizes], raw["alltoall_s"])
+    ar_fixed, ar_per_b = fit_line([2 * (world - 1) / world * s for s in sizes], raw["allreduce_s"])
+    return {
+        "alltoall": {"latency_s": lat, "bytes_per_s": 1.0 / per_b},
+        "allreduce": {"latency_s": ar_fixed / (2 * (world - 1)), "bytes_per_s": 1.0 / ar_per_b},
+        "raw": raw,
+    }
+
+
+def _env_for(link: netns.VethLink | None, rank: int, port: int) -> dict:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_PORT=str(port), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")  # fmt: skip
+    if link is not None:
+        env.update(MASTER_ADDR=link.addresses[0], GLOO_SOCKET_IFNAME=link.ifnames[rank])
+    return env
+
+
+def _run_pair(link: netns.VethLink, args: list[str], timeout_s: float = 600) -> None:
+    """Start rank 0 and rank 1 of `python <args>`, one in each namespace; wait for both."""
+    port = 29000 + os.getpid() % 1000
+    procs = [
+        subprocess.Popen(link.prefix(r) + [sys.executable, *args], env=_env_for(link, r, port),
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in (0, 1)
+    ]  # fmt: skip
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=timeout_s)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(
+                f"ranks across the veth link did not finish in {timeout_s} s"
+            ) from None
+    if any(p.returncode for p in procs):
+        tails = "\n".join(o[-2000:] for o in outputs)
+        raise RuntimeError(f"a rank across the veth link failed:\n{tails}")
+
+
+def measure_comm(cfg: CalibrateConfig, link: netns.VethLink | None) -> dict:
+    if link is None:
+        return _fit_comm(raise_on_failure(spawn_ranks(probe, 2, (cfg.comm_sizes,)), "probe")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "probe.json"
+        _run_pair(link, ["-m", "benchmarks.comm_probe", str(out), *map(str, cfg.comm_sizes)])
+        return _fit_comm(json.loads(out.read_text()))
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """The trainer's config (conf/config.yaml) with overrides. Inside this Hydra app the
+    global Hydra instance already searches conf/, so compose needs no initialize."""
+    return hydra.compose(config_name="config", overrides=overrides)
+
+
+def _train(overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink | None) -> dict:
+    args = [f"trainer.max_steps={steps}", "trainer.progress_bar=false", "trainer.warmup_steps=10",
+            "trainer.threads_per_rank=1", "dataset.eval_batches=1", *overrides]  # fmt: skip
+    if link is None:
+        from recsys.train import train
+
+        return train(_compose(args), run_dir)
+    _run_pair(link, ["-m", "recsys.train", *args, f"hydra.run.dir={run_dir}"])
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> float:
+    """The cost model's step time for the run in `run_dir`, under its own plan."""
+    from recsys.train import to_typed
+    from sharding.predict import predict
+
+    layout = json.loads((run_dir / "plan_layout.json").read_text())
+    return predict(to_typed(_compose(overrides)), layout, link_name, cal)["step_ms"]
+
+
+def measured_ms(summary: dict) -> float:
+    return 1000 * summary["world_size"] * summary["batch_size_per_rank"] / summary["samples_per_s"]
+
+
+def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
+    from sharding.calibration import Calibration, load_calibration, save_calibration
+    from sharding.cost_model import DeviceCost, LinkCost, NetworkCost
+
+    torch.set_num_threads(1)
+    print("measuring embedding, dense and input throughput (2 ranks at once) ...", flush=True)
+    both = raise_on_failure(spawn_ranks(measure_compute, 2, timeout_s=900), "compute probe")
+    emb, dense, inp = (both[0][k] for k in ("embedding", "dense", "input"))
+    print("measuring gloo on loopback ...", flush=True)
+    links = {"loopback": measure_comm(cfg, None)}
+    why_not = netns.available()
+    veth_name = f"veth_{cfg.link_rate}"
+    link_ctx = netns.veth_link(cfg.link_rate) if why_not is None else None
+    try:
+        link = link_ctx.__enter__() if link_ctx else None
+        if link:
+            print(f"measuring gloo across a {cfg.link_rate} veth link ...", flush=True)
+            links[veth_name] = measure_comm(cfg, link)
+        device = DeviceCost(
+            emb_read_bytes_per_s=emb["emb_read_bytes_per_s"],
+            host_read_bytes_per_s=emb["emb_read_bytes_per_s"],  # host memory is the memory
+            emb_bwd_factor=emb["emb_bwd_factor"],
+            dense_flops_per_s=dense["dense_flops_per_s"],
+            interaction_flops_per_s=dense["interaction_flops_per_s"],
+            step_overhead_s=0.0,
+            input_s_per_sample=inp["input_s_per_sample"],
+        )
+        nets = {k: NetworkCost(LinkCost(**v["alltoall"]), LinkCost(**v["allreduce"]))
+                for k, v in links.items()}  # fmt: skip
+        cal = Calibration(device=device, links=nets)
+        print("measuring the per-step overhead (two small training runs) ...", flush=True)
+        residual, runs = [], []
+        save_calibration(cal, run_dir / "no_overhead.json")
+        bare = load_calibration(run_dir / "no_overhead.json")
+        for batch in cfg.calibration_runs:
+            overrides = [f"trainer.batch_size={batch}"]
+            d = run_dir / "calibration_runs" / f"b{batch}"
+            summary = _train(overrides, cfg.train_steps, d, None)
+            meas, pred = measured_ms(summary), predict_ms(overrides, d, "loopback", bare)
+            residual.append((meas - pred) / 1000)
+            runs.append(
+                {"batch": batch, "measured_ms": meas, "predicted_without_overhead_ms": pred}
+            )
+        fixed_s, per_sample_s = fit_line(list(cfg.calibration_runs), residual)
+        cal.device = DeviceCost(**{**cal.device.__dict__, "step_overhead_s": fixed_s,
+                                   "sample_overhead_s": max(0.0, per_sample_s)})  # fmt: skip
+        cal.measured = {"embedding": emb, "dense": dense, "input": inp,
+                        "links": {k: v["raw"] for k, v in links.items()},
+                        "overhead_runs": runs,
+                        "environment": environment()}  # fmt: skip
+        if cfg.write_calibration:
+            save_calibration(cal)
+        save_calibration(cal, run_dir / "local_cpu.json")
+        cal = load_calibration(run_dir / "local_cpu.json")
+
+        validation = []
+        for s in cfg.settings:
+            if s.link == "veth" and link is None:
+                print(f"skipping '{s.name}': {why_not}", flush=True)
+                continue
+            print(f"validating: {s.name} ...", flush=True)
+            d = run_dir / "validation" / s.name.replace(" ", "_")
+            summary = _train(s.overrides, cfg.train_steps, d, link if s.link == "veth" else None)
+            link_name = veth_name if s.link == "veth" else "loopback"
+            pred, meas = predict_ms(s.overrides, d, link_name, cal), measured_ms(summary)
+            validation.append({"setting": s.name, "overrides": s.overrides, "link": link_name,
+                               "predicted_ms": pred, "measured_ms": meas,
+                               "rel_error": (pred - meas) / meas})  # fmt: skip
+    finally:
+        if link_ctx:
+            link_ctx.__exit__(None, None, None)
+    errors = [abs(v["rel_error"]) for v in validation]
+    return {
+        "constants": {
+            "device": cal.device.__dict__,
+            "links": {
+                k: {"alltoall": v.alltoall.__dict__, "allreduce": v.allreduce.__dict__}
+                for k, v in cal.links.items()
+            },
+        },  # fmt: skip
+        "validation": validation,
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "veth": why_not or f"measured ({cfg.link_rate})",
+        "environment": environment(),
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+    }
+
+
+def table(r: dict) -> str:
+    d = r["constants"]["device"]
+    lines = [
+        f"# Cost-model calibration and validation ({r['environment']['date']}, "
+        f"{r['environment']['cpus']} CPUs, torch {r['environment']['torch']}, torchrec "
+        f"{r['environment']['torchrec']}, fbgemm_gpu {r['environment']['fbgemm_gpu']})",
+        "",
+        "| constant (one CPU rank, one thread) | value |",
+        "|---|---|",
+        f"| embedding forward read | {d['emb_read_bytes_per_s'] / 1e9:.2f} GB/s |",
+        f"| embedding backward + update / forward | {d['emb_bwd_factor']:.2f} |",
+        f"| dense MLP | {d['dense_flops_per_s'] / 1e9:.1f} GFLOP/s |",
+        f"| DLRM dot interaction | {d['interaction_flops_per_s'] / 1e9:.1f} GFLOP/s |",
+        f"| batch assembly | {d['input_s_per_sample'] * 1e6:.2f} us/sample |",
+        f"| per-step overhead | {d['step_overhead_s'] * 1e3:.2f} ms + "
+        f"{d['sample_overhead_s'] * 1e6:.2f} us/sample |",
+    ]
+    for name, link in r["constants"]["links"].items():
+        for op in ("alltoall", "allreduce"):
+            c = link[op]
+            lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
+                         f"{c['bytes_per_s'] / 1e6:.0f} MB/s |")  # fmt: skip
+    lines += ["", "| setting (2 ranks) | predicted ms/step | measured ms/step | error |",
+              "|---|---|---|---|"]  # fmt: skip
+    for v in r["validation"]:
+        lines.append(f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
+                     f"{v['rel_error']:+.0%} |")  # fmt: skip
+    if r["median_abs_error"] is not None:
+        lines += ["", f"Median absolute relative error: {r['median_abs_error']:.1%} (goal: 20%)"]
+    lines += ["", f"veth link: {r['veth']}"]
+    return "\n".join(lines)
+
+
+ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="calibrate")
+def main(cfg: DictConfig) -> None:
+    from recsys.train import quiet_library_noise
+
+    quiet_library_noise()
+    typed: CalibrateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    result = run(typed, run_dir)
+    text = table(result)
+    print(text)
+    dirs = [Path(typed.results_dir), run_dir]
+    saved = save(result, text, "calibrate", dirs, json_name="summary")
+    print("saved:", ", ".join(map(str, saved)))
+
+
+if __name__ == "__main__":
+    main()

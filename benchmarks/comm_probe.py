@@ -1,0 +1,55 @@
+"""Time gloo all-to-all and all-reduce at several sizes between the ranks of a job.
+
+Runs in ranks started by `recsys.launch.spawn_ranks` (loopback) or, inside network
+namespaces, as `python -m benchmarks.comm_probe <out.json> <sizes...>` with RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT and GLOO_SOCKET_IFNAME set.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from recsys import launch
+
+REPEATS = 8
+
+
+def _time(op, repeats: int) -> float:
+    op()  # warm up: connection setup, buffers
+    dist.barrier()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]  # median
+
+
+def probe(sizes_bytes: list[int], repeats: int = REPEATS) -> dict:
+    """Per size (bytes each rank sends in total): median seconds of all_to_all_single and
+    all_reduce. Every rank returns the same structure; rank 0's is the one used."""
+    torch.set_num_threads(1)
+    rank, world = launch.init_distributed(120.0)
+    out = {"sizes_bytes": sizes_bytes, "alltoall_s": [], "allreduce_s": []}
+    for size in sizes_bytes:
+        n = max(world, size // 4 // world * world)
+        send, recv = torch.ones(n), torch.empty(n)
+        a2a = lambda r=recv, s=send: dist.all_to_all_single(r, s)  # noqa: E731
+        out["alltoall_s"].append(_time(a2a, repeats))
+        grad = torch.ones(max(1, size // 4))
+        out["allreduce_s"].append(_time(lambda g=grad: dist.all_reduce(g), repeats))
+    return out
+
+
+if __name__ == "__main__":
+    result = probe([int(s) for s in sys.argv[2:]])
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(result, f)
+    launch.shutdown_distributed(clean=True)

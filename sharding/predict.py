@@ -1,0 +1,135 @@
+"""`python -m sharding.predict [trainer overrides] [link=loopback]`: the cost model's
+prediction for a training config, without training.
+
+Plans the model with the configured planner on the meta device (or reads the
+`plan_layout.json` of a finished run, `layout=<file>`), then prints per-rank memory and
+stage times and the predicted step time of the configured pipeline, and writes
+`predict.json`. A command module: it reads the trainer's config (conf/config.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from recsys.config import TrainConfig, register_configs
+from recsys.models.dlrm import Arch, build_model
+from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
+from sharding.cluster import resolve_cluster
+from sharding.cost_model import (
+    Schedule,
+    StepCost,
+    TableStats,
+    dot_interaction_flops,
+    memory_bytes,
+    step_cost,
+)
+from sharding.plan_shards import plan_layout, shards_from_layout
+
+
+@dataclass
+class PredictConfig(TrainConfig):
+    link: str | None = None  # calibrated local link (loopback, veth_1gbit); GPUs: the spec
+    layout: str | None = None  # a run's plan_layout.json; default: plan with cfg.planner
+
+
+def predict(
+    cfg: TrainConfig,
+    layout: list[dict] | None = None,
+    link: str | None = None,
+    cal: Calibration | None = None,
+) -> dict:
+    """Predicted memory and step time of `cfg` (its plan: `layout`, else its planner's).
+    CPU clusters use `cal`, by default the calibration file."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from sharding.torchrec_planner import plan_with_torchrec
+
+    ranks = resolve_cluster(cfg.cluster)
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    if layout is None:
+        sharders = [EmbeddingBagCollectionSharder()]
+        plan = plan_with_torchrec(model, ranks, sharders, cfg.trainer.batch_size, cfg.planner)
+        layout = plan_layout(plan)
+    dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+    features = len(cfg.model.num_embeddings_per_feature) + 1
+    interaction = (
+        dot_interaction_flops(features, cfg.model.embedding_dim)
+        if Arch(cfg.model.arch) == Arch.dlrm
+        else 0.0  # DCN's cross layers are parameters, counted above
+    )
+    tables = [TableStats(f"t_cat_{i}", rows, cfg.model.embedding_dim)
+              for i, rows in enumerate(cfg.model.num_embeddings_per_feature)]  # fmt: skip
+    shards = shards_from_layout(layout, tables, len(ranks))
+    cpu = all(r.kind == "cpu" for r in ranks)
+    cal = cal or (load_calibration() if cpu else None)
+    cost: StepCost = step_cost(
+        tables,
+        shards,
+        [cfg.trainer.batch_size] * len(ranks),
+        device_costs(ranks, cal),
+        network_cost(cfg.cluster, ranks, cal, link),
+        dense_params,
+        interaction,
+    )
+    schedule = Schedule(cfg.pipeline.name.value)
+    return {
+        "cluster": cfg.cluster.name,
+        "model": cfg.model.name,
+        "pipeline": schedule.value,
+        "batch_size_per_rank": cfg.trainer.batch_size,
+        "link": link or ("loopback" if cpu else "spec"),
+        "step_ms": 1000 * cost.step_s(schedule),
+        "stages_ms": {
+            "lookup_fwd": 1000 * max(cost.lookup_fwd_s),
+            "lookup_bwd": 1000 * max(cost.lookup_bwd_s),
+            "ids_a2a": 1000 * max(cost.ids_a2a_s),
+            "emb_a2a_fwd_bwd": 1000 * (max(cost.emb_a2a_fwd_s) + max(cost.emb_a2a_bwd_s)),
+            "dense": 1000 * max(cost.dense_s),
+            "allreduce": 1000 * cost.allreduce_s,
+            "overhead_and_input": 1000 * (cost.overhead_s + cost.input_s),
+        },
+        "memory_bytes": memory_bytes(shards, len(ranks)),
+        "a2a_bytes_per_rank": cost.a2a_bytes,
+        "layout": layout,
+    }
+
+
+register_configs()
+ConfigStore.instance().store(name="base_predict", node=PredictConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
+def main(cfg: DictConfig) -> None:
+    from recsys.train import quiet_library_noise
+
+    quiet_library_noise()
+    typed: PredictConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    try:
+        layout = json.loads(Path(typed.layout).read_text()) if typed.layout else None
+        result = predict(typed, layout, typed.link)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    out = Path(HydraConfig.get().runtime.output_dir) / "predict.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{result['model']} on {result['cluster']}, {result['pipeline']}, batch "
+          f"{result['batch_size_per_rank']}/rank, link {result['link']}: "
+          f"{result['step_ms']:.1f} ms/step predicted")  # fmt: skip
+    for stage, ms in result["stages_ms"].items():
+        print(f"  {stage:20} {ms:9.2f} ms (slowest rank)")
+    for r, mem in enumerate(result["memory_bytes"]):
+        print(f"  rank {r}: HBM {mem['hbm'] / 2**30:.3f} GiB, host {mem['host'] / 2**30:.3f} GiB")
+    print(f"written: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`python -m sharding.profile dataset=... model=...`: measure each table's access profile.
+
+Streams `batches` training batches of `batch_size` from the dataset (in-memory synthetic or
+prepared Criteo files; ids hashed to the model's table sizes, as training sees them) and
+writes `profile.json` and `profile.png` (frequency curves) into `output` (default: the
+Hydra run dir). A command module: the library is `sharding.access_profile`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from recsys.config import register_configs
+from recsys.data.criteo_binary import CriteoDataError
+from recsys.data.source import DatasetConfig, build_source
+from recsys.models.dlrm import ModelConfig, feature_names
+from sharding.access_profile import AccessProfile, build_profile
+
+
+@dataclass
+class ProfileAppConfig:
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batches: int = 200
+    batch_size: int = 4096
+    hot_ids: int = 1000  # hottest ids kept per table
+    exact_max_rows: int = 1 << 25  # larger tables use the heavy-hitter sketch
+    sketch_capacity: int = 1 << 16  # counters per sketched table
+    output: str | None = None  # default: the Hydra run dir
+
+
+def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
+    source = build_source(cfg.dataset, cfg.model, cfg.batch_size, world_size=1)
+    names = feature_names(cfg.model)
+    rows = dict(zip((f"t_{n}" for n in names), cfg.model.num_embeddings_per_feature, strict=True))
+
+    def batches():
+        for index in range(cfg.batches):
+            kjt = source.batch("train", index, 0).sparse_features
+            yield cfg.batch_size, {f"t_{n}": kjt[n].values().numpy() for n in names}
+
+    profile = build_profile(batches(), rows, cfg.hot_ids, cfg.exact_max_rows, cfg.sketch_capacity)
+    profile.source = {"dataset": cfg.dataset.name, "model": cfg.model.name,
+                      "batch_size": cfg.batch_size}  # fmt: skip
+    return profile
+
+
+def plot(profile: AccessProfile, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for t in profile.tables:
+        ax.plot(
+            [k / t.rows for k in t.curve_k], t.curve_share, lw=1, label=f"{t.name} ({t.rows:,})"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("hottest share of the table's rows")
+    ax.set_ylabel("share of lookups covered")
+    ax.set_title(
+        f"Access frequency: {profile.source.get('dataset', '')}, {profile.samples:,} samples"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=5, ncol=2, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_table(profile: AccessProfile) -> str:
+    lines = [f"{'table':10} {'rows':>11} {'lookups/sample':>14} {'distinct/batch':>14} "
+             f"{'top 0.1%':>8} {'top 1%':>7} {'top 10%':>7}  counting"]  # fmt: skip
+    for t in profile.tables:
+        c = t.coverage
+        lines.append(f"{t.name:10} {t.rows:>11,} {t.lookups_per_sample:>14.2f} "
+                     f"{t.distinct_per_batch:>14,.0f} {c['0.1%']:>8.1%} {c['1%']:>7.1%} "
+                     f"{c['10%']:>7.1%}  {t.counting}")  # fmt: skip
+    return "\n".join(lines)
+
+
+register_configs()
+ConfigStore.instance().store(name="base_profile", node=ProfileAppConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="profile")
+def main(cfg: DictConfig) -> None:
+    typed: ProfileAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    out = Path(typed.output or HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        profile = profile_dataset(typed)
+    except (CriteoDataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    profile.save(out / "profile.json")
+    plot(profile, out / "profile.png")
+    print(summary_table(profile))
+    print(f"profile: {out / 'profile.json'}, curves: {out / 'profile.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Access profiles: exact on known distributions, bounded error when sketched, CLI output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CONF_DIR
+
+from recsys.data.synthetic import power_law_ranks
+from sharding.access_profile import AccessProfile, build_profile
+
+
+def power_law_batches(rows: int, exponent: float, batches: int, batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        yield batch, {"t": power_law_ranks(rng.random(batch), rows, exponent)}
+
+
+def test_coverage_matches_the_known_distribution() -> None:
+    rows, e = 10_000, 1.1
+    profile = build_profile(power_law_batches(rows, e, 50, 4000), {"t": rows})
+    t = profile.table("t")
+    assert t.counting == "exact" and t.max_count_error == 0
+    assert t.lookups == 200_000 and t.lookups_per_sample == pytest.approx(1.0)
+    cdf = lambda k: ((k + 1) ** (1 - e) - 1) / ((rows + 1) ** (1 - e) - 1)  # noqa: E731
+    for label, f in {"0.1%": 0.001, "1%": 0.01, "10%": 0.1}.items():
+        assert t.coverage[label] == pytest.approx(cdf(f * rows), abs=0.01), label
+    assert t.hot_ids[:5] == [0, 1, 2, 3, 4]  # rank k is id k in this generator
+    assert t.hit_rate(100) == pytest.approx(cdf(100), abs=0.01)
+    assert t.hit_rate(0) == 0.0 and t.hit_rate(rows) == 1.0
+    assert 0 < t.distinct_per_batch < 4000
+
+
+def test_sketch_counts_stay_within_the_stated_error() -> None:
+    rows = 50_000
+    batches = list(power_law_batches(rows, 1.05, 40, 2000, seed=1))
+    exact = build_profile(batches, {"t": rows}).table("t")
+    small = {"exact_max_rows": 1000, "sketch_capacity": 500}
+    sketched = build_profile(batches, {"t": rows}, **small).table("t")
+    assert sketched.counting == "misra_gries"
+    assert sketched.max_count_error == 80_000 // 501
+    true_counts = np.bincount(np.concatenate([b[1]["t"] for b in batches]), minlength=rows)
+    # the heavy hitters are found, and coverage is low by at most capacity x error / N
+    assert set(sketched.hot_ids[:20]) == set(exact.hot_ids[:20])
+    slack = 500 * sketched.max_count_error / sketched.lookups
+    for label in ("0.1%", "1%"):
+        assert exact.coverage[label] - slack <= sketched.coverage[label] <= exact.coverage[label]
+    assert true_counts[exact.hot_ids[0]] >= true_counts[exact.hot_ids[1]]
+
+
+def test_out_of_range_ids_and_bad_files_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"ids outside \[0, 10\)"):
+        build_profile([(1, {"t": np.array([10])})], {"t": 10})
+    (tmp_path / "p.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a profile.json"):
+        AccessProfile.load(tmp_path / "p.json")
+
+
+def test_profile_command_writes_json_and_png(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharding.profile", "batches=10", "batch_size=512",
+         f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raw = json.loads((tmp_path / "profile.json").read_text())
+    assert len(raw["tables"]) == 26
+    for t in raw["tables"]:
+        assert {"name", "rows", "lookups_per_sample", "coverage"} <= set(t)
+        assert set(t["coverage"]) == {"0.1%", "1%", "10%"}
+    assert (tmp_path / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    loaded = AccessProfile.load(tmp_path / "profile.json")
+    assert loaded.samples == 5120 and loaded.table("t_cat_2").rows == 20_000
+    assert "top 1%" in proc.stdout
