@@ -23,8 +23,13 @@ from recsys import launch
 from recsys.config import TrainConfig, register_configs
 from recsys.models.dlrm import validate_model_config
 from sharding.cluster import resolve_cluster
+from sharding.types import PlannerName
 
 log = logging.getLogger(__name__)
+
+
+class UnsupportedPlannerError(ValueError):
+    """A planner whose plans the trainer cannot run yet."""
 
 
 def quiet_library_noise() -> None:
@@ -70,6 +75,13 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     quiet_library_noise()
     tcfg = to_typed(cfg)
     validate_model_config(tcfg.model)  # fail here, before any rank starts
+    if tcfg.planner.name != PlannerName.torchrec:
+        raise UnsupportedPlannerError(
+            f"planner={tcfg.planner.name.value}: such plans are made and judged by "
+            f"`python -m sharding.plan planner={tcfg.planner.name.value}`, but training them "
+            f"(split hot/cold tables with an id remap, a cold-only exchange, per-rank batch "
+            f"shares) is not built yet. Train with planner=torchrec."
+        )
     world = len(resolve_cluster(tcfg.cluster))
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +124,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         FloatingPointError,
         FileNotFoundError,
         CriteoDataError,
+        UnsupportedPlannerError,
     )
 
 

@@ -67,6 +67,13 @@ class Shard:
     tier: Tier = Tier.hbm
     hit_rate: float = 1.0  # share of lookups served from HBM (cached tier)
     dp: bool = False
+    # share of the table's lookups this shard serves; None: its share of rows (row-wise
+    # shards see ids uniformly). A frequency split sets it: hot part cov(h), cold 1 - cov(h).
+    lookup_share: float | None = None
+    # True: only looked-up vectors cross the network (a variable-length exchange of a
+    # cold part); False: TorchRec's pooled exchange, one vector per sample, empty or not.
+    sparse_exchange: bool = False
+    cache_rows: int = 0  # cached tier: rows the HBM cache holds (0: hit_rate x rows)
 
 
 @dataclass(frozen=True)
@@ -146,9 +153,10 @@ def memory_bytes(
             out[s.rank]["hbm"] += weights + state
         elif s.tier == Tier.host:
             out[s.rank]["host"] += weights + state
-        else:  # cached: all rows in host memory, the hot share mirrored in HBM
+        else:  # cached: all rows in host memory, the hot ones mirrored in HBM
             out[s.rank]["host"] += weights + state
-            out[s.rank]["hbm"] += int(weights * s.hit_rate)
+            cached = s.cache_rows * s.cols * FLOAT_BYTES if s.cache_rows else weights * s.hit_rate
+            out[s.rank]["hbm"] += int(cached)
     return out
 
 
@@ -175,31 +183,35 @@ def step_cost(
         t = by_name[s.table]
         dev = devices[s.rank]
         samples = batch_per_rank[s.rank] if s.dp else global_batch
-        row_share = s.rows / t.rows  # row-wise shards see their share of the ids
-        looked_up = samples * t.lookups_per_sample * row_share * s.cols * FLOAT_BYTES
+        share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
+        looked_up = samples * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
         hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
         lookup[s.rank] += looked_up * hit / dev.emb_read_bytes_per_s
         lookup[s.rank] += looked_up * (1 - hit) / dev.host_read_bytes_per_s
         if s.dp:
-            if s.rank == 0:
-                dp_bytes += t.rows * t.dim * FLOAT_BYTES
+            if s.rank == 0:  # its gradients are all-reduced once, whatever the world size
+                dp_bytes += s.rows * s.cols * FLOAT_BYTES
             continue
         for r in range(world):
             if r == s.rank:
                 continue
-            vec = batch_per_rank[r] * s.cols * FLOAT_BYTES  # one vector per sample
+            vectors = batch_per_rank[r] * (
+                t.lookups_per_sample * share if s.sparse_exchange else 1.0  # pooled: 1 a sample
+            )
+            vec = vectors * s.cols * FLOAT_BYTES
             sent[s.rank] += vec
             recv[r] += vec
-            idb = batch_per_rank[r] * (t.lookups_per_sample * row_share * ID_BYTES + LENGTH_BYTES)
+            idb = batch_per_rank[r] * (t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES)
             ids_sent[r] += idb
             ids_recv[s.rank] += idb
     a2a = network.alltoall
     emb = [a2a.time_s(max(sent[r], recv[r])) for r in range(world)]
     ids = [a2a.time_s(max(ids_sent[r], ids_recv[r])) for r in range(world)]
-    flops_per_sample = 6.0 * dense_params + interaction_flops_per_sample
-    dense = [
-        flops_per_sample * batch_per_rank[r] / devices[r].dense_flops_per_s for r in range(world)
-    ]
+    dense = []
+    for b, d in zip(batch_per_rank, devices, strict=True):
+        inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
+        mlp_s = 6.0 * dense_params / d.dense_flops_per_s
+        dense.append(b * (mlp_s + interaction_flops_per_sample / inter_rate))
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
     allreduce = 0.0
     if world > 1:  # ring all-reduce: 2(W-1) latency hops, 2(W-1)/W of the bytes each way

@@ -21,17 +21,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import TrainConfig, register_configs
-from recsys.models.dlrm import Arch, build_model
+from recsys.models.cost_inputs import model_cost
+from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
 from sharding.cluster import resolve_cluster
-from sharding.cost_model import (
-    Schedule,
-    StepCost,
-    TableStats,
-    dot_interaction_flops,
-    memory_bytes,
-    step_cost,
-)
+from sharding.cost_model import Schedule, StepCost, memory_bytes, step_cost
 from sharding.plan_shards import plan_layout, shards_from_layout
 
 
@@ -54,20 +48,13 @@ def predict(
     from sharding.torchrec_planner import plan_with_torchrec
 
     ranks = resolve_cluster(cfg.cluster)
-    model = build_model(cfg.model, dense_device=torch.device("meta"))
     if layout is None:
         sharders = [EmbeddingBagCollectionSharder()]
+        model = build_model(cfg.model, dense_device=torch.device("meta"))
         plan = plan_with_torchrec(model, ranks, sharders, cfg.trainer.batch_size, cfg.planner)
         layout = plan_layout(plan)
-    dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
-    features = len(cfg.model.num_embeddings_per_feature) + 1
-    interaction = (
-        dot_interaction_flops(features, cfg.model.embedding_dim)
-        if Arch(cfg.model.arch) == Arch.dlrm
-        else 0.0  # DCN's cross layers are parameters, counted above
-    )
-    tables = [TableStats(f"t_cat_{i}", rows, cfg.model.embedding_dim)
-              for i, rows in enumerate(cfg.model.num_embeddings_per_feature)]  # fmt: skip
+    mc = model_cost(cfg.model)
+    tables = mc.tables
     shards = shards_from_layout(layout, tables, len(ranks))
     cpu = all(r.kind == "cpu" for r in ranks)
     cal = cal or (load_calibration() if cpu else None)
@@ -77,8 +64,8 @@ def predict(
         [cfg.trainer.batch_size] * len(ranks),
         device_costs(ranks, cal),
         network_cost(cfg.cluster, ranks, cal, link),
-        dense_params,
-        interaction,
+        mc.dense_params,
+        mc.interaction_flops_per_sample,
     )
     schedule = Schedule(cfg.pipeline.name.value)
     return {

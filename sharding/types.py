@@ -68,7 +68,10 @@ class RankDevice:
 
 
 class PlannerName(str, Enum):
-    torchrec = "torchrec"
+    torchrec = "torchrec"  # TorchRec's EmbeddingShardingPlanner, given per-rank capacities
+    hybrid = "hybrid"  # ours: frequency- and speed-aware (sharding.planners)
+    greedy_size = "greedy_size"  # largest table to the rank with most free memory
+    round_robin = "round_robin"  # table i to rank i mod world
 
 
 @dataclass

@@ -102,6 +102,9 @@ def test_dot_interaction_flops() -> None:
     assert dot_interaction_flops(27, 16) == 6 * 27 * 27 * 16
     with_inter = step_cost(TABLES[:1], [], [10], [DEV], NET, 0, interaction_flops_per_sample=1e6)
     assert with_inter.dense_s == pytest.approx([10 * 1e6 / 1e9])
+    slow_inter = DeviceCost(**{**DEV.__dict__, "interaction_flops_per_s": 2.5e8})
+    both = step_cost(TABLES[:1], [], [10], [slow_inter], NET, 100, interaction_flops_per_sample=1e6)
+    assert both.dense_s == pytest.approx([10 * (600 / 1e9 + 1e6 / 2.5e8)])
 
 
 def test_plan_layout_becomes_shards() -> None:

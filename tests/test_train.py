@@ -88,6 +88,13 @@ def test_speed_skewed_cluster_pins_ranks_and_trains(tmp_path: Path) -> None:
     assert summary["world_size"] == 3 and summary["cluster"] == "local_cpu3_skewed"
 
 
+def test_planners_that_cannot_train_yet_are_refused_clearly(tmp_path: Path) -> None:
+    from recsys.train import UnsupportedPlannerError
+
+    with pytest.raises(UnsupportedPlannerError, match="python -m sharding.plan planner=hybrid"):
+        train(compose_config(TINY + ["planner=hybrid"]), tmp_path)
+
+
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
     cfg = compose_config(TINY + ["trainer.dense_optimizer=sgd", "trainer.lr=1e30"])
     with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+"):

@@ -1,0 +1,64 @@
+"""Turn our `Plan` into a standard TorchRec `ShardingPlan`.
+
+A table whose hottest rows are replicated becomes two tables, `<name>_hot` (data parallel)
+and `<name>_cold` (sharded), so that no row-wise shard is ever uneven (TorchRec routes
+training ids by ceil(rows / world)); the data path remaps ids into them. The plan is for an
+EmbeddingBagCollection built from `split_table_configs`, on the meta device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.sharding_plan import (
+    column_wise,
+    construct_module_sharding_plan,
+    data_parallel,
+    table_wise,
+)
+from torchrec.distributed.types import ShardingPlan
+
+from sharding.cost_model import Tier
+from sharding.plan_eval import Plan, TablePlan
+
+MODULE = "model.sparse_arch.embedding_bag_collection"
+_KERNEL = {Tier.hbm: "fused", Tier.cached: "fused_uvm_caching", Tier.host: "fused_uvm"}
+
+
+def split_table_configs(plan: Plan, feature_of: dict[str, str]) -> list[EmbeddingBagConfig]:
+    """The tables of the split model; both parts of a split table serve the same feature."""
+    configs = []
+    for t in plan.tables:
+        parts = _parts(t)
+        for name, rows in parts:
+            configs.append(EmbeddingBagConfig(name=name, embedding_dim=t.dim, num_embeddings=rows,
+                                              feature_names=[feature_of[t.name]]))  # fmt: skip
+    return configs
+
+
+def _parts(t: TablePlan) -> list[tuple[str, int]]:
+    if t.replicated_rows in (0, t.rows):
+        return [(t.name, t.rows)]
+    return [(f"{t.name}_hot", t.replicated_rows), (f"{t.name}_cold", t.rows - t.replicated_rows)]
+
+
+def to_torchrec_plan(plan: Plan, feature_of: dict[str, str], device_type: str) -> ShardingPlan:
+    ebc = EmbeddingBagCollection(split_table_configs(plan, feature_of), device=torch.device("meta"))
+    per_param = {}
+    for t in plan.tables:
+        cold = [s for s in t.shards if not s.dp]
+        kernel = "fused" if device_type == "cpu" else _KERNEL[t.tier]
+        for name, _ in _parts(t):
+            if name.endswith("_hot") or not cold:
+                per_param[name] = data_parallel()
+            elif len(cold) == 1:
+                per_param[name] = table_wise(rank=cold[0].rank, compute_kernel=kernel)
+            else:
+                per_param[name] = column_wise(ranks=[s.rank for s in cold],
+                                              size_per_rank=[s.cols for s in cold],
+                                              compute_kernel=kernel)  # fmt: skip
+    world = len(plan.batch_per_rank)
+    module_plan = construct_module_sharding_plan(
+        ebc, per_param, local_size=world, world_size=world, device_type=device_type
+    )
+    return ShardingPlan({MODULE: module_plan})

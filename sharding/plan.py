@@ -1,0 +1,222 @@
+"""`python -m sharding.plan cluster=... model=... planner=... [profile=profile.json]`
+
+Plans the model's tables for the cluster with the chosen planner (hybrid, torchrec,
+greedy_size, round_robin), judges the plan with the cost model, prints a table, and writes
+into the Hydra run dir: `plan.json`, `plan_torchrec.txt` (the TorchRec ShardingPlan), and
+`plan.png` (per rank: memory by tier against capacity, predicted time). Without `profile=`
+a power law with `dataset.zipf_exponent` stands in for the access frequencies. A command
+module (the planners are in `sharding.planners`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from recsys.config import TrainConfig, register_configs
+from recsys.models.cost_inputs import model_cost
+from recsys.models.dlrm import feature_names
+from sharding.access_profile import AccessProfile
+from sharding.calibration import device_costs, load_calibration, network_cost
+from sharding.cluster import ClusterConfigError, compute_device_type, resolve_cluster
+from sharding.cost_model import Schedule
+from sharding.emit import to_torchrec_plan
+from sharding.plan_eval import (
+    Plan,
+    PlanDoesNotFitError,
+    PlanInputs,
+    equal_batch,
+    evaluate,
+    power_law_coverage,
+)
+from sharding.plan_shards import plan_layout, shards_from_layout
+from sharding.planners import PLANNERS, TablePlan, _finish
+from sharding.types import PlannerName
+
+
+@dataclass
+class PlanAppConfig(TrainConfig):
+    profile: str | None = None  # a profile.json from sharding.profile
+    link: str | None = None  # CPU clusters: calibrated link (loopback, veth_1gbit)
+
+
+def plan_inputs(cfg: TrainConfig, profile: AccessProfile | None, link: str | None) -> PlanInputs:
+    ranks = resolve_cluster(cfg.cluster)
+    cpu = compute_device_type(ranks) == "cpu"
+    cal = load_calibration() if cpu else None
+    pooling = {t.name: t.lookups_per_sample for t in profile.tables} if profile else None
+    mc = model_cost(cfg.model, pooling)
+    coverage = {}
+    for t in mc.tables:
+        if profile is not None:
+            coverage[t.name] = profile.table(t.name).hit_rate
+        else:
+            coverage[t.name] = power_law_coverage(t.rows, cfg.dataset.zipf_exponent)
+    return PlanInputs(
+        tables=mc.tables,
+        coverage=coverage,
+        ranks=ranks,
+        devices=device_costs(ranks, cal),
+        network=network_cost(cfg.cluster, ranks, cal, link),
+        global_batch=cfg.trainer.batch_size * len(ranks),
+        dense_params=mc.dense_params,
+        interaction_flops_per_sample=mc.interaction_flops_per_sample,
+        schedule=Schedule(cfg.pipeline.name.value),
+        cpu=cpu,
+        reserve=cfg.planner.storage_reservation,
+        cluster=cfg.cluster.name,
+    )
+
+
+def torchrec_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
+    """TorchRec's planner, read back into our Plan so the same cost model judges it."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from recsys.models.dlrm import build_model
+    from sharding.torchrec_planner import plan_with_torchrec
+
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    sharders = [EmbeddingBagCollectionSharder()]
+    tr_plan = plan_with_torchrec(model, inputs.ranks, sharders, cfg.trainer.batch_size, cfg.planner)
+    shards = shards_from_layout(plan_layout(tr_plan), inputs.tables, inputs.world)
+    tables = []
+    for t in inputs.tables:
+        own = [s for s in shards if s.table == t.name]
+        dp = all(s.dp for s in own)
+        tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
+                       hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
+                       shards=own)  # fmt: skip
+        tables.append(_finish(tp) if not dp else tp)
+    plan = Plan("torchrec", inputs.cluster, tables, equal_batch(inputs.global_batch, inputs.world))
+    plan.torchrec_text = str(tr_plan)  # type: ignore[attr-defined]
+    return plan
+
+
+def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
+    start = time.perf_counter()
+    name = PlannerName(cfg.planner.name)
+    plan = (
+        torchrec_plan(cfg, inputs) if name == PlannerName.torchrec else PLANNERS[name.value](inputs)
+    )
+    plan.planning_s = time.perf_counter() - start
+    return evaluate(plan, inputs)
+
+
+def plan_json(plan: Plan) -> dict:
+    return {
+        "planner": plan.planner,
+        "cluster": plan.cluster,
+        "feasible": plan.feasible,
+        "est_step_ms": plan.est_step_ms,
+        "lower_bound_ms": plan.lower_bound_ms,
+        "planning_s": plan.planning_s,
+        "a2a_bytes_per_step": plan.a2a_bytes_per_step,
+        "devices": plan.devices,
+        "tables": [
+            {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
+             "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,
+             "replicated_rows": t.replicated_rows,
+             "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards if not s.dp]}
+            for t in plan.tables
+        ],
+    }  # fmt: skip
+
+
+def plan_table(plan: Plan) -> str:
+    gib = 2**30
+    gap = plan.est_step_ms / plan.lower_bound_ms
+    fits = "feasible" if plan.feasible else "DOES NOT FIT"
+    lines = [
+        f"{plan.planner} plan for {plan.cluster}: predicted {plan.est_step_ms:.2f} ms/step, "
+        f"lower bound {plan.lower_bound_ms:.2f} ms ({gap:.2f}x), planned in "
+        f"{plan.planning_s:.2f} s, {fits}",
+        "",
+        f"{'table':12} {'rows':>12} {'dim':>4}  {'sharding':28} {'tier':6} {'replicated':>10}"
+        "  ranks",
+    ]
+    for t in plan.tables:
+        ranks = str(t.ranks) if len(t.ranks) <= 6 else f"{len(t.ranks)} ranks"
+        lines.append(f"{t.name:12} {t.rows:>12,} {t.dim:>4}  {t.sharding_type:28} {t.tier.value:6} "
+                     f"{t.replicated_rows:>10,}  {ranks}")  # fmt: skip
+    lines += ["", f"{'rank':>4} {'kind':10} {'batch':>6} {'fast GiB':>9} {'of':>7} {'host GiB':>9} "
+              f"{'of':>8} {'est ms':>8}"]  # fmt: skip
+    for d in plan.devices[:16]:
+        lines.append(
+            f"{d['rank']:>4} {d['kind']:10} {d['batch']:>6} {d['hbm_used_bytes'] / gib:>9.3f} "
+            f"{d['hbm_cap_bytes'] / gib:>7.1f} {d['host_used_bytes'] / gib:>9.3f} "
+            f"{d['host_cap_bytes'] / gib:>8.1f} {d['est_ms']:>8.2f}"
+        )
+    if len(plan.devices) > 16:
+        lines.append(f"... {len(plan.devices) - 16} more ranks in plan.json")
+    return "\n".join(lines)
+
+
+def plot(plan: Plan, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = [d["rank"] for d in plan.devices]
+    gib = 2**30
+    fig, (mem, t) = plt.subplots(2, 1, figsize=(max(8, len(ranks) * 0.25), 7), sharex=True)
+    fast = [d["hbm_used_bytes"] / gib for d in plan.devices]
+    host = [d["host_used_bytes"] / gib for d in plan.devices]
+    mem.bar(ranks, fast, label="fast memory (HBM / CPU rank budget)")
+    mem.bar(ranks, host, bottom=fast, label="host memory")
+    mem.plot(
+        ranks, [d["hbm_cap_bytes"] / gib for d in plan.devices], "k_", ms=12, label="fast capacity"
+    )
+    mem.set_ylabel("GiB")
+    mem.legend(fontsize=7)
+    mem.set_title(f"{plan.planner} on {plan.cluster}: {plan.est_step_ms:.2f} ms/step predicted, "
+                  f"lower bound {plan.lower_bound_ms:.2f} ms")  # fmt: skip
+    t.bar(ranks, [d["est_ms"] for d in plan.devices], color="tab:green")
+    t.set_ylabel("predicted ms (own stages)")
+    t.set_xlabel("rank")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+register_configs()
+ConfigStore.instance().store(name="base_plan", node=PlanAppConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="plan")
+def main(cfg: DictConfig) -> None:
+    from recsys.train import quiet_library_noise
+
+    quiet_library_noise()
+    typed: PlanAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        profile = AccessProfile.load(typed.profile) if typed.profile else None
+        inputs = plan_inputs(typed, profile, typed.link)
+        plan = make_plan(typed, inputs)
+    except (PlanDoesNotFitError, ClusterConfigError, FileNotFoundError, KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    (out / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
+    text = getattr(plan, "torchrec_text", None)
+    if text is None:
+        feature_of = {f"t_{n}": n for n in feature_names(typed.model)}
+        device_type = "cpu" if inputs.cpu else "cuda"
+        text = str(to_torchrec_plan(plan, feature_of, device_type))
+    (out / "plan_torchrec.txt").write_text(text)
+    plot(plan, out / "plan.png")
+    print(plan_table(plan))
+    print(f"written: {out / 'plan.json'}, {out / 'plan_torchrec.txt'}, {out / 'plan.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Planners: `hybrid` (ours), `greedy_size`, `round_robin`, and `torchrec` (TorchRec's own).
+
+`hybrid` uses what the others ignore: the access frequency and each device's own speed.
+1. Batch split: each rank's share of the global batch is proportional to its dense speed
+   (Whale's hardware-aware data parallelism), instead of equal shares.
+2. Hot rows replicated (HugeCTR's hybrid embedding): for each table the hottest h rows
+   become a data-parallel part on every rank when the all-reduce of their gradients costs
+   less than the all-to-all they save; the cold rest then exchanges only its own lookups
+   (a variable-length exchange). h comes from the table's coverage curve; h = rows is a
+   small table replicated whole.
+3. The rest is cut into column-wise pieces small enough to balance, and placed longest
+   first on the rank that would finish it earliest (its own embedding bandwidth, the
+   exchange, and the dense work of its batch share), never over its memory.
+4. Tier: pieces that fit no device's fast memory go to host memory with an HBM cache of
+   their hottest rows (sized by the coverage curve and the free HBM), else host memory.
+The predicted step of the slowest rank is what this minimises, under each rank's capacity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharding.cost_model import FLOAT_BYTES, Shard, TableStats, Tier
+from sharding.plan_eval import (
+    Plan,
+    PlanDoesNotFitError,
+    PlanInputs,
+    TablePlan,
+    check_fits,
+    equal_batch,
+    proportional_batch,
+)
+
+MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
+MAX_REPLICATED_SHARE = 0.3  # of the smallest rank's fast memory, for all hot rows together
+
+
+@dataclass
+class _Piece:
+    table: TableStats
+    rows: int
+    cols: int
+    lookup_share: float  # share of the table's lookups (1 - coverage of the hot part)
+    sparse_exchange: bool
+
+
+class _Placer:
+    """Longest-first placement of pieces on ranks, each with its own speed and memory."""
+
+    def __init__(self, inputs: PlanInputs, batch: list[int], speed_aware: bool) -> None:
+        self.inputs = inputs
+        self.free_hbm = np.array(inputs.hbm_budget(), dtype=np.float64)
+        self.free_host = np.array(inputs.host_budget(), dtype=np.float64)
+        self.batch = batch
+        self.speed_aware = speed_aware
+        devs = inputs.devices
+        # seconds per byte looked up (forward + backward) on each rank, fast and host memory
+        self.per_byte = np.array([(1 + d.emb_bwd_factor) / d.emb_read_bytes_per_s for d in devs])
+        self.per_byte_host = np.array(
+            [(1 + d.emb_bwd_factor) / d.host_read_bytes_per_s for d in devs]
+        )
+        flops = 6.0 * inputs.dense_params + inputs.interaction_flops_per_sample
+        self.load = np.array(
+            [b * flops / d.dense_flops_per_s for b, d in zip(batch, devs, strict=True)]
+        )
+        if not speed_aware:  # a speed-blind planner sees every rank as rank 0
+            self.per_byte[:] = self.per_byte[0]
+            self.per_byte_host[:] = self.per_byte_host[0]
+            self.load[:] = 0.0
+        self.a2a_per_byte = 2.0 / inputs.network.alltoall.bytes_per_s  # forward + backward
+
+    def cost(self, p: _Piece) -> np.ndarray:
+        """Seconds the piece adds to each rank if placed there (fast memory)."""
+        global_batch = sum(self.batch)
+        looked_up = global_batch * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
+        vectors = p.table.lookups_per_sample * p.lookup_share if p.sparse_exchange else 1.0
+        sent = (global_batch - np.asarray(self.batch)) * vectors * p.cols * FLOAT_BYTES
+        return looked_up * self.per_byte + sent * self.a2a_per_byte
+
+    def place(self, p: _Piece, coverage) -> Shard:
+        need = p.rows * self.inputs.row_bytes(p.cols)
+        finish = self.load + self.cost(p)
+        fits = self.free_hbm >= need
+        if fits.any():
+            r = int(np.argmin(np.where(fits, finish, np.inf)))
+            self.free_hbm[r] -= need
+            self.load[r] = finish[r]
+            return Shard(
+                p.table.name, r, p.rows, p.cols,
+                lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
+            )  # fmt: skip
+        if self.inputs.cpu:
+            raise PlanDoesNotFitError(
+                f"table {p.table.name}: a piece of {p.rows:,} x {p.cols} "
+                f"({need / 2**30:.2f} GiB) fits no rank's memory (largest free: "
+                f"{self.free_hbm.max() / 2**30:.2f} GiB)"
+            )
+        host_fits = self.free_host >= need
+        if not host_fits.any():
+            raise PlanDoesNotFitError(
+                f"table {p.table.name}: a piece of {p.rows:,} x {p.cols} "
+                f"({need / 2**30:.2f} GiB) fits neither device nor host memory anywhere"
+            )
+        row_bytes = p.cols * FLOAT_BYTES
+        cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
+        hit = np.array([coverage(int(c)) if c > 0 else 0.0 for c in cache_rows])
+        # misses read at host bandwidth, hits at HBM bandwidth
+        looked = sum(self.batch) * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
+        extra = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host)
+        finish = self.load + self.cost(p) - looked * self.per_byte + extra
+        r = int(np.argmin(np.where(host_fits, finish, np.inf)))
+        self.free_host[r] -= need
+        self.free_hbm[r] -= cache_rows[r] * row_bytes
+        self.load[r] = finish[r]
+        tier = Tier.cached if cache_rows[r] > 0 else Tier.host
+        return Shard(p.table.name, r, p.rows, p.cols, tier, hit_rate=float(hit[r]),
+                     lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
+                     cache_rows=int(cache_rows[r]))  # fmt: skip
+
+
+def _replicated_rows(inputs: PlanInputs, t: TableStats, budget_bytes: float) -> int:
+    """Hottest rows worth replicating: maximise all-to-all saved - all-reduce added."""
+    w = inputs.world
+    if w < 2 or budget_bytes <= 0:
+        return 0
+    cov = inputs.coverage[t.name]
+    a2a, ar = inputs.network.alltoall, inputs.network.allreduce
+    # per rank and step, forward + backward: every sample-feature vector of this table
+    exchange_s = 2 * inputs.global_batch * (w - 1) / w / w * t.dim * FLOAT_BYTES / a2a.bytes_per_s
+    best_h, best_gain = 0, 0.0
+    candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
+    for h in candidates:
+        if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
+            break
+        allreduce_s = 2 * (w - 1) / w * h * t.dim * FLOAT_BYTES / ar.bytes_per_s
+        gain = cov(h) * exchange_s - allreduce_s
+        if gain > best_gain:
+            best_h, best_gain = h, gain
+    return best_h
+
+
+def _column_split(inputs: PlanInputs, t: TableStats, cost: float, target: float) -> int:
+    """Column-wise pieces for a table: powers of two, each dim a multiple of MIN_COLS."""
+    k = 1
+    while cost / k > target and t.dim % (2 * k) == 0 and t.dim // (2 * k) >= MIN_COLS:
+        if 2 * k > inputs.world:
+            break
+        k *= 2
+    return k
+
+
+def hybrid(inputs: PlanInputs) -> Plan:
+    check_fits(inputs)
+    speeds = [d.dense_flops_per_s for d in inputs.devices]
+    batch = proportional_batch(inputs.global_batch, speeds)
+    placer = _Placer(inputs, batch, speed_aware=True)
+    budget = MAX_REPLICATED_SHARE * min(inputs.hbm_budget())
+    plans: dict[str, TablePlan] = {}
+    pieces: list[tuple[float, int, _Piece]] = []
+    # hottest-per-byte tables claim the replication budget first
+    order = sorted(inputs.tables, key=lambda t: -inputs.coverage[t.name](1) / t.dim)
+    for t in order:
+        h = _replicated_rows(inputs, t, budget)
+        budget -= h * inputs.row_bytes(t.dim)
+        placer.free_hbm -= h * inputs.row_bytes(t.dim)  # a copy on every rank
+        cov_h = inputs.coverage[t.name](h) if h else 0.0
+        everyone = list(range(inputs.world)) if h else []
+        shards = [Shard(t.name, r, h, t.dim, dp=True, lookup_share=cov_h) for r in everyone]
+        kind = "data_parallel" if h == t.rows else ""
+        plans[t.name] = TablePlan(t.name, t.rows, t.dim, kind, everyone, Tier.hbm,
+                                  hot_rows=h, replicated_rows=h, shards=shards)  # fmt: skip
+        if h < t.rows:
+            whole = _Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=h > 0)
+            pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
+    total = sum(c for c, _, _ in pieces)
+    target = total / (2 * inputs.world) if pieces else 0.0
+    split: list[tuple[float, int, _Piece]] = []
+    for cost, _, p in pieces:
+        k = _column_split(inputs, p.table, cost, target)
+        for _ in range(k):
+            q = _Piece(p.table, p.rows, p.table.dim // k, p.lookup_share, p.sparse_exchange)
+            heapq.heappush(split, (-cost / k, len(split), q))
+    while split:
+        _, _, p = heapq.heappop(split)
+        shard = placer.place(p, inputs.coverage[p.table.name])
+        plans[p.table.name].shards.append(shard)
+    return Plan("hybrid", inputs.cluster, [_finish(plans[t.name]) for t in inputs.tables], batch)
+
+
+def _finish(tp: TablePlan) -> TablePlan:
+    """Sharding type, ranks, tier and rows in fast memory from a table's shards."""
+    cold = [s for s in tp.shards if not s.dp]
+    if not cold:
+        return tp  # replicated whole: data_parallel on every rank
+    kind = "column_wise" if len(cold) > 1 else "table_wise"
+    tp.sharding_type = f"hot_replicated+{kind}" if tp.replicated_rows else kind
+    if not tp.replicated_rows:
+        tp.ranks = sorted({s.rank for s in cold})
+    tiers = {s.tier for s in cold}
+    tp.tier = next(t for t in (Tier.host, Tier.cached, Tier.hbm) if t in tiers)
+    fast = [s.rows if s.tier == Tier.hbm else s.cache_rows for s in cold]
+    tp.hot_rows = tp.replicated_rows + min(fast)  # columns of a row sit on several ranks
+    return tp
+
+
+def _simple(inputs: PlanInputs, name: str, choose) -> Plan:
+    """Whole tables, one per rank as `choose(free_hbm, table)` picks; equal batch shares."""
+    check_fits(inputs)
+    batch = equal_batch(inputs.global_batch, inputs.world)
+    placer = _Placer(inputs, batch, speed_aware=False)
+    plans = []
+    for i, t in enumerate(inputs.tables):
+        p = _Piece(t, t.rows, t.dim, 1.0, sparse_exchange=False)
+        need = t.rows * inputs.row_bytes(t.dim)
+        r = choose(i, t, placer.free_hbm, need)
+        if r is not None and placer.free_hbm[r] >= need:
+            placer.free_hbm[r] -= need
+            shard = Shard(t.name, r, t.rows, t.dim, Tier.hbm)
+        else:
+            shard = placer.place(p, inputs.coverage[t.name])
+        plans.append(_finish(TablePlan(t.name, t.rows, t.dim, "", [], Tier.hbm, 0, 0, [shard])))
+    return Plan(name, inputs.cluster, plans, batch)
+
+
+def round_robin(inputs: PlanInputs) -> Plan:
+    return _simple(inputs, "round_robin", lambda i, t, free, need: i % inputs.world)
+
+
+def greedy_size(inputs: PlanInputs) -> Plan:
+    tables = inputs.tables
+    order = sorted(range(len(tables)), key=lambda i: -tables[i].rows * tables[i].dim)
+    inputs_sorted = PlanInputs(**{**inputs.__dict__, "tables": [inputs.tables[i] for i in order]})
+    plan = _simple(inputs_sorted, "greedy_size", lambda i, t, free, need: int(np.argmax(free)))
+    by_name = {tp.name: tp for tp in plan.tables}
+    plan.tables = [by_name[t.name] for t in inputs.tables]
+    return plan
+
+
+PLANNERS = {"hybrid": hybrid, "greedy_size": greedy_size, "round_robin": round_robin}
