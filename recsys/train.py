@@ -114,7 +114,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from recsys.data.criteo_binary import CriteoDataError
     from recsys.models.dlrm import ModelConfigError
     from sharding.cluster import ClusterConfigError
-    from sharding.torchrec_planner import PlanDoesNotFitError
+    from sharding.plan_eval import PlanDoesNotFitError
 
     return (
         launch.RankFailedError,

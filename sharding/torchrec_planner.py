@@ -22,11 +22,8 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from sharding.cluster import compute_device_type, local_world_size
+from sharding.plan_eval import PlanDoesNotFitError
 from sharding.types import PlannerConfig, RankDevice
-
-
-class PlanDoesNotFitError(RuntimeError):
-    """No placement of the tables fits the cluster's memory."""
 
 
 def torchrec_topology(ranks: list[RankDevice]) -> Topology:

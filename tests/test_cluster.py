@@ -9,7 +9,8 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from recsys.models.dlrm import build_model
 from sharding.cluster import ClusterConfigError, compute_device_type, resolve_cluster
 from sharding.constants import GIB
-from sharding.torchrec_planner import PlanDoesNotFitError, plan_with_torchrec, torchrec_topology
+from sharding.plan_eval import PlanDoesNotFitError
+from sharding.torchrec_planner import plan_with_torchrec, torchrec_topology
 from sharding.types import ClusterSpec, DeviceGroup, NodeGroup, PlannerConfig
 
 
