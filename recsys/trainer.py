@@ -88,6 +88,18 @@ def _dense_optimizer(cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]) 
     return KeyedOptimizerWrapper(params, make)
 
 
+def _replicated_embedding_optimizer(
+    cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]
+) -> KeyedOptimizerWrapper:
+    """Data-parallel (replicated) tables get no fused kernel; they get the same update rule
+    as the fused ones, row-wise Adagrad or SGD at `embedding_lr`, as a torch optimizer."""
+    if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
+        return KeyedOptimizerWrapper(
+            params, lambda ps: RowWiseAdagrad(ps, lr=cfg.embedding_lr, eps=cfg.eps)
+        )
+    return KeyedOptimizerWrapper(params, lambda ps: torch.optim.SGD(ps, lr=cfg.embedding_lr))
+
+
 def _fuse_embedding_optimizer(cfg: TrainerConfig, model: torch.nn.Module) -> None:
     """FBGEMM applies this optimizer inside the embedding backward (no dense grads)."""
     if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
@@ -199,8 +211,13 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    dense_opt = _dense_optimizer(tcfg, dict(in_backward_optimizer_filter(model.named_parameters())))
-    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+    not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
+    replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
+    dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
+    optimizers = [model.fused_optimizer, dense_opt]
+    if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
+        optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
+    optimizer = CombinedOptimizer(optimizers)
 
     start = 0
     if tcfg.resume_from:

@@ -36,3 +36,23 @@ def test_mlperf_reference_shapes(typed_cfg) -> None:
 def test_bad_shapes_fail_naming_the_field(change: dict, field: str) -> None:
     with pytest.raises(ModelConfigError, match=field):
         build_model(ModelConfig(**change), dense_device=torch.device("cpu"))
+
+
+def test_replicated_tables_get_the_row_wise_adagrad_of_the_fused_ones() -> None:
+    from recsys.trainer import SparseOptimizer, TrainerConfig, _replicated_embedding_optimizer
+
+    w = torch.nn.Parameter(torch.ones(4, 3))
+    opt = _replicated_embedding_optimizer(TrainerConfig(embedding_lr=0.1, eps=1e-8), {"w": w})
+    w.grad = torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.0, 4.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    opt.step()
+    # row-wise Adagrad: one accumulator per row, mean(g^2); untouched rows do not move
+    assert torch.equal(w.data[0], torch.ones(3)) and torch.equal(w.data[2], torch.ones(3))
+    rms = (torch.tensor(25.0 / 3)).sqrt()
+    assert torch.allclose(w.data[1], 1 - 0.1 * torch.tensor([3.0, 0.0, 4.0]) / rms)
+    assert torch.allclose(w.data[3], torch.full((3,), 1 - 0.1))
+    sgd = _replicated_embedding_optimizer(
+        TrainerConfig(embedding_lr=0.5, sparse_optimizer=SparseOptimizer.sgd), {"w": w}
+    )
+    before = w.data.clone()
+    sgd.step()
+    assert torch.allclose(w.data, before - 0.5 * w.grad)
