@@ -48,14 +48,19 @@ def _compose(overrides: list[str]):
 
 
 def compare(cfg: PlannerBenchConfig) -> list[dict]:
-    import sharding.plan as cli
+    import recsys.planning as cli
 
     rows = []
     for cluster in cfg.clusters:
         base = [f"cluster={cluster}", f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"]
         inputs = cli.plan_inputs(_compose(base), None, None)
-        for planner in cfg.planners:
-            plan = cli.make_plan(_compose(base + [f"planner={planner}"]), inputs)
+        variants = [(p, []) for p in cfg.planners]
+        if "hybrid" in cfg.planners:  # what the not-yet-executable cold-only exchange would give
+            variants.append(("hybrid+cold_only", ["planner.cold_only_exchange=true"]))
+        for planner, extra in variants:
+            name = planner.split("+")[0]
+            inputs.cold_only_exchange = bool(extra)
+            plan = cli.make_plan(_compose(base + [f"planner={name}", *extra]), inputs)
             rows.append({"cluster": cluster, "planner": planner, "est_step_ms": plan.est_step_ms,
                          "lower_bound_ms": plan.lower_bound_ms, "planning_s": plan.planning_s,
                          "a2a_bytes_per_step": plan.a2a_bytes_per_step,
@@ -67,7 +72,7 @@ def compare(cfg: PlannerBenchConfig) -> list[dict]:
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:
     """Hybrid planning time: 1,000 tables (Criteo-like sizes) on 1,536 mixed devices."""
-    import sharding.plan as cli
+    import recsys.planning as cli
     from sharding.planners import hybrid
     from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
 

@@ -51,14 +51,42 @@ def quiet_library_noise() -> None:
     logging.getLogger().addFilter(lambda r: not str(r.msg).startswith("Sharding spec not found"))
 
 
-def _rank_main(cfg: TrainConfig, run_dir: str) -> dict:
+def plan_ours(cfg: TrainConfig, run_dir: Path):
+    """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts; the
+    ranks run this plan. Writes plan.json beside the run's other outputs."""
+    import json
+
+    from recsys.planning import make_plan, plan_inputs, plan_json
+
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
+    if not plan.feasible:
+        raise UnsupportedPlannerError(
+            f"the {plan.planner} plan does not fit: see {run_dir}/plan.json"
+        )
+    if cfg.planner.cold_only_exchange:
+        raise UnsupportedPlannerError(
+            "planner.cold_only_exchange=true plans assume a variable-length exchange of the "
+            "cold parts, which the trainer does not have yet; plan with it (sharding.plan) "
+            "to see what it would gain, train without it"
+        )
+    if len(set(plan.batch_per_rank)) > 1:
+        raise UnsupportedPlannerError(
+            f"planner={plan.planner} gives ranks unequal batch shares {plan.batch_per_rank} "
+            f"(a speed-aware split); the trainer does not honour per-rank shares yet. Use it "
+            f"on clusters of equal ranks, or planner=torchrec."
+        )
+    return plan
+
+
+def _rank_main(cfg: TrainConfig, run_dir: str, our_plan=None) -> dict:
     quiet_library_noise()
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
     # launch.exit_now), which would leak it. One process needs only a thread lock.
     tqdm.set_lock(threading.RLock())
     from recsys.trainer import run_rank
 
-    return run_rank(cfg, run_dir)
+    return run_rank(cfg, run_dir, our_plan)
 
 
 def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
@@ -75,28 +103,25 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     quiet_library_noise()
     tcfg = to_typed(cfg)
     validate_model_config(tcfg.model)  # fail here, before any rank starts
-    if tcfg.planner.name != PlannerName.torchrec:
-        raise UnsupportedPlannerError(
-            f"planner={tcfg.planner.name.value}: such plans are made and judged by "
-            f"`python -m sharding.plan planner={tcfg.planner.name.value}`, but training them "
-            f"(split hot/cold tables with an id remap, a cold-only exchange, per-rank batch "
-            f"shares) is not built yet. Train with planner=torchrec."
-        )
-    world = len(resolve_cluster(tcfg.cluster))
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
+    our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
+    world = len(resolve_cluster(tcfg.cluster))
     writer = True
     if tcfg.trainer.dry_run:
-        summary = plan_only(tcfg, run_dir)
+        summary = plan_only(tcfg, run_dir) if our_plan is None else {
+            "dry_run": True, "world_size": world, "planner": tcfg.planner.name.value,
+            "plan_file": str(run_dir / "plan.json"), "est_step_ms": our_plan.est_step_ms,
+        }  # fmt: skip
     elif launch.launched_externally():
-        summary = _rank_main(tcfg, str(run_dir))
+        summary = _rank_main(tcfg, str(run_dir), our_plan)
         launch.shutdown_distributed(clean=True)
         writer = summary["rank"] == 0
     else:
         job = launch.spawn_ranks(
             _rank_main,
             world,
-            args=(tcfg, str(run_dir)),
+            args=(tcfg, str(run_dir), our_plan),
             timeout_s=tcfg.trainer.job_timeout_s,
             grace_s=tcfg.trainer.dist_timeout_s + 10,
         )

@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
@@ -30,8 +31,11 @@ from recsys import launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.data.source import build_source
 from recsys.metrics import evaluate
-from recsys.models.dlrm import build_model
+from recsys.models.dlrm import build_model, feature_names
+from recsys.models.split import SplitRemap
 from sharding.cluster import compute_device_type, resolve_cluster
+from sharding.emit import to_torchrec_plan
+from sharding.plan_eval import Plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import RankDevice
@@ -187,8 +191,30 @@ def plan_only(cfg: TrainConfig, run_dir: Path) -> dict:
     }
 
 
-def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
-    """Train on this rank; every rank returns its results, rank 0 also writes them."""
+def _hot_ids(
+    source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int
+) -> dict[str, torch.Tensor]:
+    """Per split table (keyed by its feature), its `h` most frequent ids in the first
+    `batches` training batches of every rank (counts summed over ranks; ties: lower id)."""
+    features = {t[len("t_") :]: t for t in hot_rows}  # t_cat_3 serves cat_3
+    counts = {f: torch.zeros(rows[t], dtype=torch.float64) for f, t in features.items()}
+    for index in range(batches):
+        kjt = source.batch("train", index, rank).sparse_features
+        for f, c in counts.items():
+            c += torch.bincount(kjt[f].values(), minlength=len(c)).double()
+    out = {}
+    for f, c in counts.items():
+        dist.all_reduce(c)
+        order = np.lexsort((np.arange(len(c)), -c.numpy()))  # by count, then by id
+        out[f] = torch.from_numpy(np.sort(order[: hot_rows[features[f]]]))
+    return out
+
+
+def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> dict:
+    """Train on this rank; every rank returns its results, rank 0 also writes them.
+
+    `our_plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
+    TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
     tcfg = cfg.trainer
     rank, world = launch.init_distributed(tcfg.dist_timeout_s)
     ranks = resolve_cluster(cfg.cluster)
@@ -201,12 +227,26 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
     device = _device()
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
 
-    model = build_model(cfg.model, dense_device=device)
-    _fuse_embedding_optimizer(tcfg, model)
+    source = build_source(cfg.dataset, cfg.model, tcfg.batch_size, world)
     sharders = [EmbeddingBagCollectionSharder()]
-    plan = plan_with_torchrec(
-        model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
-    )
+    remap = None
+    if our_plan is None:
+        model = build_model(cfg.model, dense_device=device)
+        _fuse_embedding_optimizer(tcfg, model)
+        plan = plan_with_torchrec(
+            model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
+        )
+    else:
+        hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
+                    if 0 < t.replicated_rows < t.rows}  # fmt: skip
+        if hot_rows:
+            rows = {t.name: t.rows for t in our_plan.tables}
+            hot = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
+            remap = SplitRemap(hot)
+        model = build_model(cfg.model, dense_device=device, hot_rows=hot_rows)
+        _fuse_embedding_optimizer(tcfg, model)
+        feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
+        plan = to_torchrec_plan(our_plan, feature_of, device.type)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
@@ -226,15 +266,19 @@ def run_rank(cfg: TrainConfig, run_dir: str) -> dict:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
 
-    source = build_source(cfg.dataset, cfg.model, tcfg.batch_size, world)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
-    train_iter = source.batches("train", start, tcfg.max_steps, rank)
+
+    def batches(split: str, first: int, stop: int):
+        for b in source.batches(split, first, stop, rank):
+            if remap is not None:  # ids of split tables into their hot and cold parts
+                b.sparse_features = remap(b.sparse_features)
+            yield b
+
+    train_iter = batches("train", start, tcfg.max_steps)
 
     def run_eval() -> dict:
         eval_model = detach_for_eval(pipeline, model)
-        return evaluate(
-            eval_model, source.batches("eval", 0, cfg.dataset.eval_batches, rank), device
-        )
+        return evaluate(eval_model, batches("eval", 0, cfg.dataset.eval_batches), device)
 
     watch = LossWatch(start, rank)
     evals: list[dict] = []

@@ -137,7 +137,10 @@ def _replicated_rows(inputs: PlanInputs, t: TableStats, budget_bytes: float) -> 
         if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
             break
         allreduce_s = 2 * (w - 1) / w * h * t.dim * FLOAT_BYTES / ar.bytes_per_s
-        gain = cov(h) * exchange_s - allreduce_s
+        # with the pooled exchange a cold part still sends a vector per sample: only
+        # replicating the whole table saves the exchange
+        saved = cov(h) if inputs.cold_only_exchange else float(h == t.rows)
+        gain = saved * exchange_s - allreduce_s
         if gain > best_gain:
             best_h, best_gain = h, gain
     return best_h
@@ -174,7 +177,8 @@ def hybrid(inputs: PlanInputs) -> Plan:
         plans[t.name] = TablePlan(t.name, t.rows, t.dim, kind, everyone, Tier.hbm,
                                   hot_rows=h, replicated_rows=h, shards=shards)  # fmt: skip
         if h < t.rows:
-            whole = _Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=h > 0)
+            sparse = h > 0 and inputs.cold_only_exchange
+            whole = _Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse)
             pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
     total = sum(c for c, _, _ in pieces)
     target = total / (2 * inputs.world) if pieces else 0.0

@@ -82,3 +82,10 @@ class PlannerConfig:
     # Share of each device's memory kept free for activations, buffers and the allocator
     # (TorchRec's HeuristicalStorageReservation percentage).
     storage_reservation: float = 0.15
+    # hybrid plans: the hot rows to replicate are the most frequent ids in this many
+    # training batches of every rank, counted when training starts
+    hot_id_batches: int = 50
+    # predict as if the cold part of a split table exchanged only its own lookups (a
+    # variable-length exchange). The trainer cannot run that yet (TorchRec's pooled
+    # exchange sends a vector per sample, empty or not), so it refuses such plans.
+    cold_only_exchange: bool = False

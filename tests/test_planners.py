@@ -112,6 +112,9 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)])
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)] + [TableStats("tiny", 10, 64)]
     inputs = inputs_for(spec, tables)
+    pooled = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert not any(0 < t.replicated_rows < t.rows for t in pooled.tables)  # nothing to gain
+    inputs.cold_only_exchange = True
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
     h100, t4 = plan.batch_per_rank[0], plan.batch_per_rank[3]
     assert h100 > 3 * t4
@@ -151,6 +154,7 @@ def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
                        network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
     tables = [TableStats("t_cat_0", 2_000_000, 64), TableStats("t_cat_1", 50, 64)]
     inputs = inputs_for(spec, tables)
+    inputs.cold_only_exchange = True
     plan = PLANNERS["hybrid"](inputs)
     split = next(t for t in plan.tables if t.name == "t_cat_0")
     assert 0 < split.replicated_rows < split.rows
@@ -160,7 +164,7 @@ def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
 
 
 def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
-    import sharding.plan as cli
+    import recsys.planning as cli
 
     cfg = typed_cfg(["cluster=hetero_64", "model=dcnv2_mlperf", "trainer.batch_size=1024"])
     inputs = cli.plan_inputs(cfg, None, None)

@@ -88,11 +88,38 @@ def test_speed_skewed_cluster_pins_ranks_and_trains(tmp_path: Path) -> None:
     assert summary["world_size"] == 3 and summary["cluster"] == "local_cpu3_skewed"
 
 
-def test_planners_that_cannot_train_yet_are_refused_clearly(tmp_path: Path) -> None:
+def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
+    cfg = compose_config(["planner=hybrid", "trainer.max_steps=60", "trainer.batch_size=256"])
+    summary = train(cfg, tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["planner"] == "hybrid" and plan["feasible"]
+    assert summary["planner"] == "hybrid" and summary["eval_auc"] > 0.65
+
+
+def test_split_tables_train_under_dmp(tmp_path: Path) -> None:
+    """A plan with hot/cold split tables (cold_only_exchange makes hybrid split; the run
+    itself uses TorchRec's pooled exchange) trains on 2 ranks through the id remap."""
+    from recsys.planning import make_plan, plan_inputs
+    from recsys.train import _rank_main
+
+    cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
+                                   "trainer.max_steps=40", "trainer.batch_size=256"]))  # fmt: skip
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]
+    assert split
+    job = spawn_ranks(_rank_main, 2, args=(cfg, str(tmp_path), plan), timeout_s=300)
+    summary = raise_on_failure(job, "split training")[0]
+    torchrec_plan = (tmp_path / "plan.txt").read_text()
+    assert f"{split[0].name}_hot" in torchrec_plan and f"{split[0].name}_cold" in torchrec_plan
+    assert summary["eval_auc"] > 0.6 and math.isfinite(summary["train_loss"])
+
+
+def test_unequal_batch_shares_are_refused_clearly(tmp_path: Path) -> None:
     from recsys.train import UnsupportedPlannerError
 
-    with pytest.raises(UnsupportedPlannerError, match="python -m sharding.plan planner=hybrid"):
-        train(compose_config(TINY + ["planner=hybrid"]), tmp_path)
+    cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed"])
+    with pytest.raises(UnsupportedPlannerError, match="unequal batch shares"):
+        train(cfg, tmp_path)
 
 
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:

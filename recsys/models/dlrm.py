@@ -81,8 +81,14 @@ def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(cfg: ModelConfig, dense_device: torch.device) -> DLRMTrain:
-    """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards."""
+def build_model(
+    cfg: ModelConfig, dense_device: torch.device, hot_rows: dict[str, int] | None = None
+) -> DLRMTrain:
+    """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards.
+
+    `hot_rows`: tables split into `<name>_hot` / `<name>_cold` (see `recsys.models.split`);
+    the batches must then go through the matching `SplitRemap`.
+    """
     validate_model_config(cfg)
     ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta"))
     common = dict(
@@ -98,4 +104,11 @@ def build_model(cfg: ModelConfig, dense_device: torch.device) -> DLRMTrain:
         )
     else:
         model = DLRM(**common)
+    if hot_rows and any(0 < h < t.num_embeddings for t in table_configs(cfg)
+                        for h in [hot_rows.get(t.name, 0)]):  # fmt: skip
+        from recsys.models.split import SplitSparseArch, split_configs
+
+        split = split_configs(table_configs(cfg), hot_rows)
+        split_ebc = EmbeddingBagCollection(tables=split, device=torch.device("meta"))
+        model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg))
     return DLRMTrain(model)

@@ -1,0 +1,90 @@
+"""A hot/cold split model computes the same function, and trains the same, as the unsplit one."""
+
+from __future__ import annotations
+
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.models.dlrm import DLRM, DLRMTrain
+
+from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+from recsys.models.dlrm import ModelConfig, feature_names, table_configs
+from recsys.models.split import SplitRemap, SplitSparseArch, split_configs, split_weights
+
+ROWS = [50, 40, 100, 30] + [20] * 22
+
+
+def models(hot: dict[str, torch.Tensor]) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
+    cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
+                      dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
+    torch.manual_seed(0)
+    tables = table_configs(cfg)
+    plain = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
+    hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
+    split_ebc = EmbeddingBagCollection(split_configs(tables, hot_rows))
+    split = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
+    split.load_state_dict(plain.state_dict())  # same dense weights
+    split.model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg))
+    bags = plain.model.sparse_arch.embedding_bag_collection.embedding_bags
+    new_bags = split_ebc.embedding_bags
+    for name, bag in bags.items():
+        feature = name[2:]
+        if feature in hot:
+            h, c = split_weights(bag.weight.data, hot[feature])
+            new_bags[name + "_hot"].weight.data.copy_(h)
+            new_bags[name + "_cold"].weight.data.copy_(c)
+        else:
+            new_bags[name].weight.data.copy_(bag.weight.data)
+    return plain, split, SplitRemap(hot)
+
+
+def batch(index: int):
+    names = [f"cat_{i}" for i in range(26)]
+    return SyntheticCriteo(SyntheticConfig(), ROWS, names, 13, 64).batch("train", index, 0)
+
+
+HOT = {"cat_0": torch.tensor([3, 7, 1, 49]), "cat_2": torch.tensor([0, 99, 42])}
+
+
+def test_remap_routes_each_id_to_one_part_in_order() -> None:
+    b = batch(0)
+    out = SplitRemap(HOT)(b.sparse_features)
+    assert "cat_0_hot" in out.keys() and "cat_0_cold" in out.keys() and "cat_1" in out.keys()
+    ids = b.sparse_features["cat_0"].values()
+    hot_len = out["cat_0_hot"].lengths()
+    assert torch.equal(hot_len + out["cat_0_cold"].lengths(), b.sparse_features["cat_0"].lengths())
+    is_hot = torch.isin(ids, HOT["cat_0"])
+    assert torch.equal(hot_len.bool(), is_hot)
+    hot_sorted = HOT["cat_0"].sort().values
+    assert torch.equal(hot_sorted[out["cat_0_hot"].values()], ids[is_hot])
+    cold = out["cat_0_cold"].values()
+    assert int(cold.max()) < 50 - 4 and int(cold.min()) >= 0
+    assert torch.equal(out["cat_1"].values(), b.sparse_features["cat_1"].values())
+
+
+def test_split_model_computes_the_same_function() -> None:
+    plain, split, remap = models(HOT)
+    for index in range(3):
+        b = batch(index)
+        loss_p, (_, logits_p, _) = plain(b)
+        b.sparse_features = remap(b.sparse_features)
+        loss_s, (_, logits_s, _) = split(b)
+        assert torch.allclose(logits_p, logits_s, atol=1e-6)
+        assert torch.allclose(loss_p, loss_s, atol=1e-7)
+
+
+def test_split_model_trains_the_same_with_sgd() -> None:
+    plain, split, remap = models(HOT)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
+    opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
+    for index in range(5):
+        b = batch(index)
+        opt_p.zero_grad()
+        loss_p, _ = plain(b)
+        loss_p.backward()
+        opt_p.step()
+        b.sparse_features = remap(b.sparse_features)
+        opt_s.zero_grad()
+        loss_s, _ = split(b)
+        loss_s.backward()
+        opt_s.step()
+        assert torch.allclose(loss_p, loss_s, rtol=1e-5), index
