@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -199,43 +196,12 @@ def _fit_comm(raw: dict, world: int = 2) -> dict:
     }
 
 
-def _env_for(link: netns.VethLink | None, rank: int, port: int) -> dict:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-               MASTER_PORT=str(port), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")  # fmt: skip
-    if link is not None:
-        env.update(MASTER_ADDR=link.addresses[0], GLOO_SOCKET_IFNAME=link.ifnames[rank])
-    return env
-
-
-def _run_pair(link: netns.VethLink, args: list[str], timeout_s: float = 600) -> None:
-    """Start rank 0 and rank 1 of `python <args>`, one in each namespace; wait for both."""
-    port = 29000 + os.getpid() % 1000
-    procs = [
-        subprocess.Popen(link.prefix(r) + [sys.executable, *args], env=_env_for(link, r, port),
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in (0, 1)
-    ]  # fmt: skip
-    outputs = []
-    for p in procs:
-        try:
-            outputs.append(p.communicate(timeout=timeout_s)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(
-                f"ranks across the veth link did not finish in {timeout_s} s"
-            ) from None
-    if any(p.returncode for p in procs):
-        tails = "\n".join(o[-2000:] for o in outputs)
-        raise RuntimeError(f"a rank across the veth link failed:\n{tails}")
-
-
 def measure_comm(cfg: CalibrateConfig, link: netns.VethLink | None) -> dict:
     if link is None:
         return _fit_comm(raise_on_failure(spawn_ranks(probe, 2, (cfg.comm_sizes,)), "probe")[0])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "probe.json"
-        _run_pair(link, ["-m", "benchmarks.comm_probe", str(out), *map(str, cfg.comm_sizes)])
+        netns.run_pair(link, ["-m", "benchmarks.comm_probe", str(out), *map(str, cfg.comm_sizes)])
         return _fit_comm(json.loads(out.read_text()))
 
 
@@ -252,7 +218,7 @@ def _train(overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink
         from recsys.train import train
 
         return train(_compose(args), run_dir)
-    _run_pair(link, ["-m", "recsys.train", *args, f"hydra.run.dir={run_dir}"])
+    netns.run_pair(link, ["-m", "recsys.train", *args, f"hydra.run.dir={run_dir}"])
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 _PREFIX = "recsys"
+_REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,45 @@ def veth_link(rate: str = "1gbit", tag: str | None = None) -> Iterator[VethLink]
     finally:
         for n in ns:
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+
+
+def tx_bytes(link: VethLink) -> int:
+    """Bytes sent so far by both ends of the link (the kernel's interface counters)."""
+    total = 0
+    for side in (0, 1):
+        out = subprocess.run(
+            link.prefix(side) + ["cat", f"/sys/class/net/{link.ifnames[side]}/statistics/tx_bytes"],
+            check=True, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        total += int(out.stdout.strip())
+    return total
+
+
+def _env_for(link: VethLink, rank: int, port: int) -> dict:
+    """torchrun-style environment for rank `rank` of 2, rank 0 in the first namespace."""
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                MASTER_ADDR=link.addresses[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                GLOO_SOCKET_IFNAME=link.ifnames[rank], PYTHONPATH=str(_REPO))  # fmt: skip
+
+
+def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
+    """Start rank 0 and rank 1 of `python <args>`, one in each namespace; wait for both."""
+    port = 29000 + os.getpid() % 1000
+    procs = [
+        subprocess.Popen(link.prefix(r) + [sys.executable, *args], env=_env_for(link, r, port),
+                         cwd=_REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in (0, 1)
+    ]  # fmt: skip
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=timeout_s)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(
+                f"ranks across the veth link did not finish in {timeout_s} s"
+            ) from None
+    if any(p.returncode for p in procs):
+        tails = "\n".join(o[-2000:] for o in outputs)
+        raise RuntimeError(f"a rank across the veth link failed:\n{tails}")

@@ -1,0 +1,113 @@
+"""`python -m benchmarks.plan_train`: plans trained for real across a rate-limited link.
+
+Two ranks in two network namespaces joined by a veth pair limited by tbf (`link_rate`).
+For each planner: two training runs of different lengths; the link's byte counters give
+the bytes each training step sends (the difference of the two runs over the difference of
+their steps, so start-up, planning and evaluation traffic cancel out), and the longer run
+gives samples/s. Beside them, the cost model's prediction for each plan. Needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from benchmarks import netns
+from benchmarks.common import environment, save
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class PlanTrainBenchConfig:
+    planners: list[str] = field(default_factory=lambda: ["torchrec", "hybrid"])
+    overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
+    steps: list[int] = field(default_factory=lambda: [20, 80])
+    link_rate: str = "1gbit"
+    results_dir: str = str(REPO / "benchmarks" / "results" / "plan_train")
+
+
+def _run(link: netns.VethLink, overrides: list[str], steps: int, run_dir: Path) -> tuple[int, dict]:
+    before = netns.tx_bytes(link)
+    args = ["-m", "recsys.train", *overrides, f"trainer.max_steps={steps}",
+            "trainer.progress_bar=false", "trainer.threads_per_rank=1", "dataset.eval_batches=1",
+            "trainer.warmup_steps=5", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    netns.run_pair(link, args)
+    return netns.tx_bytes(link) - before, json.loads((run_dir / "summary.json").read_text())
+
+
+def run(cfg: PlanTrainBenchConfig) -> dict:
+    why_not = netns.available()
+    if why_not:
+        raise SystemExit(f"benchmarks.plan_train {why_not}")
+    from recsys.planning import make_plan, plan_inputs
+    from recsys.train import to_typed
+
+    rows = []
+    short, long = cfg.steps
+    with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
+        for planner in cfg.planners:
+            overrides = [f"planner={planner}", *cfg.overrides]
+            b_short, _ = _run(link, overrides, short, Path(tmp) / f"{planner}_short")
+            b_long, summary = _run(link, overrides, long, Path(tmp) / f"{planner}_long")
+            typed = to_typed(hydra.compose(config_name="plan", overrides=overrides +
+                                           [f"link=veth_{cfg.link_rate}"]))  # fmt: skip
+            plan = make_plan(typed, plan_inputs(typed, None, f"veth_{cfg.link_rate}"))
+            rows.append({"planner": planner, "bytes_per_step": (b_long - b_short) / (long - short),
+                         "samples_per_s": summary["samples_per_s"],
+                         "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
+                         "predicted_step_ms": plan.est_step_ms,
+                         "measured_step_ms": 1000 * summary["world_size"]
+                         * summary["batch_size_per_rank"] / summary["samples_per_s"]})  # fmt: skip
+            print(rows[-1], flush=True)
+    base = rows[0]
+    for r in rows:
+        r["bytes_vs_first"] = r["bytes_per_step"] / base["bytes_per_step"]
+        r["speedup_vs_first"] = r["samples_per_s"] / base["samples_per_s"]
+    return {"rows": rows, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+            "environment": environment()}  # fmt: skip
+
+
+def table(r: dict) -> str:
+    env = r["environment"]
+    first = r["rows"][0]["planner"]
+    lines = [f"# Plans trained across a {r['config']['link_rate']} veth link, 2 ranks "
+             f"({env['date']}, torch {env['torch']}, torchrec {env['torchrec']}; "
+             f"{' '.join(r['config']['overrides'])})", "",
+             f"| planner | link bytes/step (measured) | vs {first} | samples/s (measured) | "
+             f"speedup vs {first} | predicted a2a bytes/step | predicted / measured ms |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for x in r["rows"]:
+        predicted_mb = x["predicted_a2a_bytes_per_step"] / 1e6
+        lines.append(f"| {x['planner']} | {x['bytes_per_step'] / 1e6:.2f} MB | "
+                     f"{x['bytes_vs_first']:.2f}x | {x['samples_per_s']:,.0f} | "
+                     f"{x['speedup_vs_first']:.2f}x | {predicted_mb:.2f} MB | "
+                     f"{x['predicted_step_ms']:.1f} / {x['measured_step_ms']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_plan_train")
+def main(cfg: DictConfig) -> None:
+    from recsys.train import quiet_library_noise
+
+    quiet_library_noise()
+    typed: PlanTrainBenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    result = run(typed)
+    text = table(result)
+    print(text)
+    dirs = [Path(typed.results_dir), Path(HydraConfig.get().runtime.output_dir)]
+    print("saved:", ", ".join(map(str, save(result, text, "plan_train", dirs))))
+
+
+if __name__ == "__main__":
+    main()
