@@ -232,7 +232,7 @@ def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> floa
 
 
 def measured_ms(summary: dict) -> float:
-    return 1000 * summary["world_size"] * summary["batch_size_per_rank"] / summary["samples_per_s"]
+    return 1000 * sum(summary["batch_per_rank"]) / summary["samples_per_s"]
 
 
 def run(cfg: CalibrateConfig, run_dir: Path) -> dict:

@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
+from benchmarks.calibrate import measured_ms
 from benchmarks.common import environment, save
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,8 +65,7 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                          "samples_per_s": summary["samples_per_s"],
                          "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
                          "predicted_step_ms": plan.est_step_ms,
-                         "measured_step_ms": 1000 * summary["world_size"]
-                         * summary["batch_size_per_rank"] / summary["samples_per_s"]})  # fmt: skip
+                         "measured_step_ms": measured_ms(summary)})  # fmt: skip
             print(rows[-1], flush=True)
     base = rows[0]
     for r in rows:

@@ -42,6 +42,7 @@ def quiet_library_noise() -> None:
         ".*_check_unpickable_fn.*",
         ".*TypedStorage is deprecated.*",
         ".*autograd kernel was not registered.*",  # fbgemm CPU dense TBE; its grads are right
+        ".*non-tuple sequence for multidimensional indexing.*",  # torchmetrics' gather
     ):
         warnings.filterwarnings("ignore", message=pattern)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -70,11 +71,11 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
             "cold parts, which the trainer does not have yet; plan with it (sharding.plan) "
             "to see what it would gain, train without it"
         )
-    if len(set(plan.batch_per_rank)) > 1:
+    if len(set(plan.batch_per_rank)) > 1 and cfg.dataset.kind != "synthetic":
         raise UnsupportedPlannerError(
             f"planner={plan.planner} gives ranks unequal batch shares {plan.batch_per_rank} "
-            f"(a speed-aware split); the trainer does not honour per-rank shares yet. Use it "
-            f"on clusters of equal ranks, or planner=torchrec."
+            f"(a speed-aware split); the file loader reads equal shares only, so far. Use "
+            f"dataset=synthetic, a cluster of equal ranks, or planner=torchrec."
         )
     return plan
 

@@ -32,6 +32,7 @@ from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.data.source import build_source
 from recsys.metrics import evaluate
 from recsys.models.dlrm import build_model, feature_names
+from recsys.models.shares import MaskedDLRMTrain, pad_batch
 from recsys.models.split import SplitRemap
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.emit import to_torchrec_plan
@@ -227,7 +228,9 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     device = _device()
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
 
-    source = build_source(cfg.dataset, cfg.model, tcfg.batch_size, world)
+    shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
+    unequal = len(set(shares)) > 1  # a speed-aware split: pad to the largest share
+    source = build_source(cfg.dataset, cfg.model, shares[rank], world)
     sharders = [EmbeddingBagCollectionSharder()]
     remap = None
     if our_plan is None:
@@ -244,6 +247,8 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
             hot = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
             remap = SplitRemap(hot)
         model = build_model(cfg.model, dense_device=device, hot_rows=hot_rows)
+        if unequal:
+            model = MaskedDLRMTrain(model.model, world, sum(shares))
         _fuse_embedding_optimizer(tcfg, model)
         feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
         plan = to_torchrec_plan(our_plan, feature_of, device.type)
@@ -272,7 +277,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         for b in source.batches(split, first, stop, rank):
             if remap is not None:  # ids of split tables into their hot and cold parts
                 b.sparse_features = remap(b.sparse_features)
-            yield b
+            yield pad_batch(b, max(shares)) if unequal else b
 
     train_iter = batches("train", start, tcfg.max_steps)
 
@@ -334,7 +339,8 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         "steps": tcfg.max_steps,
         "start_step": start,
         "batch_size_per_rank": tcfg.batch_size,
-        "samples_per_s": world * tcfg.batch_size * timed_steps / elapsed if timed_steps else None,
+        "samples_per_s": sum(shares) * timed_steps / elapsed if timed_steps else None,
+        "batch_per_rank": shares,
         "train_loss": float(window.mean()) if len(window) else None,
         **final,
         "evals": evals,

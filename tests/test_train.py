@@ -114,10 +114,20 @@ def test_split_tables_train_under_dmp(tmp_path: Path) -> None:
     assert summary["eval_auc"] > 0.6 and math.isfinite(summary["train_loss"])
 
 
-def test_unequal_batch_shares_are_refused_clearly(tmp_path: Path) -> None:
+def test_speed_aware_shares_train_on_the_skewed_cluster(tmp_path: Path) -> None:
+    summary = train(
+        compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed"]), tmp_path
+    )
+    shares = summary["batch_per_rank"]
+    assert shares[2] > shares[0] == shares[1] and sum(shares) == 3 * 64  # the fast rank: more
+    assert math.isfinite(summary["train_loss"]) and summary["eval_samples"] == 2 * sum(shares)
+
+
+def test_unequal_shares_on_files_are_refused_clearly(tmp_path: Path) -> None:
     from recsys.train import UnsupportedPlannerError
 
-    cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed"])
+    files = ["dataset=synthetic_criteo", f"dataset.path={tmp_path}"]
+    cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed", *files])
     with pytest.raises(UnsupportedPlannerError, match="unequal batch shares"):
         train(cfg, tmp_path)
 

@@ -1,0 +1,62 @@
+"""Unequal batch shares: padded ranks give the same update as the global batch."""
+
+from __future__ import annotations
+
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.models.dlrm import DLRM, DLRMTrain
+
+from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+from recsys.models.shares import MaskedDLRMTrain, pad_batch
+
+ROWS = [30] * 26
+NAMES = [f"cat_{i}" for i in range(26)]
+
+
+def dlrm() -> DLRM:
+    from recsys.models.dlrm import ModelConfig, table_configs
+
+    cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
+                      dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
+    torch.manual_seed(0)
+    return DLRM(EmbeddingBagCollection(table_configs(cfg)), 13, [16, 8], [16, 1])
+
+
+def slice_batch(b, lo: int, hi: int):
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    n = b.labels.shape[0]
+    values = b.sparse_features.values().view(len(NAMES), n)[:, lo:hi].reshape(-1)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        NAMES, values, torch.ones(len(values), dtype=torch.int32)
+    )
+    return Batch(b.dense_features[lo:hi], kjt, b.labels[lo:hi])
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_padded_unequal_shares_give_the_global_batch_gradient() -> None:
+    full = SyntheticCriteo(SyntheticConfig(), ROWS, NAMES, 13, 96).batch("train", 0, 0)
+    reference = DLRMTrain(dlrm())
+    loss, _ = reference(full)
+    loss.backward()
+    expected = grads(reference)
+
+    shares, world = [24, 72], 2
+    summed: dict[str, torch.Tensor] = {}
+    lo = 0
+    for share in shares:  # each "rank" pads its share to the largest one
+        rank_model = MaskedDLRMTrain(dlrm(), world, sum(shares))
+        part = pad_batch(slice_batch(full, lo, lo + share), max(shares))
+        assert part.labels.shape[0] == 72 and int((part.labels < 0).sum()) == 72 - share
+        rank_loss, (_, logits, labels) = rank_model(part)
+        assert logits.shape[0] == share and labels.shape[0] == share  # padding dropped
+        rank_loss.backward()
+        for n, g in grads(rank_model).items():
+            summed[n] = summed.get(n, 0) + g
+        lo += share
+    for n, g in expected.items():  # DDP and TorchRec average gradients over ranks
+        assert torch.allclose(summed[n] / world, g, atol=1e-6), n
