@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
 from benchmarks.comm_probe import probe
-from benchmarks.common import environment, save
+from benchmarks.common import environment, finish, start
 from recsys.launch import raise_on_failure, spawn_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -361,17 +361,9 @@ ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="calibrate")
 def main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
-
-    quiet_library_noise()
-    typed: CalibrateConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    result = run(typed, run_dir)
-    text = table(result)
-    print(text)
-    dirs = [Path(typed.results_dir), run_dir]
-    saved = save(result, text, "calibrate", dirs, json_name="summary")
-    print("saved:", ", ".join(map(str, saved)))
+    typed: CalibrateConfig = start(cfg)
+    result = run(typed, Path(HydraConfig.get().runtime.output_dir))
+    finish(result, table(result), "calibrate", typed.results_dir, json_name="summary")
 
 
 if __name__ == "__main__":

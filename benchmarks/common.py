@@ -39,3 +39,24 @@ def save(
         (d / f"{name}.md").write_text(table + "\n")
         written.append(d / f"{name}.md")
     return written
+
+
+def start(cfg: Any) -> Any:
+    """A benchmark app's typed config, with the libraries' routine warnings filtered."""
+    from omegaconf import OmegaConf
+
+    from recsys.train import quiet_library_noise
+
+    quiet_library_noise()
+    return OmegaConf.to_object(cfg)
+
+
+def finish(
+    result: dict, table: str, name: str, results_dir: str, json_name: str | None = None
+) -> None:
+    """Print the table; save it and the JSON under `results_dir` and the Hydra run dir."""
+    from hydra.core.hydra_config import HydraConfig
+
+    print(table)
+    dirs = [Path(results_dir), Path(HydraConfig.get().runtime.output_dir)]
+    print("saved:", ", ".join(map(str, save(result, table, name, dirs, json_name))))

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, save
+from benchmarks.common import environment, finish, start
 from recsys.data.convert import ConvertOptions, convert
 from recsys.data.criteo_binary import CriteoBinary
 from recsys.data.synthetic_files import SynthConfig, synthesize
@@ -120,16 +119,10 @@ ConfigStore.instance().store(name="base_bench_data", node=DataBenchConfig)
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_data")
 def main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
-
-    quiet_library_noise()
     warnings.filterwarnings("ignore", message=".*non-writable tensors.*")  # TorchRec's reader
-    typed: DataBenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    typed: DataBenchConfig = start(cfg)
     result = run(typed)
-    text = table(result)
-    print(text)
-    dirs = [Path(typed.results_dir), Path(HydraConfig.get().runtime.output_dir)]
-    print("saved:", ", ".join(str(p) for p in save(result, text, "data", dirs)))
+    finish(result, table(result), "data", typed.results_dir)
 
 
 if __name__ == "__main__":

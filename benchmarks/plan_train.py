@@ -16,12 +16,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
 from benchmarks.calibrate import measured_ms
-from benchmarks.common import environment, save
+from benchmarks.common import environment, finish, start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,15 +97,9 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_plan_train")
 def main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
-
-    quiet_library_noise()
-    typed: PlanTrainBenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    typed: PlanTrainBenchConfig = start(cfg)
     result = run(typed)
-    text = table(result)
-    print(text)
-    dirs = [Path(typed.results_dir), Path(HydraConfig.get().runtime.output_dir)]
-    print("saved:", ", ".join(map(str, save(result, text, "plan_train", dirs))))
+    finish(result, table(result), "plan_train", typed.results_dir)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, save
+from benchmarks.common import environment, finish, start
 from sharding.cost_model import TableStats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,16 +129,10 @@ ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_planners")
 def main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
-
-    quiet_library_noise()
-    typed: PlannerBenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    typed: PlannerBenchConfig = start(cfg)
     result = {"config": OmegaConf.to_container(cfg), "environment": environment(),
               "compare": compare(typed), "scale": at_scale(typed)}  # fmt: skip
-    text = table(result)
-    print(text)
-    dirs = [Path(typed.results_dir), Path(HydraConfig.get().runtime.output_dir)]
-    print("saved:", ", ".join(map(str, save(result, text, "planners", dirs))))
+    finish(result, table(result), "planners", typed.results_dir)
 
 
 if __name__ == "__main__":

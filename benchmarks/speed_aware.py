@@ -10,10 +10,9 @@ from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, save
+from benchmarks.common import environment, finish, start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,12 +69,9 @@ ConfigStore.instance().store(name="base_bench_speed_aware", node=SpeedAwareBench
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_speed_aware")
 def main(cfg: DictConfig) -> None:
-    typed: SpeedAwareBenchConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    typed: SpeedAwareBenchConfig = start(cfg)
     result = run(typed)
-    text = table(result)
-    print(text)
-    dirs = [Path(typed.results_dir), Path(HydraConfig.get().runtime.output_dir)]
-    print("saved:", ", ".join(map(str, save(result, text, "speed_aware", dirs))))
+    finish(result, table(result), "speed_aware", typed.results_dir)
 
 
 if __name__ == "__main__":
