@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass
 class PlanTrainBenchConfig:
-    planners: list[str] = field(default_factory=lambda: ["torchrec", "hybrid"])
+    # "+pooled": the hybrid plan with TorchRec's pooled exchange for its cold parts
+    planners: list[str] = field(default_factory=lambda: ["torchrec", "hybrid+pooled", "hybrid"])
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: list[int] = field(default_factory=lambda: [20, 80])
     link_rate: str = "1gbit"
@@ -54,7 +55,9 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     short, long = cfg.steps
     with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
         for planner in cfg.planners:
-            overrides = [f"planner={planner}", *cfg.overrides]
+            name, _, variant = planner.partition("+")
+            extra = ["planner.cold_only_exchange=false"] if variant == "pooled" else []
+            overrides = [f"planner={name}", *extra, *cfg.overrides]
             b_short, _ = _run(link, overrides, short, Path(tmp) / f"{planner}_short")
             b_long, summary = _run(link, overrides, long, Path(tmp) / f"{planner}_long")
             typed = to_typed(hydra.compose(config_name="plan", overrides=overrides +

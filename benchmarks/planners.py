@@ -54,11 +54,11 @@ def compare(cfg: PlannerBenchConfig) -> list[dict]:
         base = [f"cluster={cluster}", f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"]
         inputs = cli.plan_inputs(_compose(base), None, None)
         variants = [(p, []) for p in cfg.planners]
-        if "hybrid" in cfg.planners:  # what the not-yet-executable cold-only exchange would give
-            variants.append(("hybrid+cold_only", ["planner.cold_only_exchange=true"]))
+        if "hybrid" in cfg.planners:  # hybrid with TorchRec's pooled exchange for cold parts
+            variants.append(("hybrid+pooled", ["planner.cold_only_exchange=false"]))
         for planner, extra in variants:
             name = planner.split("+")[0]
-            inputs.cold_only_exchange = bool(extra)
+            inputs.cold_only_exchange = not extra
             plan = cli.make_plan(_compose(base + [f"planner={name}", *extra]), inputs)
             rows.append({"cluster": cluster, "planner": planner, "est_step_ms": plan.est_step_ms,
                          "lower_bound_ms": plan.lower_bound_ms, "planning_s": plan.planning_s,

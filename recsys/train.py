@@ -65,12 +65,6 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
         raise UnsupportedPlannerError(
             f"the {plan.planner} plan does not fit: see {run_dir}/plan.json"
         )
-    if cfg.planner.cold_only_exchange:
-        raise UnsupportedPlannerError(
-            "planner.cold_only_exchange=true plans assume a variable-length exchange of the "
-            "cold parts, which the trainer does not have yet; plan with it (sharding.plan) "
-            "to see what it would gain, train without it"
-        )
     if len(set(plan.batch_per_rank)) > 1 and cfg.dataset.kind != "synthetic":
         raise UnsupportedPlannerError(
             f"planner={plan.planner} gives ranks unequal batch shares {plan.batch_per_rank} "

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -246,12 +247,15 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
             rows = {t.name: t.rows for t in our_plan.tables}
             hot = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
             remap = SplitRemap(hot)
-        model = build_model(cfg.model, dense_device=device, hot_rows=hot_rows)
+        sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
+        model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold)
         if unequal:
             model = MaskedDLRMTrain(model.model, world, sum(shares))
         _fuse_embedding_optimizer(tcfg, model)
         feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
-        plan = to_torchrec_plan(our_plan, feature_of, device.type)
+        plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
+        if sequence_cold:
+            sharders.append(EmbeddingCollectionSharder())
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))

@@ -9,7 +9,13 @@ EmbeddingBagCollection built from `split_table_configs`, on the meta device.
 from __future__ import annotations
 
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
@@ -22,6 +28,7 @@ from sharding.cost_model import Tier
 from sharding.plan_eval import Plan, TablePlan
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
+SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts, sequence_cold
 _KERNEL = {Tier.hbm: "fused", Tier.cached: "fused_uvm_caching", Tier.host: "fused_uvm"}
 
 
@@ -42,8 +49,15 @@ def _parts(t: TablePlan) -> list[tuple[str, int]]:
     return [(f"{t.name}_hot", t.replicated_rows), (f"{t.name}_cold", t.rows - t.replicated_rows)]
 
 
-def to_torchrec_plan(plan: Plan, feature_of: dict[str, str], device_type: str) -> ShardingPlan:
-    ebc = EmbeddingBagCollection(split_table_configs(plan, feature_of), device=torch.device("meta"))
+def to_torchrec_plan(
+    plan: Plan, feature_of: dict[str, str], device_type: str, sequence_cold: bool = False
+) -> ShardingPlan:
+    """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
+    recsys.models.split), planned as a second module; they must be table-wise."""
+    configs = split_table_configs(plan, feature_of)
+    cold_names = {c.name for c in configs if c.name.endswith("_cold")} if sequence_cold else set()
+    meta = torch.device("meta")
+    ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
     per_param = {}
     for t in plan.tables:
         cold = [s for s in t.shards if not s.dp]
@@ -58,7 +72,17 @@ def to_torchrec_plan(plan: Plan, feature_of: dict[str, str], device_type: str) -
                                               size_per_rank=[s.cols for s in cold],
                                               compute_kernel=kernel)  # fmt: skip
     world = len(plan.batch_per_rank)
-    module_plan = construct_module_sharding_plan(
-        ebc, per_param, local_size=world, world_size=world, device_type=device_type
-    )
-    return ShardingPlan({MODULE: module_plan})
+    bag_params = {n: g for n, g in per_param.items() if n not in cold_names}
+    plans = {MODULE: construct_module_sharding_plan(
+        ebc, bag_params, local_size=world, world_size=world, device_type=device_type)}  # fmt: skip
+    if cold_names:
+        ec = EmbeddingCollection(
+            [EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim,
+                             num_embeddings=c.num_embeddings, feature_names=c.feature_names)
+             for c in configs if c.name in cold_names], device=meta)  # fmt: skip
+        plans[SEQUENCE_MODULE] = construct_module_sharding_plan(
+            ec, {c.name: per_param[c.name] for c in configs if c.name in cold_names},
+            local_size=world, world_size=world,
+            device_type=device_type, sharder=EmbeddingCollectionSharder(),
+        )  # fmt: skip
+    return ShardingPlan(plans)

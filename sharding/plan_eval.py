@@ -61,9 +61,9 @@ class PlanInputs:
     reserve: float = 0.15  # share of each device's memory kept free (activations, buffers)
     optimizer: OptimizerState = field(default_factory=OptimizerState)
     cluster: str = ""
-    # False: split tables' cold parts use TorchRec's pooled exchange (one vector a sample,
-    # what the trainer runs); True: only their own lookups cross (not executable yet)
-    cold_only_exchange: bool = False
+    # True: split tables' cold parts exchange only their own lookups (sequence embeddings);
+    # False: TorchRec's pooled exchange, one vector per sample
+    cold_only_exchange: bool = True
 
     @property
     def world(self) -> int:

@@ -184,7 +184,8 @@ def hybrid(inputs: PlanInputs) -> Plan:
     target = total / (2 * inputs.world) if pieces else 0.0
     split: list[tuple[float, int, _Piece]] = []
     for cost, _, p in pieces:
-        k = _column_split(inputs, p.table, cost, target)
+        # a cold part exchanged as sequences stays whole (table-wise)
+        k = 1 if p.sparse_exchange else _column_split(inputs, p.table, cost, target)
         for _ in range(k):
             q = _Piece(p.table, p.rows, p.table.dim // k, p.lookup_share, p.sparse_exchange)
             heapq.heappush(split, (-cost / k, len(split), q))

@@ -85,7 +85,7 @@ class PlannerConfig:
     # hybrid plans: the hot rows to replicate are the most frequent ids in this many
     # training batches of every rank, counted when training starts
     hot_id_batches: int = 50
-    # predict as if the cold part of a split table exchanged only its own lookups (a
-    # variable-length exchange). The trainer cannot run that yet (TorchRec's pooled
-    # exchange sends a vector per sample, empty or not), so it refuses such plans.
-    cold_only_exchange: bool = False
+    # true: the cold part of a split table is a sequence EmbeddingCollection whose exchange
+    # carries only its own lookups; false: TorchRec's pooled exchange, one vector per
+    # sample, empty bag or not (then only whole tables are worth replicating)
+    cold_only_exchange: bool = True

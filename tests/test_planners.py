@@ -112,6 +112,7 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)])
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)] + [TableStats("tiny", 10, 64)]
     inputs = inputs_for(spec, tables)
+    inputs.cold_only_exchange = False
     pooled = evaluate(PLANNERS["hybrid"](inputs), inputs)
     assert not any(0 < t.replicated_rows < t.rows for t in pooled.tables)  # nothing to gain
     inputs.cold_only_exchange = True
@@ -161,6 +162,10 @@ def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
     tr = to_torchrec_plan(plan, {"t_cat_0": "cat_0", "t_cat_1": "cat_1"}, "cuda")
     text = str(tr)
     assert "t_cat_0_hot" in text and "t_cat_0_cold" in text and "data_parallel" in text
+    sequences = to_torchrec_plan(plan, {"t_cat_0": "cat_0", "t_cat_1": "cat_1"}, "cuda", True)
+    cold_module = sequences.plan["model.sparse_arch.embedding_collection"]
+    assert list(cold_module) == ["t_cat_0_cold"]
+    assert "t_cat_0_cold" not in sequences.plan["model.sparse_arch.embedding_bag_collection"]
 
 
 def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:

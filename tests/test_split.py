@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from torchrec import EmbeddingBagCollection
+from torchrec import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
 from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
 from recsys.models.dlrm import ModelConfig, feature_names, table_configs
-from recsys.models.split import SplitRemap, SplitSparseArch, split_configs, split_weights
+from recsys.models.split import (
+    SplitRemap,
+    SplitSparseArch,
+    sequence_cold_configs,
+    split_configs,
+    split_weights,
+)
 
 ROWS = [50, 40, 100, 30] + [20] * 22
 
 
-def models(hot: dict[str, torch.Tensor]) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
+def models(
+    hot: dict[str, torch.Tensor], sequence_cold: bool = False
+) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
     cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
     torch.manual_seed(0)
     tables = table_configs(cfg)
     plain = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
     hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
-    split_ebc = EmbeddingBagCollection(split_configs(tables, hot_rows))
+    configs = split_configs(tables, hot_rows)
+    ec = None
+    if sequence_cold:
+        configs, cold = sequence_cold_configs(configs)
+        ec = EmbeddingCollection(cold)
+    split_ebc = EmbeddingBagCollection(configs)
     split = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
     split.load_state_dict(plain.state_dict())  # same dense weights
-    split.model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg))
+    split.model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)
     bags = plain.model.sparse_arch.embedding_bag_collection.embedding_bags
-    new_bags = split_ebc.embedding_bags
+    new_bags = dict(split_ebc.embedding_bags) | (dict(ec.embeddings) if ec else {})
     for name, bag in bags.items():
         feature = name[2:]
         if feature in hot:
@@ -61,8 +75,9 @@ def test_remap_routes_each_id_to_one_part_in_order() -> None:
     assert torch.equal(out["cat_1"].values(), b.sparse_features["cat_1"].values())
 
 
-def test_split_model_computes_the_same_function() -> None:
-    plain, split, remap = models(HOT)
+@pytest.mark.parametrize("sequence_cold", [False, True])
+def test_split_model_computes_the_same_function(sequence_cold: bool) -> None:
+    plain, split, remap = models(HOT, sequence_cold)
     for index in range(3):
         b = batch(index)
         loss_p, (_, logits_p, _) = plain(b)
@@ -72,8 +87,9 @@ def test_split_model_computes_the_same_function() -> None:
         assert torch.allclose(loss_p, loss_s, atol=1e-7)
 
 
-def test_split_model_trains_the_same_with_sgd() -> None:
-    plain, split, remap = models(HOT)
+@pytest.mark.parametrize("sequence_cold", [False, True])
+def test_split_model_trains_the_same_with_sgd(sequence_cold: bool) -> None:
+    plain, split, remap = models(HOT, sequence_cold)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
     for index in range(5):

@@ -97,8 +97,8 @@ def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
 
 
 def test_split_tables_train_under_dmp(tmp_path: Path) -> None:
-    """A plan with hot/cold split tables (cold_only_exchange makes hybrid split; the run
-    itself uses TorchRec's pooled exchange) trains on 2 ranks through the id remap."""
+    """A plan with hot/cold split tables (cold parts as sequence embeddings, exchanged per
+    lookup) trains on 2 ranks through the id remap."""
     from recsys.planning import make_plan, plan_inputs
     from recsys.train import _rank_main
 

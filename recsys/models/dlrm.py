@@ -82,7 +82,10 @@ def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
 
 
 def build_model(
-    cfg: ModelConfig, dense_device: torch.device, hot_rows: dict[str, int] | None = None
+    cfg: ModelConfig,
+    dense_device: torch.device,
+    hot_rows: dict[str, int] | None = None,
+    sequence_cold: bool = False,
 ) -> DLRMTrain:
     """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards.
 
@@ -106,9 +109,16 @@ def build_model(
         model = DLRM(**common)
     if hot_rows and any(0 < h < t.num_embeddings for t in table_configs(cfg)
                         for h in [hot_rows.get(t.name, 0)]):  # fmt: skip
-        from recsys.models.split import SplitSparseArch, split_configs
+        from torchrec import EmbeddingCollection
 
+        from recsys.models.split import SplitSparseArch, sequence_cold_configs, split_configs
+
+        meta = torch.device("meta")
         split = split_configs(table_configs(cfg), hot_rows)
-        split_ebc = EmbeddingBagCollection(tables=split, device=torch.device("meta"))
-        model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg))
+        ec = None
+        if sequence_cold:  # cold parts exchange only their own lookups
+            split, cold = sequence_cold_configs(split)
+            ec = EmbeddingCollection(tables=cold, device=meta)
+        split_ebc = EmbeddingBagCollection(tables=split, device=meta)
+        model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)
     return DLRMTrain(model)

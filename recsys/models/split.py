@@ -7,13 +7,22 @@ order). `SplitRemap` rewrites a batch's ids into the two new features; `SplitSpa
 sums the two pooled embeddings back into `f`. With the hot and cold rows copied from the
 unsplit table (`split_weights`), the split model computes the same function.
 
+With `sequence_cold=True` the cold parts are an EmbeddingCollection instead (sequence
+embeddings, pooled after the exchange): TorchRec's all-to-all then carries one vector per
+cold lookup only, where the pooled exchange carries one per sample, empty bag or not.
+
 Shapes: B = batch size, N = ids of one feature in the batch.
 """
 
 from __future__ import annotations
 
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
 from torchrec.models.dlrm import SparseArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -39,12 +48,33 @@ def split_configs(
     return out
 
 
+def sequence_cold_configs(
+    configs: list[EmbeddingBagConfig],
+) -> tuple[list[EmbeddingBagConfig], list[EmbeddingConfig]]:
+    """Split configs with the cold parts as sequence tables (for an EmbeddingCollection)."""
+    bags = [c for c in configs if not c.name.endswith(COLD)]
+    cold = [
+        EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
+                        feature_names=c.feature_names, init_fn=c.init_fn)
+        for c in configs
+        if c.name.endswith(COLD)
+    ]  # fmt: skip
+    return bags, cold
+
+
 class SplitSparseArch(SparseArch):
     """DLRM's SparseArch over a split collection: returns B x F x D for the original F
-    features, each split feature's hot and cold pooled embeddings summed."""
+    features, each split feature's hot and cold pooled embeddings summed. Cold parts in
+    `ec` (an EmbeddingCollection) are pooled here, after their exchange."""
 
-    def __init__(self, ebc: EmbeddingBagCollection, feature_names: list[str]) -> None:
+    def __init__(
+        self,
+        ebc: EmbeddingBagCollection,
+        feature_names: list[str],
+        ec: EmbeddingCollection | None = None,
+    ) -> None:
         super().__init__(ebc)
+        self.embedding_collection = ec
         present = set(self._sparse_feature_names)
         self._split = [f for f in feature_names if f + HOT in present]
         self._sparse_feature_names = list(feature_names)
@@ -52,11 +82,28 @@ class SplitSparseArch(SparseArch):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled = self.embedding_bag_collection(features).to_dict()
-        values = [
-            pooled[f + HOT] + pooled[f + COLD] if f in self._split else pooled[f]
-            for f in self._sparse_feature_names
-        ]
+        cold = {}  # a plain dict and constant keys: the pipelines' fx tracing can follow
+        if self.embedding_collection is not None:
+            sequences = self.embedding_collection(features)
+            for f in self._split:
+                jt = sequences[f + COLD]
+                cold[f] = _sum_bags(jt.values(), jt.lengths(), self.D)
+        values = []
+        for f in self._sparse_feature_names:
+            if f not in self._split:
+                values.append(pooled[f])
+            else:
+                values.append(pooled[f + HOT] + (cold[f] if f in cold else pooled[f + COLD]))
         return torch.cat(values, dim=1).reshape(-1, self.F, self.D)
+
+
+def _sum_bags(values_ND: torch.Tensor, lengths_B: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum pooling of sequence embeddings: B x D, zeros for empty bags."""
+    sample_N = torch.repeat_interleave(
+        torch.arange(lengths_B.numel(), device=lengths_B.device), lengths_B.long()
+    )
+    out_BD = values_ND.new_zeros(lengths_B.numel(), dim)
+    return out_BD.index_add(0, sample_N, values_ND)
 
 
 class SplitRemap:
