@@ -20,7 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclass
 class SpeedAwareBenchConfig:
     cluster: str = "local_cpu3_skewed"
-    planners: list[str] = field(default_factory=lambda: ["round_robin", "torchrec", "hybrid"])
+    # "+pooled": hybrid with TorchRec's pooled exchange for split tables' cold parts
+    planners: list[str] = field(
+        default_factory=lambda: ["round_robin", "torchrec", "hybrid+pooled", "hybrid"]
+    )
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=1024"])
     steps: int = 80
     repeats: int = 2
@@ -34,7 +37,9 @@ def run(cfg: SpeedAwareBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
             for planner in cfg.planners:
-                overrides = [f"cluster={cfg.cluster}", f"planner={planner}", *cfg.overrides,
+                name, _, variant = planner.partition("+")
+                extra = ["planner.cold_only_exchange=false"] if variant == "pooled" else []
+                overrides = [f"cluster={cfg.cluster}", f"planner={name}", *extra, *cfg.overrides,
                              f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
                              "dataset.eval_batches=1"]  # fmt: skip
                 s = train(hydra.compose(config_name="config", overrides=overrides),

@@ -33,7 +33,7 @@ from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.data.source import build_source
 from recsys.metrics import evaluate
 from recsys.models.dlrm import build_model, feature_names
-from recsys.models.shares import MaskedDLRMTrain, pad_batch
+from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.emit import to_torchrec_plan
@@ -212,6 +212,37 @@ def _hot_ids(
     return out
 
 
+def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank: int, device):
+    """The train module (with its fused embedding optimizer), its TorchRec plan, the
+    sharders, and the id remap its batches need (None unless tables are split)."""
+    tcfg = cfg.trainer
+    sharders: list = [EmbeddingBagCollectionSharder()]
+    if our_plan is None:
+        model = build_model(cfg.model, dense_device=device)
+        _fuse_embedding_optimizer(tcfg, model)
+        plan = plan_with_torchrec(
+            model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
+        )
+        return model, plan, sharders, None
+    hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
+                if 0 < t.replicated_rows < t.rows}  # fmt: skip
+    remap = None
+    if hot_rows:
+        rows = {t.name: t.rows for t in our_plan.tables}
+        remap = SplitRemap(_hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank))
+    sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
+    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold)
+    shares = our_plan.batch_per_rank
+    if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
+        model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))
+    _fuse_embedding_optimizer(tcfg, model)
+    feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
+    plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
+    if sequence_cold:
+        sharders.append(EmbeddingCollectionSharder())
+    return model, plan, sharders, remap
+
+
 def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> dict:
     """Train on this rank; every rank returns its results, rank 0 also writes them.
 
@@ -230,32 +261,8 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
 
     shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
-    unequal = len(set(shares)) > 1  # a speed-aware split: pad to the largest share
     source = build_source(cfg.dataset, cfg.model, shares[rank], world)
-    sharders = [EmbeddingBagCollectionSharder()]
-    remap = None
-    if our_plan is None:
-        model = build_model(cfg.model, dense_device=device)
-        _fuse_embedding_optimizer(tcfg, model)
-        plan = plan_with_torchrec(
-            model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
-        )
-    else:
-        hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
-                    if 0 < t.replicated_rows < t.rows}  # fmt: skip
-        if hot_rows:
-            rows = {t.name: t.rows for t in our_plan.tables}
-            hot = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
-            remap = SplitRemap(hot)
-        sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
-        model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold)
-        if unequal:
-            model = MaskedDLRMTrain(model.model, world, sum(shares))
-        _fuse_embedding_optimizer(tcfg, model)
-        feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
-        plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
-        if sequence_cold:
-            sharders.append(EmbeddingCollectionSharder())
+    model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
@@ -281,7 +288,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         for b in source.batches(split, first, stop, rank):
             if remap is not None:  # ids of split tables into their hot and cold parts
                 b.sparse_features = remap(b.sparse_features)
-            yield pad_batch(b, max(shares)) if unequal else b
+            yield b
 
     train_iter = batches("train", start, tcfg.max_steps)
 

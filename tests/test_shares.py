@@ -1,4 +1,4 @@
-"""Unequal batch shares: padded ranks give the same update as the global batch."""
+"""Unequal batch shares: ranks with different batch sizes give the global batch's update."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torchrec import EmbeddingBagCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
 from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
-from recsys.models.shares import MaskedDLRMTrain, pad_batch
+from recsys.models.shares import SharedBatchDLRMTrain
 
 ROWS = [30] * 26
 NAMES = [f"cat_{i}" for i in range(26)]
@@ -38,7 +38,7 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_padded_unequal_shares_give_the_global_batch_gradient() -> None:
+def test_unequal_shares_give_the_global_batch_gradient() -> None:
     full = SyntheticCriteo(SyntheticConfig(), ROWS, NAMES, 13, 96).batch("train", 0, 0)
     reference = DLRMTrain(dlrm())
     loss, _ = reference(full)
@@ -48,12 +48,10 @@ def test_padded_unequal_shares_give_the_global_batch_gradient() -> None:
     shares, world = [24, 72], 2
     summed: dict[str, torch.Tensor] = {}
     lo = 0
-    for share in shares:  # each "rank" pads its share to the largest one
-        rank_model = MaskedDLRMTrain(dlrm(), world, sum(shares))
-        part = pad_batch(slice_batch(full, lo, lo + share), max(shares))
-        assert part.labels.shape[0] == 72 and int((part.labels < 0).sum()) == 72 - share
-        rank_loss, (_, logits, labels) = rank_model(part)
-        assert logits.shape[0] == share and labels.shape[0] == share  # padding dropped
+    for share in shares:  # each "rank" holds its own share of the global batch
+        rank_model = SharedBatchDLRMTrain(dlrm(), world, sum(shares))
+        rank_loss, (_, logits, _) = rank_model(slice_batch(full, lo, lo + share))
+        assert logits.shape[0] == share
         rank_loss.backward()
         for n, g in grads(rank_model).items():
             summed[n] = summed.get(n, 0) + g
