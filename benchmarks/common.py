@@ -60,3 +60,12 @@ def finish(
     print(table)
     dirs = [Path(results_dir), Path(HydraConfig.get().runtime.output_dir)]
     print("saved:", ", ".join(map(str, save(result, table, name, dirs, json_name))))
+
+
+def planner_overrides(label: str) -> list[str]:
+    """`hybrid+pooled` -> hybrid with TorchRec's pooled exchange for split tables' cold
+    parts; any other label is a planner name."""
+    name, _, variant = label.partition("+")
+    if variant not in ("", "pooled"):
+        raise ValueError(f"unknown planner variant '{label}'; use <planner> or hybrid+pooled")
+    return [f"planner={name}"] + (["planner.cold_only_exchange=false"] if variant else [])

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
 from benchmarks.calibrate import measured_ms
-from benchmarks.common import environment, finish, start
+from benchmarks.common import environment, finish, planner_overrides, start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,9 +55,7 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     short, long = cfg.steps
     with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
         for planner in cfg.planners:
-            name, _, variant = planner.partition("+")
-            extra = ["planner.cold_only_exchange=false"] if variant == "pooled" else []
-            overrides = [f"planner={name}", *extra, *cfg.overrides]
+            overrides = [*planner_overrides(planner), *cfg.overrides]
             b_short, _ = _run(link, overrides, short, Path(tmp) / f"{planner}_short")
             b_long, summary = _run(link, overrides, long, Path(tmp) / f"{planner}_long")
             typed = to_typed(hydra.compose(config_name="plan", overrides=overrides +

@@ -12,7 +12,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import environment, finish, planner_overrides, start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,9 +37,7 @@ def run(cfg: SpeedAwareBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
             for planner in cfg.planners:
-                name, _, variant = planner.partition("+")
-                extra = ["planner.cold_only_exchange=false"] if variant == "pooled" else []
-                overrides = [f"cluster={cfg.cluster}", f"planner={name}", *extra, *cfg.overrides,
+                overrides = [f"cluster={cfg.cluster}", *planner_overrides(planner), *cfg.overrides,
                              f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
                              "dataset.eval_batches=1"]  # fmt: skip
                 s = train(hydra.compose(config_name="config", overrides=overrides),
