@@ -19,7 +19,7 @@ from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.cost_model import Schedule
 from sharding.plan_eval import Plan, PlanInputs, equal_batch, evaluate, power_law_coverage
 from sharding.plan_shards import plan_layout, shards_from_layout
-from sharding.planners import PLANNERS, TablePlan, _finish
+from sharding.planners import PLANNERS, TablePlan, finish_table
 from sharding.types import PlannerName
 
 
@@ -81,10 +81,9 @@ def torchrec_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
         tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
                        hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
                        shards=own)  # fmt: skip
-        tables.append(_finish(tp) if not dp else tp)
-    plan = Plan("torchrec", inputs.cluster, tables, equal_batch(inputs.global_batch, inputs.world))
-    plan.torchrec_text = str(tr_plan)  # type: ignore[attr-defined]
-    return plan
+        tables.append(finish_table(tp))  # data-parallel tables come back as they are
+    batch = equal_batch(inputs.global_batch, inputs.world)
+    return Plan("torchrec", inputs.cluster, tables, batch, torchrec_text=str(tr_plan))
 
 
 def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:

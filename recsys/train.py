@@ -58,13 +58,12 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
     import json
 
     from recsys.planning import make_plan, plan_inputs, plan_json
+    from sharding.plan_eval import PlanDoesNotFitError
 
     plan = make_plan(cfg, plan_inputs(cfg, None, None))
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if not plan.feasible:
-        raise UnsupportedPlannerError(
-            f"the {plan.planner} plan does not fit: see {run_dir}/plan.json"
-        )
+        raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
     if len(set(plan.batch_per_rank)) > 1 and cfg.dataset.kind != "synthetic":
         raise UnsupportedPlannerError(
             f"planner={plan.planner} gives ranks unequal batch shares {plan.batch_per_rank} "

@@ -102,7 +102,7 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     (out / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
-    text = getattr(plan, "torchrec_text", None)
+    text = plan.torchrec_text
     if text is None:
         feature_of = {f"t_{n}": n for n in feature_names(typed.model)}
         device_type = "cpu" if inputs.cpu else "cuda"

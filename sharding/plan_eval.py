@@ -105,6 +105,7 @@ class Plan:
     planning_s: float = 0.0
     devices: list[dict] = field(default_factory=list)
     a2a_bytes_per_step: float = 0.0
+    torchrec_text: str | None = None  # TorchRec's own plan text, for plans TorchRec made
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]

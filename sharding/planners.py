@@ -193,10 +193,11 @@ def hybrid(inputs: PlanInputs) -> Plan:
         _, _, p = heapq.heappop(split)
         shard = placer.place(p, inputs.coverage[p.table.name])
         plans[p.table.name].shards.append(shard)
-    return Plan("hybrid", inputs.cluster, [_finish(plans[t.name]) for t in inputs.tables], batch)
+    tables = [finish_table(plans[t.name]) for t in inputs.tables]
+    return Plan("hybrid", inputs.cluster, tables, batch)
 
 
-def _finish(tp: TablePlan) -> TablePlan:
+def finish_table(tp: TablePlan) -> TablePlan:
     """Sharding type, ranks, tier and rows in fast memory from a table's shards."""
     cold = [s for s in tp.shards if not s.dp]
     if not cold:
@@ -227,7 +228,9 @@ def _simple(inputs: PlanInputs, name: str, choose) -> Plan:
             shard = Shard(t.name, r, t.rows, t.dim, Tier.hbm)
         else:
             shard = placer.place(p, inputs.coverage[t.name])
-        plans.append(_finish(TablePlan(t.name, t.rows, t.dim, "", [], Tier.hbm, 0, 0, [shard])))
+        plans.append(
+            finish_table(TablePlan(t.name, t.rows, t.dim, "", [], Tier.hbm, 0, 0, [shard]))
+        )
     return Plan(name, inputs.cluster, plans, batch)
 
 

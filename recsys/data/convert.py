@@ -120,8 +120,9 @@ class FileResult:
 
 
 def convert_file(
-    path: Path, out_dir: Path, opts: ConvertOptions, pool: ProcessPoolExecutor | None
+    path: Path, out_dir: Path, opts: ConvertOptions, pool: ProcessPoolExecutor | None, workers: int
 ) -> FileResult:
+    """One file; with a pool, up to 2 chunks per worker are parsed while the next is read."""
     start = time.perf_counter()
     name = output_name(path)
     labeled = has_label(path, opts.label_column)
@@ -149,7 +150,7 @@ def convert_file(
                 bar.update(raw.tell() - bar.n)
 
             pending: deque[Future[ParsedChunk]] = deque()
-            in_flight = 2 * (pool._max_workers if pool else 1)  # noqa: SLF001
+            in_flight = 2 * workers
             for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20)):
                 text_bytes += len(data)
                 args = (data, labeled, str(path), first_line, opts.skip_bad_lines)
@@ -194,6 +195,6 @@ def convert(
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = opts.workers or min(4, os.cpu_count() or 1)
     if workers <= 1:
-        return [convert_file(f, out_dir, opts, None) for f in files]
+        return [convert_file(f, out_dir, opts, None, 1) for f in files]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return [convert_file(f, out_dir, opts, pool) for f in files]
+        return [convert_file(f, out_dir, opts, pool, workers) for f in files]

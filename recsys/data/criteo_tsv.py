@@ -105,7 +105,7 @@ def _parse_hex(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     return value.astype(np.int64), bad
 
 
-def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, path: str):
+def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     lengths = ends - starts
     first = buf[np.minimum(starts, len(buf) - 1)]
     negative = (first == _MINUS) & (lengths > 0)
@@ -159,7 +159,7 @@ def parse_lines(
     else:
         labels_N = np.full(n, -1, dtype=np.int32)
     ints_NI, bad_int = _parse_ints(
-        buf, starts[:, col : col + INT_FEATURES], ends[:, col : col + INT_FEATURES], path
+        buf, starts[:, col : col + INT_FEATURES], ends[:, col : col + INT_FEATURES]
     )
     cats_NC, bad_hex = _parse_hex(
         buf, starts[:, col + INT_FEATURES :], ends[:, col + INT_FEATURES :]
