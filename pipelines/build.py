@@ -5,8 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torchrec.distributed.train_pipeline import TrainPipeline, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import (
+    TrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
+from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
 
+from pipelines import torchrec_cpu
+from pipelines.nested import NestedPipeline
 from pipelines.plain import PlainPipeline
 from pipelines.types import PipelineConfig, PipelineName
 
@@ -20,8 +27,19 @@ def build_pipeline(
     name = PipelineName(cfg.name)
     if name == PipelineName.plain:
         return PlainPipeline(model, optimizer, device)
+    if name == PipelineName.base:
+        return TrainPipelineBase(model, optimizer, device)
     if name == PipelineName.sparse_dist:
         return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+    if name == PipelineName.semi_sync:
+        if device.type == "cpu":
+            torchrec_cpu.install()
+        # stale from the first step on (TorchRec's default waits 900 synchronous steps)
+        return TrainPipelineSemiSync(model, optimizer, device, start_batch=0)
+    if name == PipelineName.nested:
+        return NestedPipeline(
+            model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead
+        )
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"
     )

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -19,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from pipelines.types import PipelineName
 from recsys import launch
 from recsys.config import TrainConfig, register_configs
 from recsys.models.dlrm import validate_model_config
@@ -97,6 +99,12 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     quiet_library_noise()
     tcfg = to_typed(cfg)
     validate_model_config(tcfg.model)  # fail here, before any rank starts
+    if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
+        # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
+        # would be exchanged whole, so split tables keep pooled cold parts
+        log.info("pipeline=nested: cold parts of split tables stay pooled "
+                 "(planner.cold_only_exchange=false)")  # fmt: skip
+        tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)

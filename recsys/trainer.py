@@ -243,6 +243,52 @@ def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank
     return model, plan, sharders, remap
 
 
+@dataclass
+class Training:
+    """Everything one rank trains with, built from the config (see `build_training`)."""
+
+    model: DistributedModelParallel
+    optimizer: CombinedOptimizer
+    dense_opt: KeyedOptimizerWrapper
+    pipeline: Any
+    source: Any
+    remap: SplitRemap | None
+    shares: list[int]  # batch size per rank
+    rank: int
+
+    def batches(self, split: str, first: int, stop: int):
+        for b in self.source.batches(split, first, stop, self.rank):
+            if self.remap is not None:  # ids of split tables into their hot and cold parts
+                b.sparse_features = self.remap(b.sparse_features)
+            yield b
+
+
+def build_training(
+    cfg: TrainConfig, run_dir: str, our_plan: Plan | None, ranks, rank: int, device
+) -> Training:
+    """Data source, model sharded under DMP, optimizers and pipeline, from the same seed
+    on every call (the process group must be up)."""
+    tcfg = cfg.trainer
+    world = len(ranks)
+    torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
+    shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
+    source = build_source(cfg.dataset, cfg.model, shares[rank], world)
+    model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
+    if rank == 0:
+        (Path(run_dir) / "plan.txt").write_text(str(plan))
+        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
+    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
+    replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
+    dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
+    optimizers = [model.fused_optimizer, dense_opt]
+    if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
+        optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
+    optimizer = CombinedOptimizer(optimizers)
+    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
+    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank)
+
+
 def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> dict:
     """Train on this rank; every rank returns its results, rank 0 also writes them.
 
@@ -258,22 +304,9 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         )
     _place_rank(tcfg, ranks[rank])
     device = _device()
-    torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
-
-    shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
-    source = build_source(cfg.dataset, cfg.model, shares[rank], world)
-    model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
-    if rank == 0:
-        (Path(run_dir) / "plan.txt").write_text(str(plan))
-        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
-    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
-    replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
-    dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
-    optimizers = [model.fused_optimizer, dense_opt]
-    if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
-        optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
-    optimizer = CombinedOptimizer(optimizers)
+    job = build_training(cfg, run_dir, our_plan, ranks, rank, device)
+    model, optimizer, dense_opt, pipeline = job.model, job.optimizer, job.dense_opt, job.pipeline
+    shares = job.shares
 
     start = 0
     if tcfg.resume_from:
@@ -281,15 +314,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         if rank == 0:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
-
-    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
-
-    def batches(split: str, first: int, stop: int):
-        for b in source.batches(split, first, stop, rank):
-            if remap is not None:  # ids of split tables into their hot and cold parts
-                b.sparse_features = remap(b.sparse_features)
-            yield b
-
+    batches = job.batches
     train_iter = batches("train", start, tcfg.max_steps)
 
     def run_eval() -> dict:

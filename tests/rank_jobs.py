@@ -60,3 +60,46 @@ def train_rank_hangs(cfg, run_dir: str) -> dict:
 
     _fault_at(3, 1, lambda: time.sleep(3600))
     return _rank_main(cfg, run_dir)
+
+
+def _local_params(model) -> dict:
+    """Every parameter this rank holds (its own shards of sharded tables), by name."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    out = {}
+    for name, t in model.state_dict().items():
+        if isinstance(t, ShardedTensor):
+            for i, shard in enumerate(t.local_shards()):
+                out[f"{name}#{i}"] = shard.tensor.detach().cpu().numpy().copy()
+        elif t.is_floating_point():
+            out[name] = t.detach().cpu().numpy().copy()
+    return out
+
+
+def train_variants(
+    cfgs: list, steps: int, run_dir: str, plans: list | None = None, stale: bool = False
+) -> dict:
+    """Train each config (with its plan of ours, or TorchRec's planner where None) for
+    `steps` steps in this rank, one process group for all; return each run's per-step
+    losses, final parameters (this rank's shards) and pipeline stats. `stale`: the
+    nested pipeline skips its refresh (a control: the results must then differ)."""
+    if stale:
+        from pipelines.nested import NestedPipeline
+
+        NestedPipeline._refresh = lambda *_: None
+    from recsys.train import quiet_library_noise
+    from recsys.trainer import _device, _place_rank, build_training
+    from sharding.cluster import resolve_cluster
+
+    quiet_library_noise()
+    rank, _ = launch.init_distributed(cfgs[0].trainer.dist_timeout_s)
+    ranks = resolve_cluster(cfgs[0].cluster)
+    _place_rank(cfgs[0].trainer, ranks[rank])
+    runs = []
+    for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True):
+        job = build_training(cfg, run_dir, plan, ranks, rank, _device())
+        it = job.batches("train", 0, steps)
+        losses = [float(job.pipeline.progress(it)[0]) for _ in range(steps)]
+        stats = dict(getattr(job.pipeline, "stats", {}))
+        runs.append({"losses": losses, "params": _local_params(job.model), "stats": stats})
+    return {"rank": rank, "runs": runs}

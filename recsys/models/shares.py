@@ -23,6 +23,7 @@ class SharedBatchDLRMTrain(nn.Module):
         super().__init__()
         self.model = model  # same parameter names as DLRMTrain: checkpoints carry over
         self.loss_scale = world_size / global_batch
+        self.loss_reduction = "sum"  # a scaled sum over samples (pipelines.nested reads it)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)

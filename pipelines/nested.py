@@ -1,0 +1,447 @@
+"""The nested pipeline: inter-batch dual buffer + intra-batch frozen window, staleness-free.
+
+One `progress()` call trains batch i. What runs, in order (the stages of the design):
+
+1. data prefetch of batch i+1, with key-centric sample clustering (`clustering.py`);
+2. host-to-device copy of batch i+1;
+3. key routing of batch i+1: TorchRec's own input all-to-all, started now, waited for
+   only when batch i's micro-batches are done;
+4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer,
+   before batch i's update; after the update, the bags of batch i+1 that hold a row
+   batch i touched are looked up again (dual buffer refresh), so nothing is stale;
+5. batch i in N micro-batches under a frozen window: the pooled-embedding all-to-all of
+   every chunk is in flight while earlier micro-batches' dense forward and backward run,
+   and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
+   work. The embedding update happens once, on the whole batch's gradient, through the
+   TBE's own fused backward: the result equals the plain loop for any optimizer.
+
+Dense gradients are averaged over ranks the way DDP does (divide by world, all-reduce
+sum), once per batch, in flight while the embedding update runs.
+
+Supported: pooled `EmbeddingBagCollection`s sharded table-wise, column-wise or
+data-parallel (what TorchRec offers on CPU, and the usual GPU choices). Other sharded
+modules raise at construction, naming the module and the sharding type.
+
+The model contract is TorchRec's `DLRMTrain`: `model(batch) -> (loss, (loss, logits,
+labels))`, the loss a mean over the rank's samples, sparse features used only through the
+sharded modules. A model whose loss is already a sum over samples (scaled by a constant)
+says so with `loss_reduction = "sum"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.embedding_types import ShardingType
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionContext,
+    ShardedEmbeddingBagCollection,
+    construct_output_kt,
+)
+from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
+from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+from torchrec.distributed.train_pipeline import TrainPipeline
+from torchrec.distributed.types import ShardedModule
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.clustering import cluster_order, permute_batch
+from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
+
+_EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
+              ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
+
+
+@dataclass
+class _Group:
+    """One sharding-type group of a sharded EBC: its lookup and how its output moves."""
+
+    sharding_type: str
+    lookup: torch.nn.Module
+    exchange: ChunkedPooledExchange | None  # None: data-parallel, no exchange
+
+
+@dataclass
+class _Module:
+    fqn: str
+    module: ShardedEmbeddingBagCollection
+    groups: list[_Group]
+
+
+@dataclass
+class _ModuleStep:
+    """One sharded module's state for one batch."""
+
+    ctx: EmbeddingBagCollectionContext
+    pending: Any  # the input dist's awaitable until it is waited for
+    ids_sent: bool = False  # its second stage (the ids themselves) is in flight
+    features: list[KeyedJaggedTensor] | None = None  # per group, after the input dist
+    looked_up: list[torch.Tensor | None] = field(default_factory=list)  # graph, per group
+
+
+@dataclass
+class _Step:
+    batch: Batch
+    order: torch.Tensor | None  # the clustering permutation (None: kept as is)
+    modules: list[_ModuleStep]
+    grads: list[list[torch.Tensor]] | None = None  # per module and group, whole batch
+
+
+def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
+    if isinstance(dist_module, DpPooledEmbeddingDist):
+        return None
+    if isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED:
+        if dist_module._callbacks or dist_module._codecs is not None:
+            raise NotImplementedError(
+                f"pipeline=nested: '{fqn}' ({sharding_type}) uses output callbacks or "
+                f"quantized comms, which the chunked exchange does not replicate; use "
+                f"pipeline=sparse_dist for this plan"
+            )
+        return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
+    raise NotImplementedError(
+        f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
+        f"table_wise, column_wise, table_column_wise and data_parallel pooled tables. Use "
+        f"pipeline=sparse_dist, or a plan without {sharding_type} tables"
+    )
+
+
+class NestedPipeline(TrainPipeline[Any, Any]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        micro_batches: int = 4,
+        cluster: bool = True,
+        lookahead: bool = True,
+    ) -> None:
+        super().__init__()
+        if micro_batches < 1:
+            raise ValueError(f"pipeline.micro_batches must be >= 1, got {micro_batches}")
+        self._dmp = model
+        self._model = getattr(model, "module", model)  # DMP: the module without DDP
+        self._optimizer = optimizer
+        self._device = device
+        self._n = micro_batches
+        self._cluster = cluster
+        self._lookahead = lookahead
+        self._world = dist.get_world_size()
+        self._modules = self._find_modules()
+        # everything not updated inside the TBE backward: dense layers, data-parallel tables
+        self._dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
+        self._sum_loss = getattr(self._model, "loss_reduction", "mean") == "sum"
+        self._next: _Step | None = None
+        self._stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.stats = {"refreshed_bags": 0, "looked_up_bags": 0}
+
+    def _find_modules(self) -> list[_Module]:
+        found = []
+        for fqn, m in self._model.named_modules():
+            if not isinstance(m, ShardedModule):
+                continue
+            if not isinstance(m, ShardedEmbeddingBagCollection):
+                raise NotImplementedError(
+                    f"pipeline=nested handles sharded EmbeddingBagCollections; '{fqn}' is a "
+                    f"{type(m).__name__}. For hybrid plans set planner.cold_only_exchange="
+                    f"false (pooled cold parts), or use pipeline=sparse_dist"
+                )
+            groups = [
+                _Group(st, lookup, _group_exchange(od, fqn, st))
+                for st, lookup, od in zip(
+                    m._sharding_types, m._lookups, m._output_dists, strict=True
+                )
+            ]
+            found.append(_Module(fqn, m, groups))
+        if not found:
+            raise ValueError("pipeline=nested: the model has no sharded embedding modules")
+        return found
+
+    # stages 1-3: fetch, cluster, copy, start the id all-to-all
+    def _start(self, batch: Batch) -> _Step:
+        order = None
+        if self._cluster and self._n > 1:
+            order = cluster_order(batch.sparse_features, self._n)
+            batch = permute_batch(batch, order)
+        batch = batch.to(self._device, non_blocking=True)
+        steps = []
+        for m in self._modules:
+            ctx = EmbeddingBagCollectionContext()
+            steps.append(_ModuleStep(ctx, m.module.input_dist(ctx, batch.sparse_features)))
+        return _Step(batch, order, steps)
+
+    @staticmethod
+    def _send_ids(step: _Step) -> None:
+        """The id all-to-all is two collectives: lengths, then ids. Waiting for the first
+        starts the second."""
+        for ms in step.modules:
+            if ms.features is None and not ms.ids_sent:
+                ms.pending, ms.ids_sent = ms.pending.wait(), True
+
+    def _wait_ids(self, step: _Step) -> None:
+        self._send_ids(step)
+        for ms in step.modules:
+            if ms.features is None:
+                ms.features = list(ms.pending.wait())
+                ms.pending = None
+
+    # stage 4: the local lookups (graph kept: their backward is the fused update)
+    def _look_up(self, step: _Step, exchanged: bool) -> None:
+        self._wait_ids(step)
+        for m, ms in zip(self._modules, step.modules, strict=True):
+            if not ms.looked_up:
+                ms.looked_up = [None] * len(m.groups)
+            for g, group in enumerate(m.groups):
+                if (group.exchange is not None) == exchanged and ms.looked_up[g] is None:
+                    ms.looked_up[g] = group.lookup(ms.features[g])
+
+    def _refresh(self, step: _Step, updated: _Step) -> None:
+        """Look up again the bags of `step` that hold a row `updated`'s batch just changed."""
+        for m, ms, us in zip(self._modules, step.modules, updated.modules, strict=True):
+            for g, group in enumerate(m.groups):
+                if group.exchange is None:
+                    continue
+                self._refresh_group(group, ms.features[g], us.features[g], ms.looked_up[g])
+
+    def _refresh_group(self, group: _Group, kjt: KeyedJaggedTensor, touched: KeyedJaggedTensor,
+                       out: torch.Tensor) -> None:  # fmt: skip
+        tables = _feature_tables(group.lookup)
+        keys = kjt.keys()
+        touched_rows: dict[str, torch.Tensor] = {}
+        for key in keys:  # rows touched per table: union over the features that share it
+            ids = touched[key].values()
+            t = tables[key]
+            touched_rows[t] = ids if t not in touched_rows else torch.cat([touched_rows[t], ids])
+        lengths = kjt.lengths()
+        stale = torch.zeros(lengths.numel(), dtype=torch.bool)
+        offsets = kjt.offsets()
+        for i, key in enumerate(keys):
+            rows = torch.unique(touched_rows[tables[key]])
+            hit = torch.isin(kjt.values()[offsets[i * kjt.stride()] :
+                                          offsets[(i + 1) * kjt.stride()]], rows)  # fmt: skip
+            bag = torch.repeat_interleave(
+                torch.arange(kjt.stride()), lengths[i * kjt.stride() : (i + 1) * kjt.stride()]
+            )
+            stale_f = torch.zeros(kjt.stride(), dtype=torch.bool)
+            stale_f[bag[hit]] = True
+            stale[i * kjt.stride() : (i + 1) * kjt.stride()] = stale_f
+        n_stale = int(stale.sum())
+        self.stats["looked_up_bags"] += lengths.numel()
+        if n_stale == 0:
+            return
+        self.stats["refreshed_bags"] += n_stale
+        keep = torch.repeat_interleave(stale, lengths)
+        again = KeyedJaggedTensor(
+            keys=keys,
+            values=kjt.values()[keep],
+            lengths=torch.where(stale, lengths, 0),
+            stride=kjt.stride(),
+        )
+        with torch.no_grad():
+            fresh = group.lookup(again)
+        values = out.detach()
+        cols = _feature_columns(group.lookup)
+        for i, key in enumerate(keys):
+            rows = stale[i * kjt.stride() : (i + 1) * kjt.stride()].nonzero().squeeze(1)
+            c0, c1 = cols[key]
+            values[rows, c0:c1] = fresh[rows, c0:c1]
+
+    def progress(self, dataloader_iter: Iterator[Any]) -> Any:
+        if not self._model.training:
+            with torch.no_grad():
+                return self._dmp(next(dataloader_iter).to(self._device))[1]
+        if self._next is None:  # the first batch: nothing was prefetched
+            self._next = self._start(next(dataloader_iter))
+            self._look_up(self._next, exchanged=True)
+        cur = self._next
+        try:
+            self._next = self._start(next(dataloader_iter))
+        except StopIteration:
+            self._next = None
+        self._optimizer.zero_grad()
+        self._look_up(cur, exchanged=False)  # data-parallel tables: local, no prefetch
+        output = self._micro_batches(cur)
+        self._backward_lookups(cur, exchanged=False)  # data-parallel tables' gradients
+        # dense gradients: averaged over ranks like DDP, in flight during the update
+        reduce = self._start_dense_reduce()
+        nxt = self._next
+        if nxt is not None and self._lookahead:
+            with self._side():  # stage 4 for batch i+1, before i's update
+                self._look_up(nxt, exchanged=True)
+        self._backward_lookups(cur, exchanged=True)  # the fused update, once per batch
+        if nxt is not None:
+            if self._lookahead:
+                self._join_side()
+                self._refresh(nxt, cur)  # after both: whatever the lookup read is fixed
+            else:
+                self._look_up(nxt, exchanged=True)
+        if reduce is not None:
+            reduce()
+        self._optimizer.step()
+        return output
+
+    def _side(self):
+        """Where the lookahead lookup runs: a side CUDA stream on GPUs (it overlaps the
+        update of batch i; the refresh afterwards makes any row it raced with exact),
+        the calling thread on CPU."""
+        return torch.cuda.stream(self._stream) if self._stream is not None else nullcontext()
+
+    def _join_side(self) -> None:
+        if self._stream is not None:
+            torch.cuda.current_stream().wait_stream(self._stream)
+            for ms in self._next.modules:  # made on the side stream, used on the main one
+                for t in ms.looked_up:
+                    if t is not None:
+                        t.record_stream(torch.cuda.current_stream())
+
+    def _micro_batches(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch = step.batch
+        size = batch.dense_features.shape[0]
+        plans, sends = [], []
+        for m, ms in zip(self._modules, step.modules, strict=True):
+            per_rank = _batch_per_rank(ms.ctx, size, self._world)
+            plans.append(ChunkPlan(per_rank, self._n))
+            # every chunk's exchange is launched now; micro-batch k waits for its own
+            sends.append([
+                [g.exchange.forward(ms.looked_up[i].detach(), plans[-1], k)
+                 if g.exchange is not None else None for i, g in enumerate(m.groups)]
+                for k in range(self._n)
+            ])  # fmt: skip
+        grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
+        backs: list[Pending] = []
+        losses, logits, labels = [], [], []
+        start = 0
+        for k in range(self._n):
+            b = plans[0].sizes[dist.get_rank()][k]
+            if b == 0:
+                continue
+            leaves = []
+            for mi, (m, ms) in enumerate(zip(self._modules, step.modules, strict=True)):
+                parts = []
+                for g, group in enumerate(m.groups):
+                    if group.exchange is None:
+                        parts.append(ms.looked_up[g].detach()[start : start + b])
+                    else:
+                        parts.append(sends[mi][k][g].wait())
+                leaf = [p.requires_grad_() for p in parts]
+                leaves.append(leaf)
+                kt = construct_output_kt(leaf, m.module._embedding_names,
+                                         m.module._embedding_dims)  # fmt: skip
+                m.module.forward = _returns(kt)
+            try:
+                micro = Batch(
+                    dense_features=batch.dense_features[start : start + b],
+                    sparse_features=_placeholder(batch.sparse_features, b),
+                    labels=batch.labels[start : start + b],
+                )
+                loss, (_, logit, label) = self._model(micro)
+            finally:
+                for m in self._modules:
+                    del m.module.forward
+            weight = 1.0 if self._sum_loss else b / size
+            (loss * weight).backward()
+            losses.append(loss.detach() * weight)
+            logits.append(logit)
+            labels.append(label)
+            for mi, (m, leaf) in enumerate(zip(self._modules, leaves, strict=True)):
+                for g, group in enumerate(m.groups):
+                    if group.exchange is None:
+                        grads[mi][g][start : start + b] = leaf[g].grad
+                    else:
+                        backs.append(group.exchange.backward(leaf[g].grad, plans[mi], k,
+                                                             grads[mi][g]))  # fmt: skip
+            start += b
+            if k == 0 and self._next is not None:
+                self._send_ids(self._next)
+        for pending in backs:
+            pending.wait()
+        step.grads = grads
+        loss = torch.stack(losses).sum()
+        logit, label = torch.cat(logits), torch.cat(labels)
+        if step.order is not None:  # back to the data's sample order
+            inverse = torch.empty_like(step.order)
+            inverse[step.order] = torch.arange(len(step.order))
+            logit, label = logit[inverse], label[inverse]
+        return loss, logit, label
+
+    def _backward_lookups(self, step: _Step, exchanged: bool) -> None:
+        """One backward through the lookups with the whole batch's gradient. Exchanged
+        (sharded) tables: the fused TBE kernels apply the optimizer once, as in the plain
+        loop. Data-parallel tables: their weights get gradients, averaged with the dense
+        ones."""
+        outputs, grads = [], []
+        for m, ms, gs in zip(self._modules, step.modules, step.grads, strict=True):
+            for group, t, g in zip(m.groups, ms.looked_up, gs, strict=True):
+                if (group.exchange is not None) == exchanged and t.requires_grad:
+                    outputs.append(t)
+                    grads.append(g)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+
+    def _start_dense_reduce(self):
+        if self._world == 1 or not self._dense:
+            return None
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._dense]
+        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self._world)
+        work = dist.all_reduce(flat, async_op=True)
+
+        def finish() -> None:
+            work.wait()
+            offset = 0
+            for p, g in zip(self._dense, grads, strict=True):
+                n = g.numel()
+                p.grad = flat[offset : offset + n].view_as(p)
+                offset += n
+
+        return finish
+
+
+def _returns(value):
+    def forward(*_args, **_kwargs):
+        return value
+
+    return forward
+
+
+def _placeholder(kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
+    """An empty KJT of `batch` samples: the micro-batch's sparse input is never read, the
+    sharded modules return the exchanged embeddings instead."""
+    keys = kjt.keys()
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=kjt.values()[:0],
+        lengths=torch.zeros(len(keys) * batch, dtype=kjt.lengths().dtype),
+        stride=batch,
+    )
+
+
+def _batch_per_rank(ctx: EmbeddingBagCollectionContext, local: int, world: int) -> list[int]:
+    for sc in ctx.sharding_contexts:
+        if sc is not None and sc.batch_size_per_rank:
+            return list(sc.batch_size_per_rank)
+    return [local] * world
+
+
+def _feature_tables(lookup: torch.nn.Module) -> dict[str, str]:
+    """Feature name -> the table it reads, for every feature a grouped lookup serves."""
+    out = {}
+    for emb in lookup._emb_modules:
+        for table in emb.config.embedding_tables:
+            for f in table.feature_names:
+                out[f] = table.name
+    return out
+
+
+def _feature_columns(lookup: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """Feature name -> its column span in the grouped lookup's output."""
+    out, col = {}, 0
+    for emb in lookup._emb_modules:
+        for f, d in zip(emb.config.feature_names(), emb.config.embedding_dims(), strict=True):
+            out[f] = (col, col + d)
+            col += d
+    return out

@@ -1,0 +1,36 @@
+"""Small shims that let TorchRec's SemiSync pipeline run on CPU ranks (measured on
+TorchRec 1.8, see shared/TORCHREC_NOTES.md): `Tensor.record_stream` rejects a CPU stream,
+and the pipelined forward assumes a CUDA device when it has no stream. Installed only
+when such a pipeline is built on CPU; CUDA behaviour is unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrec.distributed.train_pipeline import runtime_forwards
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    record_stream = torch.Tensor.record_stream
+
+    def record_stream_cpu_noop(self: torch.Tensor, stream) -> None:
+        if self.device.type == "cpu":  # nothing to keep alive: CPU work is synchronous
+            return None
+        return record_stream(self, stream)
+
+    torch.Tensor.record_stream = record_stream_cpu_noop  # type: ignore[method-assign]
+
+    init = runtime_forwards.BaseForward.__init__
+
+    def init_keeping_cpu(self, name, args, module, context, stream=None) -> None:
+        init(self, name, args, module, context, stream)
+        if stream is None and not torch.cuda.is_available():
+            self._device = torch.device("cpu")
+
+    runtime_forwards.BaseForward.__init__ = init_keeping_cpu  # type: ignore[method-assign]
+    _installed = True
