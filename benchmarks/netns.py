@@ -106,3 +106,16 @@ def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
     if any(p.returncode for p in procs):
         tails = "\n".join(o[-2000:] for o in outputs)
         raise RuntimeError(f"a rank across the veth link failed:\n{tails}")
+
+
+def train_pair(link: VethLink, overrides: list[str], steps: int, run_dir: Path) -> tuple[int, dict]:
+    """`recsys.train` with `overrides` for `steps` steps, one rank on each side of the link
+    (one thread each); returns the bytes the link carried and the run's summary."""
+    import json
+
+    before = tx_bytes(link)
+    args = ["-m", "recsys.train", *overrides, f"trainer.max_steps={steps}",
+            "trainer.progress_bar=false", "trainer.threads_per_rank=1", "dataset.eval_batches=1",
+            "trainer.warmup_steps=5", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    run_pair(link, args)
+    return tx_bytes(link) - before, json.loads((run_dir / "summary.json").read_text())

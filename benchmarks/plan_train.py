@@ -9,7 +9,6 @@ gives samples/s. Beside them, the cost model's prediction for each plan. Needs r
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,15 +34,6 @@ class PlanTrainBenchConfig:
     results_dir: str = str(REPO / "benchmarks" / "results" / "plan_train")
 
 
-def _run(link: netns.VethLink, overrides: list[str], steps: int, run_dir: Path) -> tuple[int, dict]:
-    before = netns.tx_bytes(link)
-    args = ["-m", "recsys.train", *overrides, f"trainer.max_steps={steps}",
-            "trainer.progress_bar=false", "trainer.threads_per_rank=1", "dataset.eval_batches=1",
-            "trainer.warmup_steps=5", f"hydra.run.dir={run_dir}"]  # fmt: skip
-    netns.run_pair(link, args)
-    return netns.tx_bytes(link) - before, json.loads((run_dir / "summary.json").read_text())
-
-
 def run(cfg: PlanTrainBenchConfig) -> dict:
     why_not = netns.available()
     if why_not:
@@ -56,8 +46,8 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
         for planner in cfg.planners:
             overrides = [*planner_overrides(planner), *cfg.overrides]
-            b_short, _ = _run(link, overrides, short, Path(tmp) / f"{planner}_short")
-            b_long, summary = _run(link, overrides, long, Path(tmp) / f"{planner}_long")
+            b_short, _ = netns.train_pair(link, overrides, short, Path(tmp) / f"{planner}_short")
+            b_long, summary = netns.train_pair(link, overrides, long, Path(tmp) / f"{planner}_long")
             typed = to_typed(hydra.compose(config_name="plan", overrides=overrides +
                                            [f"link=veth_{cfg.link_rate}"]))  # fmt: skip
             plan = make_plan(typed, plan_inputs(typed, None, f"veth_{cfg.link_rate}"))

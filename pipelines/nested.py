@@ -52,7 +52,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order, permute_batch
-from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
+from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending, micro_sizes
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
               ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
@@ -138,7 +138,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._sum_loss = getattr(self._model, "loss_reduction", "mean") == "sum"
         self._next: _Step | None = None
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
-        self.stats = {"refreshed_bags": 0, "looked_up_bags": 0}
+        self.stats = {"refreshed_bags": 0, "bags": 0}  # lookahead: bags looked up again / seen
 
     def _find_modules(self) -> list[_Module]:
         found = []
@@ -210,46 +210,36 @@ class NestedPipeline(TrainPipeline[Any, Any]):
 
     def _refresh_group(self, group: _Group, kjt: KeyedJaggedTensor, touched: KeyedJaggedTensor,
                        out: torch.Tensor) -> None:  # fmt: skip
+        """Bags of `kjt` holding a row that `touched` (the batch just updated) looked up are
+        looked up again through the group's own kernel; their values in `out` are replaced."""
+        if not kjt.keys():  # this rank holds none of the group's tables
+            return
         tables = _feature_tables(group.lookup)
-        keys = kjt.keys()
-        touched_rows: dict[str, torch.Tensor] = {}
-        for key in keys:  # rows touched per table: union over the features that share it
-            ids = touched[key].values()
-            t = tables[key]
-            touched_rows[t] = ids if t not in touched_rows else torch.cat([touched_rows[t], ids])
+        by_table: dict[str, list[torch.Tensor]] = {}
+        for key in touched.keys():  # a table's touched rows: from every feature reading it
+            by_table.setdefault(tables[key], []).append(touched[key].values())
+        rows = {t: torch.unique(torch.cat(ids)) for t, ids in by_table.items()}
+        stale = torch.cat([_bags_holding(kjt[key], rows[tables[key]]) for key in kjt.keys()])
         lengths = kjt.lengths()
-        stale = torch.zeros(lengths.numel(), dtype=torch.bool)
-        offsets = kjt.offsets()
-        for i, key in enumerate(keys):
-            rows = torch.unique(touched_rows[tables[key]])
-            hit = torch.isin(kjt.values()[offsets[i * kjt.stride()] :
-                                          offsets[(i + 1) * kjt.stride()]], rows)  # fmt: skip
-            bag = torch.repeat_interleave(
-                torch.arange(kjt.stride()), lengths[i * kjt.stride() : (i + 1) * kjt.stride()]
-            )
-            stale_f = torch.zeros(kjt.stride(), dtype=torch.bool)
-            stale_f[bag[hit]] = True
-            stale[i * kjt.stride() : (i + 1) * kjt.stride()] = stale_f
+        self.stats["bags"] += lengths.numel()
         n_stale = int(stale.sum())
-        self.stats["looked_up_bags"] += lengths.numel()
         if n_stale == 0:
             return
         self.stats["refreshed_bags"] += n_stale
-        keep = torch.repeat_interleave(stale, lengths)
         again = KeyedJaggedTensor(
-            keys=keys,
-            values=kjt.values()[keep],
+            keys=kjt.keys(),
+            values=kjt.values()[torch.repeat_interleave(stale, lengths)],
             lengths=torch.where(stale, lengths, 0),
             stride=kjt.stride(),
         )
         with torch.no_grad():
             fresh = group.lookup(again)
-        values = out.detach()
+        values = out.detach()  # the same storage the exchange reads from
         cols = _feature_columns(group.lookup)
-        for i, key in enumerate(keys):
-            rows = stale[i * kjt.stride() : (i + 1) * kjt.stride()].nonzero().squeeze(1)
+        for key, stale_f in zip(kjt.keys(), stale.split(kjt.stride()), strict=True):
+            samples = stale_f.nonzero().squeeze(1)
             c0, c1 = cols[key]
-            values[rows, c0:c1] = fresh[rows, c0:c1]
+            values[samples, c0:c1] = fresh[samples, c0:c1]
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
         if not self._model.training:
@@ -302,22 +292,22 @@ class NestedPipeline(TrainPipeline[Any, Any]):
     def _micro_batches(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = step.batch
         size = batch.dense_features.shape[0]
-        plans, sends = [], []
-        for m, ms in zip(self._modules, step.modules, strict=True):
-            per_rank = _batch_per_rank(ms.ctx, size, self._world)
-            plans.append(ChunkPlan(per_rank, self._n))
-            # every chunk's exchange is launched now; micro-batch k waits for its own
+        plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n)
+                 for ms in step.modules]  # fmt: skip
+        # every chunk's exchange is launched now, in order; micro-batch k waits for its own
+        sends: list[list[list[Pending | None]]] = []  # [module][chunk][group]
+        for m, ms, plan in zip(self._modules, step.modules, plans, strict=True):
+            values = [t.detach() for t in ms.looked_up]
             sends.append([
-                [g.exchange.forward(ms.looked_up[i].detach(), plans[-1], k)
-                 if g.exchange is not None else None for i, g in enumerate(m.groups)]
+                [g.exchange.forward(v, plan, k) if g.exchange else None
+                 for g, v in zip(m.groups, values, strict=True)]
                 for k in range(self._n)
             ])  # fmt: skip
         grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
         backs: list[Pending] = []
         losses, logits, labels = [], [], []
         start = 0
-        for k in range(self._n):
-            b = plans[0].sizes[dist.get_rank()][k]
+        for k, b in enumerate(micro_sizes(size, self._n)):
             if b == 0:
                 continue
             leaves = []
@@ -330,9 +320,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                         parts.append(sends[mi][k][g].wait())
                 leaf = [p.requires_grad_() for p in parts]
                 leaves.append(leaf)
-                kt = construct_output_kt(leaf, m.module._embedding_names,
-                                         m.module._embedding_dims)  # fmt: skip
-                m.module.forward = _returns(kt)
+                names, dims = m.module._embedding_names, m.module._embedding_dims
+                m.module.forward = _returns(construct_output_kt(leaf, names, dims))
             try:
                 micro = Batch(
                     dense_features=batch.dense_features[start : start + b],
@@ -352,9 +341,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 for g, group in enumerate(m.groups):
                     if group.exchange is None:
                         grads[mi][g][start : start + b] = leaf[g].grad
-                    else:
-                        backs.append(group.exchange.backward(leaf[g].grad, plans[mi], k,
-                                                             grads[mi][g]))  # fmt: skip
+                    else:  # in flight under the next micro-batch's dense work
+                        pending = group.exchange.backward(leaf[g].grad, plans[mi], k, grads[mi][g])
+                        backs.append(pending)
             start += b
             if k == 0 and self._next is not None:
                 self._send_ids(self._next)
@@ -366,6 +355,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         if step.order is not None:  # back to the data's sample order
             inverse = torch.empty_like(step.order)
             inverse[step.order] = torch.arange(len(step.order))
+            inverse = inverse.to(logit.device)
             logit, label = logit[inverse], label[inverse]
         return loss, logit, label
 
@@ -415,9 +405,18 @@ def _placeholder(kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(
         keys=keys,
         values=kjt.values()[:0],
-        lengths=torch.zeros(len(keys) * batch, dtype=kjt.lengths().dtype),
+        lengths=kjt.lengths().new_zeros(len(keys) * batch),
         stride=batch,
     )
+
+
+def _bags_holding(jt, rows: torch.Tensor) -> torch.Tensor:
+    """Per bag of `jt`: does it hold any of `rows`?"""
+    lengths = jt.lengths()
+    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    out = torch.zeros(lengths.numel(), dtype=torch.bool, device=lengths.device)
+    out[bag[torch.isin(jt.values(), rows)]] = True
+    return out
 
 
 def _batch_per_rank(ctx: EmbeddingBagCollectionContext, local: int, world: int) -> list[int]:

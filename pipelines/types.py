@@ -19,5 +19,9 @@ class PipelineConfig:
     name: PipelineName = PipelineName.plain
     # nested only:
     micro_batches: int = 4  # N: chunks of the embedding exchange overlapped with dense work
-    cluster_samples: bool = True  # key-centric sample clustering into micro-batches
-    lookahead: bool = True  # look up batch i+1 before batch i's update, then refresh it
+    # key-centric sample clustering into micro-batches: fewer distinct ids per micro-batch
+    # where samples share ids; the pooled exchange's bytes do not change (README)
+    cluster_samples: bool = False
+    # look up batch i+1 before batch i's update, then refresh the rows it shares: pays on
+    # GPUs (a side stream); on CPU ranks nothing runs beside it, so off by default
+    lookahead: bool = False

@@ -16,7 +16,7 @@ from recsys.models.cost_inputs import model_cost
 from sharding.access_profile import AccessProfile
 from sharding.calibration import device_costs, load_calibration, network_cost
 from sharding.cluster import compute_device_type, resolve_cluster
-from sharding.cost_model import Schedule
+from sharding.cost_model import schedule_of
 from sharding.plan_eval import Plan, PlanInputs, equal_batch, evaluate, power_law_coverage
 from sharding.plan_shards import plan_layout, shards_from_layout
 from sharding.planners import PLANNERS, TablePlan, finish_table
@@ -54,7 +54,8 @@ def plan_inputs(cfg: TrainConfig, profile: AccessProfile | None, link: str | Non
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
         interaction_flops_per_sample=mc.interaction_flops_per_sample,
-        schedule=Schedule(cfg.pipeline.name.value),
+        schedule=schedule_of(cfg.pipeline.name.value),
+        micro_batches=cfg.pipeline.micro_batches,
         cpu=cpu,
         reserve=cfg.planner.storage_reservation,
         cluster=cfg.cluster.name,

@@ -394,7 +394,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
 
 
 def write_losses(path: Path, start: int, losses: list[float]) -> None:
-    lines = ["step,loss"] + [f"{start + i + 1},{v:.6f}" for i, v in enumerate(losses)]
+    lines = ["step,loss"] + [f"{start + i + 1},{v:.9g}" for i, v in enumerate(losses)]
     path.write_text("\n".join(lines) + "\n")
 
 

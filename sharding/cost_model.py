@@ -48,6 +48,20 @@ class Schedule(str, Enum):
     nested = "nested"  # also the embedding all-to-all, in micro-batches under dense compute
 
 
+# Train pipelines by name (pipelines.types.PipelineName) -> the schedule that models them.
+# TorchRec's SemiSync hides the embedding exchange under the previous batch's dense work
+# (one step stale), which the nested schedule's many-micro-batch limit approximates.
+_PIPELINE_SCHEDULES = {"plain": "plain", "base": "plain", "sparse_dist": "sparse_dist",
+                       "semi_sync": "nested", "nested": "nested"}  # fmt: skip
+
+
+def schedule_of(pipeline: str) -> Schedule:
+    if pipeline not in _PIPELINE_SCHEDULES:
+        raise ValueError(f"no cost model schedule for pipeline '{pipeline}'; "
+                         f"known: {sorted(_PIPELINE_SCHEDULES)}")  # fmt: skip
+    return Schedule(_PIPELINE_SCHEDULES[pipeline])
+
+
 @dataclass(frozen=True)
 class TableStats:
     name: str

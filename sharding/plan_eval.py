@@ -57,6 +57,7 @@ class PlanInputs:
     dense_params: int
     interaction_flops_per_sample: float = 0.0
     schedule: Schedule = Schedule.sparse_dist
+    micro_batches: int = 1  # the nested schedule's N
     cpu: bool = False  # CPU ranks: table-wise, column-wise and data-parallel, one tier
     reserve: float = 0.15  # share of each device's memory kept free (activations, buffers)
     optimizer: OptimizerState = field(default_factory=OptimizerState)
@@ -141,7 +142,7 @@ def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
         inputs.interaction_flops_per_sample,
     )
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)
-    plan.est_step_ms = 1000 * cost.step_s(inputs.schedule)
+    plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
     plan.lower_bound_ms = lower_bound_ms(inputs)
     plan.a2a_bytes_per_step = float(sum(cost.a2a_bytes))
     hbm_cap, host_cap = inputs.hbm_budget(), inputs.host_budget()

@@ -25,7 +25,7 @@ from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
 from sharding.cluster import resolve_cluster
-from sharding.cost_model import Schedule, StepCost, memory_bytes, step_cost
+from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
 from sharding.plan_shards import plan_layout, shards_from_layout
 
 
@@ -67,14 +67,14 @@ def predict(
         mc.dense_params,
         mc.interaction_flops_per_sample,
     )
-    schedule = Schedule(cfg.pipeline.name.value)
+    schedule = schedule_of(cfg.pipeline.name.value)
     return {
         "cluster": cfg.cluster.name,
         "model": cfg.model.name,
         "pipeline": schedule.value,
         "batch_size_per_rank": cfg.trainer.batch_size,
         "link": link or ("loopback" if cpu else "spec"),
-        "step_ms": 1000 * cost.step_s(schedule),
+        "step_ms": 1000 * cost.step_s(schedule, cfg.pipeline.micro_batches),
         "stages_ms": {
             "lookup_fwd": 1000 * max(cost.lookup_fwd_s),
             "lookup_bwd": 1000 * max(cost.lookup_bwd_s),

@@ -157,3 +157,21 @@ def test_without_the_refresh_the_lookahead_is_stale(tmp_path: Path) -> None:
     params = {n: float(np.abs(stale["params"][n] - p).max() / np.abs(p).max())
               for n, p in plain["params"].items()}  # fmt: skip
     assert diff > 1e-4 and max(params.values()) > 1e-2
+
+
+def test_unsupported_sharding_is_named() -> None:
+    from pipelines.nested import _group_exchange
+
+    with pytest.raises(NotImplementedError, match="row_wise.*pipeline=sparse_dist"):
+        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "row_wise")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nested_equals_the_plain_loop_on_gpus(tmp_path: Path) -> None:
+    """The CUDA path: NCCL collectives, the lookahead on a side stream (one rank per GPU)."""
+    world = min(2, torch.cuda.device_count())
+    base = ["debug=tiny", "cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={world}",
+            "pipeline.lookahead=true", *ADAGRAD]  # fmt: skip
+    _equal_to_plain(tmp_path, base, world)

@@ -1,0 +1,204 @@
+"""`python -m benchmarks.pipeline`: train pipelines side by side across a rate-limited link.
+
+Two ranks in two network namespaces joined by a veth pair limited by tbf (`link_rate`,
+chosen so that the plain loop spends 40-50% of its step waiting on the link), and the
+same runs again over a fast link (`fast_rate`): the difference of a pipeline's step time
+between the two is the communication it leaves exposed. Every run trains the same plan
+from the same seed, so each pipeline's per-step losses are compared with the plain
+loop's (`equal_to_plain`: within 1e-5 relative at every step). Beside the runs, the
+key-centric clustering's effect on distinct ids per micro-batch, from the same data.
+Needs root.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from benchmarks import netns
+from benchmarks.calibrate import measured_ms
+from benchmarks.common import environment, finish, start
+
+REPO = Path(__file__).resolve().parents[1]
+EQUAL_RTOL = 1e-5
+
+
+@dataclass
+class PipelineBenchConfig:
+    # a pipeline name, or nested<N> with optional +lookahead / +cluster
+    pipelines: list[str] = field(default_factory=lambda: [
+        "plain", "base", "sparse_dist", "semi_sync", "nested1", "nested2", "nested4",
+        "nested8", "nested4+lookahead", "nested4+cluster"])  # fmt: skip
+    # round_robin: whole tables, table-wise. TorchRec's planner also replicates small
+    # tables (data-parallel), which TorchRec's SemiSync cannot train (see README).
+    # Dense SGD: a run whose losses are not chaotic, so equality can be checked at every
+    # step (with the default dense Adagrad this run's plain loop alone moves by 1e-2 when
+    # only the order of samples within each batch changes); row-wise Adagrad embeddings,
+    # which make a stale lookup visible in the losses
+    overrides: list[str] = field(default_factory=lambda: [
+        "trainer.batch_size=2048", "planner=round_robin", "trainer.dense_optimizer=sgd",
+        "trainer.lr=0.1"])  # fmt: skip
+    steps: int = 60
+    link_rate: str = "1200mbit"
+    fast_rate: str = "20gbit"
+    cluster_batches: int = 20  # batches for the distinct-ids-per-micro-batch measurement
+    results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
+
+
+def pipeline_overrides(label: str) -> list[str]:
+    """`nested4+lookahead` -> pipeline=nested with N=4 and the lookahead on; other labels
+    are pipeline names (nested variants default to no lookahead and no clustering)."""
+    name, *options = label.split("+")
+    if not name.startswith("nested"):
+        if options:
+            raise ValueError(f"'{label}': options (+...) apply to nested<N> only")
+        return [f"pipeline={name}"]
+    n = name[len("nested") :]
+    unknown = set(options) - {"lookahead", "cluster"}
+    if not n.isdigit() or unknown:
+        raise ValueError(f"'{label}': write nested<N>[+lookahead][+cluster], e.g. nested4")
+    return ["pipeline=nested", f"pipeline.micro_batches={n}",
+            f"pipeline.lookahead={'lookahead' in options}",
+            f"pipeline.cluster_samples={'cluster' in options}"]  # fmt: skip
+
+
+def _losses(run_dir: Path) -> list[float]:
+    with open(run_dir / "train_losses.csv") as f:
+        return [float(row["loss"]) for row in csv.DictReader(f)]
+
+
+def _max_rel_diff(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
+
+
+def _train_all(cfg: PipelineBenchConfig, rate: str, tmp: Path) -> dict[str, dict]:
+    out = {}
+    with netns.veth_link(rate) as link:
+        for label in cfg.pipelines:
+            run_dir = tmp / f"{rate}_{label}"
+            overrides = [*cfg.overrides, *pipeline_overrides(label)]
+            sent, summary = netns.train_pair(link, overrides, cfg.steps, run_dir)
+            out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir)}
+            print(f"{rate} {label}: {summary['samples_per_s']:,.0f} samples/s", flush=True)
+    return out
+
+
+def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
+    """Distinct ids per micro-batch, with and without clustering, on the benchmark's data
+    (rank 0's batches); and the bytes each micro-batch moves: the pooled exchange sends
+    one vector per sample and feature either way, an id exchange one id per distinct id."""
+    from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
+    from recsys.data.source import build_source
+    from recsys.train import to_typed
+
+    typed = to_typed(hydra.compose(config_name="config", overrides=cfg.overrides))
+    source = build_source(typed.dataset, typed.model, typed.trainer.batch_size, 2)
+    features = len(typed.model.num_embeddings_per_feature)
+    rows = []
+    for n in (2, 4, 8):
+        plain = clustered = 0
+        for i in range(cfg.cluster_batches):
+            kjt = source.batch("train", i, 0).sparse_features
+            plain += sum(distinct_ids_per_micro_batch(kjt, n))
+            clustered += sum(
+                distinct_ids_per_micro_batch(permute_kjt(kjt, cluster_order(kjt, n)), n)
+            )
+        per = cfg.cluster_batches * n
+        pooled = typed.trainer.batch_size / n * features * typed.model.embedding_dim * 4
+        rows.append({"micro_batches": n, "distinct_ids": plain / per,
+                     "distinct_ids_clustered": clustered / per,
+                     "id_bytes": 8 * plain / per, "id_bytes_clustered": 8 * clustered / per,
+                     "pooled_bytes": pooled})  # fmt: skip
+    return rows
+
+
+def run(cfg: PipelineBenchConfig) -> dict:
+    why_not = netns.available()
+    if why_not:
+        raise SystemExit(f"benchmarks.pipeline {why_not}")
+    with tempfile.TemporaryDirectory() as tmp:
+        slow = _train_all(cfg, cfg.link_rate, Path(tmp))
+        fast = _train_all(cfg, cfg.fast_rate, Path(tmp))
+    plain_losses = slow["plain"]["losses"] if "plain" in slow else None
+    rows = []
+    for label in cfg.pipelines:
+        s, f = slow[label]["summary"], fast[label]["summary"]
+        diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
+        rows.append({
+            "pipeline": label, "samples_per_s": s["samples_per_s"],
+            "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
+            "exposed_comm_ms": measured_ms(s) - measured_ms(f),
+            "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
+            "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
+            "eval_auc": s["eval_auc"],
+        })  # fmt: skip
+    by = {r["pipeline"]: r for r in rows}
+    base = by.get("sparse_dist")
+    result = {
+        "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
+        "speedup_vs_sparse_dist": {
+            r["pipeline"]: r["samples_per_s"] / base["samples_per_s"] for r in rows
+        }
+        if base
+        else {},  # fmt: skip
+        "exposed_comm_ms": {r["pipeline"]: r["exposed_comm_ms"] for r in rows},
+        "equal_to_plain": {r["pipeline"]: r["equal_to_plain"] for r in rows},
+        "plain_comm_share": by["plain"]["exposed_comm_ms"] / by["plain"]["step_ms"]
+        if "plain" in by
+        else None,
+        "rows": rows,
+        "clustering": clustering_stats(cfg),
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
+    return result
+
+
+def table(r: dict) -> str:
+    env, c = r["environment"], r["config"]
+    share = r["plain_comm_share"]
+    lines = [f"# Train pipelines across a {c['link_rate']} veth link, 2 ranks ({env['date']}, "
+             f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
+             f"{c['steps']} steps)", "",
+             f"The plain loop spends {share:.0%} of its step on the link (its step time here "
+             f"minus over a {c['fast_rate']} link)." if share is not None else "", "",
+             "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
+             "equal to plain (max rel loss diff) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for x in r["rows"]:
+        speed = r["speedup_vs_sparse_dist"].get(x["pipeline"])
+        diff = x["max_rel_loss_diff_vs_plain"]
+        lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
+                     f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
+                     f"{x['exposed_comm_ms']:.1f} | {'yes' if x['equal_to_plain'] else 'no'} "
+                     f"({diff:.1e}) |")  # fmt: skip
+    lines += ["", "Key-centric clustering, per micro-batch (rank 0's batches of the same data):",
+              "", "| N | distinct ids | clustered | id bytes | clustered | pooled exchange bytes |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for x in r["clustering"]:
+        lines.append(f"| {x['micro_batches']} | {x['distinct_ids']:,.0f} | "
+                     f"{x['distinct_ids_clustered']:,.0f} | {x['id_bytes'] / 1e3:,.1f} kB | "
+                     f"{x['id_bytes_clustered'] / 1e3:,.1f} kB | "
+                     f"{x['pooled_bytes'] / 1e6:,.2f} MB (either way) |")  # fmt: skip
+    return "\n".join(lines)
+
+
+ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfig)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_pipeline")
+def main(cfg: DictConfig) -> None:
+    typed: PipelineBenchConfig = start(cfg)
+    result = run(typed)
+    finish(result, table(result), "pipeline", typed.results_dir, json_name="summary")
+
+
+if __name__ == "__main__":
+    main()
