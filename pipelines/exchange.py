@@ -27,10 +27,13 @@ def micro_sizes(batch: int, n: int) -> list[int]:
 
 @dataclass
 class ChunkPlan:
-    """Which rows of every rank's batch micro-batch `k` holds, the same on all ranks."""
+    """Which samples of every rank's batch micro-batch `k` holds, the same on all ranks:
+    consecutive ones, or with `orders` (each rank's sample order, from clustering) the
+    k-th slice of that order."""
 
     batch_per_rank: list[int]
     n: int
+    orders: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         self.sizes = [micro_sizes(b, self.n) for b in self.batch_per_rank]  # [rank][k]
@@ -38,13 +41,16 @@ class ChunkPlan:
         for b in self.batch_per_rank[:-1]:
             self.rank_offset.append(self.rank_offset[-1] + b)
 
-    def start(self, rank: int, k: int) -> int:
-        return sum(self.sizes[rank][:k])
+    def samples(self, rank: int, k: int) -> slice | torch.Tensor:
+        """Micro-batch k of `rank`: its samples' positions in that rank's batch."""
+        first = sum(self.sizes[rank][:k])
+        window = slice(first, first + self.sizes[rank][k])
+        return window if self.orders is None else self.orders[rank][window]
 
-    def rows(self, rank: int, k: int) -> slice:
-        """Rows of micro-batch k of `rank` in an owner's stacked (all ranks) lookup output."""
-        first = self.rank_offset[rank] + self.start(rank, k)
-        return slice(first, first + self.sizes[rank][k])
+    def rows(self, rank: int, k: int) -> slice | torch.Tensor:
+        """The same samples' rows in an owner's stacked (all ranks) lookup output."""
+        at, offset = self.samples(rank, k), self.rank_offset[rank]
+        return slice(at.start + offset, at.stop + offset) if isinstance(at, slice) else at + offset
 
 
 class Pending:

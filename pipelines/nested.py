@@ -51,7 +51,7 @@ from torchrec.distributed.types import ShardedModule
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from pipelines.clustering import cluster_order, permute_batch
+from pipelines.clustering import cluster_order
 from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending, micro_sizes
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
@@ -88,8 +88,9 @@ class _ModuleStep:
 @dataclass
 class _Step:
     batch: Batch
-    order: torch.Tensor | None  # the clustering permutation (None: kept as is)
+    order: torch.Tensor | None  # this rank's clustering order (None: data order)
     modules: list[_ModuleStep]
+    orders: Any = None  # every rank's order: in flight, then a list
     grads: list[list[torch.Tensor]] | None = None  # per module and group, whole batch
 
 
@@ -136,6 +137,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         # everything not updated inside the TBE backward: dense layers, data-parallel tables
         self._dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
         self._sum_loss = getattr(self._model, "loss_reduction", "mean") == "sum"
+        dense = {id(p) for p in self._dense}
+        self._linears = [m for m in self._model.modules() if type(m) is torch.nn.Linear
+                         and id(m.weight) in dense]  # fmt: skip
         self._next: _Step | None = None
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
         self.stats = {"refreshed_bags": 0, "bags": 0}  # lookahead: bags looked up again / seen
@@ -165,9 +169,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
     # stages 1-3: fetch, cluster, copy, start the id all-to-all
     def _start(self, batch: Batch) -> _Step:
         order = None
-        if self._cluster and self._n > 1:
-            order = cluster_order(batch.sparse_features, self._n)
-            batch = permute_batch(batch, order)
+        if self._cluster and self._n > 1:  # the batch stays in data order: only the
+            # micro-batches take its samples in this order (the update sums as plain does)
+            order = cluster_order(batch.sparse_features, self._n).to(self._device)
         batch = batch.to(self._device, non_blocking=True)
         steps = []
         for m in self._modules:
@@ -190,9 +194,31 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 ms.features = list(ms.pending.wait())
                 ms.pending = None
 
+    def _share_orders(self, step: _Step) -> None:
+        """Owners cut every rank's micro-batches out of their lookups, so every rank's
+        clustering order goes to all (one all-gather, padded to the largest batch)."""
+        if step.order is None or step.orders is not None:
+            return
+        sizes = _batch_per_rank(step.modules[0].ctx, len(step.order), self._world)
+        padded = step.order.new_full((max(sizes),), -1)
+        padded[: len(step.order)] = step.order
+        gathered = [torch.empty_like(padded) for _ in sizes]
+        work = dist.all_gather(gathered, padded, async_op=True)
+        step.orders = (work, gathered, sizes)
+
+    def _orders(self, step: _Step) -> list[torch.Tensor] | None:
+        if step.order is None:
+            return None
+        if isinstance(step.orders, tuple):
+            work, gathered, sizes = step.orders
+            work.wait()
+            step.orders = [o[:n] for o, n in zip(gathered, sizes, strict=True)]
+        return step.orders
+
     # stage 4: the local lookups (graph kept: their backward is the fused update)
     def _look_up(self, step: _Step, exchanged: bool) -> None:
         self._wait_ids(step)
+        self._share_orders(step)
         for m, ms in zip(self._modules, step.modules, strict=True):
             if not ms.looked_up:
                 ms.looked_up = [None] * len(m.groups)
@@ -292,8 +318,10 @@ class NestedPipeline(TrainPipeline[Any, Any]):
     def _micro_batches(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = step.batch
         size = batch.dense_features.shape[0]
-        plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n)
+        orders = self._orders(step)
+        plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders)
                  for ms in step.modules]  # fmt: skip
+        rank = dist.get_rank()
         # every chunk's exchange is launched now, in order; micro-batch k waits for its own
         sends: list[list[list[Pending | None]]] = []  # [module][chunk][group]
         for m, ms, plan in zip(self._modules, step.modules, plans, strict=True):
@@ -306,16 +334,17 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
         backs: list[Pending] = []
         losses, logits, labels = [], [], []
-        start = 0
+        deferred = _DeferredWeightGrads(self._linears)
         for k, b in enumerate(micro_sizes(size, self._n)):
             if b == 0:
                 continue
+            mine = plans[0].samples(rank, k)  # this micro-batch's samples of my batch
             leaves = []
             for mi, (m, ms) in enumerate(zip(self._modules, step.modules, strict=True)):
                 parts = []
                 for g, group in enumerate(m.groups):
                     if group.exchange is None:
-                        parts.append(ms.looked_up[g].detach()[start : start + b])
+                        parts.append(ms.looked_up[g].detach()[mine])
                     else:
                         parts.append(sends[mi][k][g].wait())
                 leaf = [p.requires_grad_() for p in parts]
@@ -324,38 +353,41 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 m.module.forward = _returns(construct_output_kt(leaf, names, dims))
             try:
                 micro = Batch(
-                    dense_features=batch.dense_features[start : start + b],
+                    # requires grad so that every layer's output gradient is computed
+                    dense_features=batch.dense_features[mine].requires_grad_(),
                     sparse_features=_placeholder(batch.sparse_features, b),
-                    labels=batch.labels[start : start + b],
+                    labels=batch.labels[mine],
                 )
-                loss, (_, logit, label) = self._model(micro)
+                with deferred:
+                    loss, (_, logit, label) = self._model(micro)
+                    weight = 1.0 if self._sum_loss else b / size
+                    (loss * weight).backward()
             finally:
                 for m in self._modules:
                     del m.module.forward
-            weight = 1.0 if self._sum_loss else b / size
-            (loss * weight).backward()
             losses.append(loss.detach() * weight)
             logits.append(logit)
             labels.append(label)
             for mi, (m, leaf) in enumerate(zip(self._modules, leaves, strict=True)):
                 for g, group in enumerate(m.groups):
                     if group.exchange is None:
-                        grads[mi][g][start : start + b] = leaf[g].grad
+                        grads[mi][g][mine] = leaf[g].grad
                     else:  # in flight under the next micro-batch's dense work
                         pending = group.exchange.backward(leaf[g].grad, plans[mi], k, grads[mi][g])
                         backs.append(pending)
-            start += b
             if k == 0 and self._next is not None:
                 self._send_ids(self._next)
+        inverse = None
+        if step.order is not None:  # back to the data's sample order
+            inverse = torch.empty_like(step.order)
+            inverse[step.order] = torch.arange(len(step.order), device=step.order.device)
+        deferred.accumulate(inverse, size)  # under the last gradient exchanges
         for pending in backs:
             pending.wait()
         step.grads = grads
         loss = torch.stack(losses).sum()
         logit, label = torch.cat(logits), torch.cat(labels)
-        if step.order is not None:  # back to the data's sample order
-            inverse = torch.empty_like(step.order)
-            inverse[step.order] = torch.arange(len(step.order))
-            inverse = inverse.to(logit.device)
+        if inverse is not None:
             logit, label = logit[inverse], label[inverse]
         return loss, logit, label
 
@@ -389,6 +421,59 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 offset += n
 
         return finish
+
+
+class _DeferredWeightGrads:
+    """Linear layers' weight gradients, once per batch instead of once per micro-batch.
+
+    Inside `with self:` the layers' weights and biases do not require grad, so a
+    micro-batch's backward computes only activation gradients; the layers' inputs and
+    output gradients are kept. `accumulate` then computes each weight's gradient with one
+    matrix product over the whole batch, in the data's sample order: the same product,
+    with the same operands, as the plain loop's backward, so the dense gradients are the
+    plain loop's bit for bit rather than a sum of N partial products (a different
+    rounding, which per-element optimizers such as Adagrad amplify on near-zero entries).
+    Other dense parameters accumulate their gradient micro-batch by micro-batch.
+    """
+
+    def __init__(self, linears: list[torch.nn.Linear]) -> None:
+        self._linears = linears
+        self._inputs: dict[torch.nn.Linear, list[torch.Tensor]] = {m: [] for m in linears}
+        self._grads: dict[torch.nn.Linear, list[torch.Tensor]] = {m: [] for m in linears}
+        self._hooks: list = []
+
+    def _keep(self, m: torch.nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
+        if output.requires_grad:
+            self._inputs[m].append(inputs[0].detach())
+            output.register_hook(lambda g: self._grads[m].append(g))
+
+    def __enter__(self) -> None:
+        for m in self._linears:
+            for p in m.parameters(recurse=False):
+                p.requires_grad_(False)
+            self._hooks.append(m.register_forward_hook(self._keep))
+
+    def __exit__(self, *_exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for m in self._linears:
+            for p in m.parameters(recurse=False):
+                p.requires_grad_(True)
+
+    def accumulate(self, inverse: torch.Tensor | None, batch: int) -> None:
+        for m in self._linears:
+            if not self._inputs[m]:
+                continue
+            x = torch.cat(self._inputs[m]).reshape(-1, m.in_features)
+            g = torch.cat(self._grads[m]).reshape(-1, m.out_features)  # micro-batch order
+            if inverse is not None and len(x) == batch:
+                x, g = x[inverse], g[inverse]
+            weight = x.t().mm(g).t()  # what autograd computes for F.linear's weight
+            m.weight.grad = weight if m.weight.grad is None else m.weight.grad + weight
+            if m.bias is not None:
+                bias = g.sum(0)
+                m.bias.grad = bias if m.bias.grad is None else m.bias.grad + bias
 
 
 def _returns(value):

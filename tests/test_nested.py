@@ -100,7 +100,7 @@ def _equal_to_plain(tmp_path: Path, base: list[str], world: int, plan_of=None) -
 
 SGD = ["trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd", "trainer.lr=0.1",
        "trainer.embedding_lr=0.1"]  # fmt: skip
-ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=sgd"]
+ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=adagrad"]
 
 
 @pytest.mark.slow
