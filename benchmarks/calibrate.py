@@ -17,12 +17,13 @@ Hydra run dir. `summary.json` has `validation` (each `setting`, `predicted_ms`,
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import hydra
@@ -70,6 +71,8 @@ class CalibrateConfig:
         ]
     )  # fmt: skip
     write_calibration: bool = True
+    # per rank: two hybrid runs each (sequence / pooled cold parts) for the sequence cost
+    sequence_batches: list[int] = field(default_factory=lambda: [512, 2048])
     results_dir: str = str(REPO / "benchmarks" / "results" / "calibrate")
 
 
@@ -231,6 +234,45 @@ def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> floa
     return predict(to_typed(_compose(overrides)), layout, link_name, cal)["step_ms"]
 
 
+def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
+    """The hybrid plan trained with split tables' cold parts as sequences and as pooled
+    bags, on loopback, at two batch sizes; what a sequence run costs beyond the model's
+    prediction (which already counts its bytes), net of the pooled run's own residual, is
+    fitted as fixed + per sequence lookup (the model's count of them on the busiest rank)."""
+    from recsys.launch import raise_on_failure, spawn_ranks
+    from recsys.planning import make_plan, plan_inputs
+    from recsys.train import _rank_main, to_typed
+    from sharding.plan_eval import evaluate
+
+    def run(batch: int, sequence: bool) -> dict:
+        overrides = ["planner=hybrid", f"planner.cold_only_exchange={sequence}",
+                     f"trainer.batch_size={batch}", f"trainer.max_steps={cfg.train_steps}",
+                     "trainer.progress_bar=false", "trainer.warmup_steps=10",
+                     "trainer.threads_per_rank=1", "dataset.eval_batches=1"]  # fmt: skip
+        typed = to_typed(_compose(overrides))
+        plan = make_plan(typed, plan_inputs(typed, None, "loopback", cal))
+        d = run_dir / "sequence_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
+        d.mkdir(parents=True, exist_ok=True)
+        job = spawn_ranks(_rank_main, 2, args=(typed, str(d), plan), timeout_s=900)
+        summary = raise_on_failure(job, f"sequence calibration (batch {batch})")[0]
+        # the same plan's prediction with 1 s per sequence lookup: the model's slope
+        unit = replace(cal, device=replace(cal.device, sequence_s_per_lookup=1.0))
+        per_s = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", unit))
+        return {"batch": batch, "sequence": sequence, "measured_ms": measured_ms(summary),
+                "predicted_ms": plan.est_step_ms,
+                "lookups": (per_s.est_step_ms - plan.est_step_ms) / 1000}  # fmt: skip
+
+    runs, lookups, extra_s = [], [], []
+    for batch in cfg.sequence_batches:
+        seq, pooled = run(batch, True), run(batch, False)
+        runs += [seq, pooled]
+        residual = lambda r: r["measured_ms"] - r["predicted_ms"]  # noqa: E731
+        lookups.append(seq["lookups"])
+        extra_s.append((residual(seq) - residual(pooled)) / 1000)
+    fixed_s, per_lookup_s = fit_line(lookups, extra_s)
+    return {"runs": runs, "fixed_s": max(0.0, fixed_s), "per_lookup_s": max(0.0, per_lookup_s)}
+
+
 def measured_ms(summary: dict) -> float:
     return 1000 * sum(summary["batch_per_rank"]) / summary["samples_per_s"]
 
@@ -281,9 +323,13 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
         fixed_s, per_sample_s = fit_line(list(cfg.calibration_runs), residual)
         cal.device = DeviceCost(**{**cal.device.__dict__, "step_overhead_s": fixed_s,
                                    "sample_overhead_s": max(0.0, per_sample_s)})  # fmt: skip
+        print("measuring the sequence exchange's CPU cost (two hybrid runs) ...", flush=True)
+        sequence = measure_sequence(cfg, run_dir, cal)
+        cal.device = replace(cal.device, sequence_s_per_lookup=sequence["per_lookup_s"],
+                             sequence_s_fixed=sequence["fixed_s"])  # fmt: skip
         cal.measured = {"embedding": emb, "dense": dense, "input": inp,
                         "links": {k: v["raw"] for k, v in links.items()},
-                        "overhead_runs": runs,
+                        "overhead_runs": runs, "sequence": sequence,
                         "environment": environment()}  # fmt: skip
         if cfg.write_calibration:
             save_calibration(cal)
@@ -339,6 +385,9 @@ def table(r: dict) -> str:
         f"| batch assembly | {d['input_s_per_sample'] * 1e6:.2f} us/sample |",
         f"| per-step overhead | {d['step_overhead_s'] * 1e3:.2f} ms + "
         f"{d['sample_overhead_s'] * 1e6:.2f} us/sample |",
+        f"| sequence exchange (split tables' cold parts) | "
+        f"{d.get('sequence_s_fixed', 0.0) * 1e3:.2f} ms + "
+        f"{d.get('sequence_s_per_lookup', 0.0) * 1e6:.2f} us/lookup |",
     ]
     for name, link in r["constants"]["links"].items():
         for op in ("alltoall", "allreduce"):

@@ -45,12 +45,13 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     short, long = cfg.steps
     with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
         for planner in cfg.planners:
-            overrides = [*planner_overrides(planner), *cfg.overrides]
+            # the planner plans for the link the ranks train across
+            overrides = [*planner_overrides(planner), *cfg.overrides,
+                         f"planner.link=veth_{cfg.link_rate}"]  # fmt: skip
             b_short, _ = netns.train_pair(link, overrides, short, Path(tmp) / f"{planner}_short")
             b_long, summary = netns.train_pair(link, overrides, long, Path(tmp) / f"{planner}_long")
-            typed = to_typed(hydra.compose(config_name="plan", overrides=overrides +
-                                           [f"link=veth_{cfg.link_rate}"]))  # fmt: skip
-            plan = make_plan(typed, plan_inputs(typed, None, f"veth_{cfg.link_rate}"))
+            typed = to_typed(hydra.compose(config_name="plan", overrides=overrides))
+            plan = make_plan(typed, plan_inputs(typed, None, None))
             rows.append({"planner": planner, "bytes_per_step": (b_long - b_short) / (long - short),
                          "samples_per_s": summary["samples_per_s"],
                          "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,

@@ -6,17 +6,22 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
 2. host-to-device copy of batch i+1;
 3. key routing of batch i+1: TorchRec's own input all-to-all, started now, waited for
    only when batch i's micro-batches are done;
-4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer,
-   before batch i's update; after the update, the bags of batch i+1 that hold a row
-   batch i touched are looked up again (dual buffer refresh), so nothing is stale;
+4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer: with
+   `lookahead`, before batch i's update (on GPUs on a side stream), and after the update
+   the bags of batch i+1 that hold a row batch i touched are looked up again (the dual
+   buffer refresh), so nothing is stale; without it, right after batch i's update;
 5. batch i in N micro-batches under a frozen window: the pooled-embedding all-to-all of
    every chunk is in flight while earlier micro-batches' dense forward and backward run,
    and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
    work. The embedding update happens once, on the whole batch's gradient, through the
    TBE's own fused backward: the result equals the plain loop for any optimizer.
 
-Dense gradients are averaged over ranks the way DDP does (divide by world, all-reduce
-sum), once per batch, in flight while the embedding update runs.
+The arithmetic is the plain loop's, in its order, not just close to it: clustering only
+chooses which samples each micro-batch takes (the batch, its lookups and their update stay
+in data order), and Linear layers' weight gradients are one product over the whole batch
+(`_DeferredWeightGrads`), not a sum of N partial ones. Dense gradients are averaged over
+ranks the way DDP does (divide by world, all-reduce sum), once per batch, in flight while
+the embedding update runs.
 
 Supported: pooled `EmbeddingBagCollection`s sharded table-wise, column-wise or
 data-parallel (what TorchRec offers on CPU, and the usual GPU choices). Other sharded
@@ -119,8 +124,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         micro_batches: int = 4,
-        cluster: bool = True,
-        lookahead: bool = True,
+        cluster: bool = False,
+        lookahead: bool = False,
     ) -> None:
         super().__init__()
         if micro_batches < 1:

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from recsys.config import TrainConfig, register_configs
 from recsys.models.cost_inputs import model_cost
 from sharding.access_profile import AccessProfile
-from sharding.calibration import device_costs, load_calibration, network_cost
+from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.cost_model import schedule_of
 from sharding.plan_eval import Plan, PlanInputs, equal_batch, evaluate, power_law_coverage
@@ -33,10 +33,16 @@ register_configs()
 ConfigStore.instance().store(name="base_plan", node=PlanAppConfig)
 
 
-def plan_inputs(cfg: TrainConfig, profile: AccessProfile | None, link: str | None) -> PlanInputs:
+def plan_inputs(
+    cfg: TrainConfig,
+    profile: AccessProfile | None,
+    link: str | None,
+    cal: Calibration | None = None,
+) -> PlanInputs:
+    """The planner's inputs; CPU clusters use `cal`, or the saved calibration."""
     ranks = resolve_cluster(cfg.cluster)
     cpu = compute_device_type(ranks) == "cpu"
-    cal = load_calibration() if cpu else None
+    cal = cal or (load_calibration() if cpu else None)
     pooling = {t.name: t.lookups_per_sample for t in profile.tables} if profile else None
     mc = model_cost(cfg.model, pooling)
     coverage = {}
@@ -50,7 +56,7 @@ def plan_inputs(cfg: TrainConfig, profile: AccessProfile | None, link: str | Non
         coverage=coverage,
         ranks=ranks,
         devices=device_costs(ranks, cal),
-        network=network_cost(cfg.cluster, ranks, cal, link),
+        network=network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
         interaction_flops_per_sample=mc.interaction_flops_per_sample,

@@ -73,6 +73,8 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
                 input_s_per_sample=d.input_s_per_sample / scale,
                 interaction_flops_per_s=d.interaction_flops_per_s * scale,
                 sample_overhead_s=d.sample_overhead_s / scale,
+                sequence_s_per_lookup=d.sequence_s_per_lookup / scale,
+                sequence_s_fixed=d.sequence_s_fixed / scale,
             )
         )
     return out

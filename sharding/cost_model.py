@@ -100,6 +100,11 @@ class DeviceCost:
     input_s_per_sample: float = 0.0  # batch assembly on the training thread (0: runs ahead)
     interaction_flops_per_s: float = 0.0  # DLRM's batched dot products; 0: dense_flops_per_s
     sample_overhead_s: float = 0.0  # framework work per sample (id routing, permutes, loss)
+    # CPU work per cold lookup exchanged as a sequence (a split table's cold part): the
+    # embedding collection's per-id output, the variable-length exchange's bookkeeping and
+    # the pooling after it; counted on the rank that looks it up and on the one that pools
+    sequence_s_per_lookup: float = 0.0
+    sequence_s_fixed: float = 0.0  # per step, on a rank with any sequence lookups
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class StepCost:
     allreduce_s: float
     overhead_s: float
     input_s: float = 0.0  # batch assembly and per-sample framework work
+    sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
     a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
 
     def step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
@@ -145,6 +151,7 @@ class StepCost:
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
         emb = max(self.emb_a2a_fwd_s) + max(self.emb_a2a_bwd_s)
         fixed = lookup + dense + self.allreduce_s + self.overhead_s + self.input_s
+        fixed += max(self.sequence_s, default=0.0)
         if schedule == Schedule.plain:
             return fixed + ids + emb
         if schedule == Schedule.sparse_dist:  # the embedding exchange stays exposed
@@ -192,6 +199,7 @@ def step_cost(
     recv = [0.0] * world
     ids_sent = [0.0] * world
     ids_recv = [0.0] * world
+    seq_lookups = [0.0] * world  # cold lookups a rank looks up or pools as sequences
     dp_bytes = 0
     for s in shards:
         t = by_name[s.table]
@@ -206,6 +214,10 @@ def step_cost(
             if s.rank == 0:  # its gradients are all-reduced once, whatever the world size
                 dp_bytes += s.rows * s.cols * FLOAT_BYTES
             continue
+        if s.sparse_exchange:
+            seq_lookups[s.rank] += samples * t.lookups_per_sample * share
+            for r in range(world):
+                seq_lookups[r] += batch_per_rank[r] * t.lookups_per_sample * share
         for r in range(world):
             if r == s.rank:
                 continue
@@ -246,6 +258,10 @@ def step_cost(
             for b, d in zip(batch_per_rank, devices, strict=True)
         ),
         a2a_bytes=[2 * sent[r] + ids_sent[r] for r in range(world)],
+        sequence_s=[
+            n * d.sequence_s_per_lookup + (d.sequence_s_fixed if n else 0.0)
+            for n, d in zip(seq_lookups, devices, strict=True)
+        ],
     )
 
 

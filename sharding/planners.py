@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from sharding.plan_eval import (
     TablePlan,
     check_fits,
     equal_batch,
+    evaluate,
     proportional_batch,
 )
 
@@ -131,6 +132,7 @@ def _replicated_rows(inputs: PlanInputs, t: TableStats, budget_bytes: float) -> 
     a2a, ar = inputs.network.alltoall, inputs.network.allreduce
     # per rank and step, forward + backward: every sample-feature vector of this table
     exchange_s = 2 * inputs.global_batch * (w - 1) / w / w * t.dim * FLOAT_BYTES / a2a.bytes_per_s
+    seq_s = max(d.sequence_s_per_lookup for d in inputs.devices)
     best_h, best_gain = 0, 0.0
     candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
     for h in candidates:
@@ -141,6 +143,10 @@ def _replicated_rows(inputs: PlanInputs, t: TableStats, budget_bytes: float) -> 
         # replicating the whole table saves the exchange
         saved = cov(h) if inputs.cold_only_exchange else float(h == t.rows)
         gain = saved * exchange_s - allreduce_s
+        if inputs.cold_only_exchange and h < t.rows:  # the cold part's sequence CPU work:
+            # the owner looks up every sample's cold ids, each rank pools its own
+            cold = (1 - cov(h)) * t.lookups_per_sample * inputs.global_batch * (1 + 1 / w)
+            gain -= cold * seq_s
         if gain > best_gain:
             best_h, best_gain = h, gain
     return best_h
@@ -157,6 +163,18 @@ def _column_split(inputs: PlanInputs, t: TableStats, cost: float, target: float)
 
 
 def hybrid(inputs: PlanInputs) -> Plan:
+    """Ours. With split tables (sequence cold parts) the plan is also made without them,
+    and the cheaper of the two under the cost model wins: the sequence exchange has a
+    fixed cost per step that no single table's decision sees."""
+    plan = _hybrid(inputs)
+    if inputs.cold_only_exchange and any(0 < t.replicated_rows < t.rows for t in plan.tables):
+        whole = _hybrid(replace(inputs, cold_only_exchange=False))
+        if evaluate(whole, inputs).est_step_ms < evaluate(plan, inputs).est_step_ms:
+            return whole
+    return plan
+
+
+def _hybrid(inputs: PlanInputs) -> Plan:
     check_fits(inputs)
     speeds = [d.dense_flops_per_s for d in inputs.devices]
     batch = proportional_batch(inputs.global_batch, speeds)

@@ -89,3 +89,6 @@ class PlannerConfig:
     # carries only its own lookups; false: TorchRec's pooled exchange, one vector per
     # sample, empty bag or not (then only whole tables are worth replicating)
     cold_only_exchange: bool = True
+    # local CPU clusters: the calibrated link between ranks the plan assumes (loopback,
+    # veth_1gbit; see sharding/calibration/local_cpu.json); GPU clusters use their spec
+    link: str | None = None

@@ -65,6 +65,19 @@ def test_two_table_wise_tables_on_two_ranks() -> None:
     assert nested == pytest.approx(expected - 1.2e-4 - 2 * 1.4e-4 * 3 / 4)
 
 
+def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
+    """A cold part exchanged as sequences: its owner looks up every sample's cold ids, every
+    rank pools its own; the calibrated CPU time per lookup adds to the step."""
+    seq_dev = DeviceCost(**{**DEV.__dict__, "sequence_s_per_lookup": 1e-6})
+    shards = [Shard("a", 0, 900, 10, lookup_share=0.25, sparse_exchange=True),
+              Shard("b", 1, 500, 10)]  # fmt: skip
+    cost = step_cost(TABLES, shards, [100, 100], [seq_dev, seq_dev], NET, dense_params=1000)
+    # owner (rank 0): 200 samples x 1 lookup x 0.25 = 50, plus its own 25 to pool; rank 1: 25
+    assert cost.sequence_s == pytest.approx([75e-6, 25e-6])
+    free = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
+    assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 75e-6)
+
+
 def test_column_wise_row_wise_and_data_parallel_shards() -> None:
     shards = [Shard("a", 0, 1000, 5), Shard("a", 1, 1000, 5),  # column-wise halves
               Shard("b", 0, 250, 10), Shard("b", 1, 250, 10)]  # fmt: skip  # row-wise halves

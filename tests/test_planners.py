@@ -127,6 +127,32 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     assert plan.a2a_bytes_per_step < blind.a2a_bytes_per_step
 
 
+def test_hybrid_keeps_a_lone_table_whole_when_its_cold_part_would_unbalance_ranks() -> None:
+    """One big table: split, its cold part sits whole on one rank; kept whole, it is
+    column-split over both. The plan-level comparison picks the cheaper."""
+    spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
+                       network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
+    inputs = inputs_for(spec, [TableStats("t0", 2_000_000, 64)])
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert plan.tables[0].replicated_rows == 0 and plan.tables[0].sharding_type == "column_wise"
+
+
+def test_hybrid_splits_tables_only_where_the_sequence_work_pays() -> None:
+    """Splitting a table sends fewer bytes but costs CPU per cold lookup: with a costly
+    sequence exchange the hybrid plan keeps tables whole, and it predicts no worse."""
+    from dataclasses import replace
+
+    spec = ClusterSpec(name="cpu2", nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 2)])])
+    tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(4)]
+    inputs = inputs_for(spec, tables)
+    cheap = PLANNERS["hybrid"](inputs)
+    assert any(0 < t.replicated_rows < t.rows for t in cheap.tables)
+    inputs.devices = [replace(d, sequence_s_per_lookup=1e-5) for d in inputs.devices]
+    costly = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert not any(0 < t.replicated_rows < t.rows for t in costly.tables)
+    assert costly.est_step_ms <= evaluate(cheap, inputs).est_step_ms
+
+
 def test_too_big_names_devices_shortfall_and_largest_tables() -> None:
     node = NodeGroup(host_memory_gb=1, devices=[DeviceGroup("t4_16g", 2)])
     spec = ClusterSpec(name="small", nodes=[node])
@@ -153,18 +179,21 @@ def test_optimizer_state_counts_against_capacity() -> None:
 def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
                        network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
-    tables = [TableStats("t_cat_0", 2_000_000, 64), TableStats("t_cat_1", 50, 64)]
+    # four big tables: their cold parts balance over the ranks, so splitting pays (one
+    # alone would sit whole on one rank, and the planner keeps the table whole instead)
+    tables = [TableStats(f"t_cat_{i}", 2_000_000, 64) for i in range(4)]
+    tables.append(TableStats("t_cat_4", 50, 64))
+    features = {t.name: t.name[len("t_") :] for t in tables}
     inputs = inputs_for(spec, tables)
     inputs.cold_only_exchange = True
     plan = PLANNERS["hybrid"](inputs)
     split = next(t for t in plan.tables if t.name == "t_cat_0")
     assert 0 < split.replicated_rows < split.rows
-    tr = to_torchrec_plan(plan, {"t_cat_0": "cat_0", "t_cat_1": "cat_1"}, "cuda")
-    text = str(tr)
+    text = str(to_torchrec_plan(plan, features, "cuda"))
     assert "t_cat_0_hot" in text and "t_cat_0_cold" in text and "data_parallel" in text
-    sequences = to_torchrec_plan(plan, {"t_cat_0": "cat_0", "t_cat_1": "cat_1"}, "cuda", True)
+    sequences = to_torchrec_plan(plan, features, "cuda", True)
     cold_module = sequences.plan["model.sparse_arch.embedding_collection"]
-    assert list(cold_module) == ["t_cat_0_cold"]
+    assert sorted(cold_module) == [f"t_cat_{i}_cold" for i in range(4)]
     assert "t_cat_0_cold" not in sequences.plan["model.sparse_arch.embedding_bag_collection"]
 
 
