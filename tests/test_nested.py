@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import rank_jobs
 import torch
-from conftest import compose_config
+from conftest import compose_config, plan_with_splits
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
@@ -125,7 +125,7 @@ def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
     split tables; training keeps the cold parts pooled.)"""
     base = ["planner=hybrid", "trainer.batch_size=128", "trainer.progress_bar=false",
             "trainer.dist_timeout_s=60", *ADAGRAD]  # fmt: skip
-    plan = _our_plan(to_typed(compose_config(base)))
+    plan = plan_with_splits(to_typed(compose_config(base)))
     assert any(0 < t.replicated_rows < t.rows for t in plan.tables), "no split table"
     pooled = [*base, "planner.cold_only_exchange=false"]
     _equal_to_plain(tmp_path, pooled, 2, plan_of=lambda _: plan)

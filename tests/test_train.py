@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import rank_jobs
-from conftest import CONF_DIR, compose_config
+from conftest import CONF_DIR, compose_config, plan_with_splits
 
 from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
 from recsys.train import to_typed, train
@@ -99,12 +99,11 @@ def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
 def test_split_tables_train_under_dmp(tmp_path: Path) -> None:
     """A plan with hot/cold split tables (cold parts as sequence embeddings, exchanged per
     lookup) trains on 2 ranks through the id remap."""
-    from recsys.planning import make_plan, plan_inputs
     from recsys.train import _rank_main
 
     cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
                                    "trainer.max_steps=40", "trainer.batch_size=256"]))  # fmt: skip
-    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    plan = plan_with_splits(cfg)
     split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]
     assert split
     job = spawn_ranks(_rank_main, 2, args=(cfg, str(tmp_path), plan), timeout_s=300)
