@@ -30,10 +30,6 @@ from sharding.types import PlannerName
 log = logging.getLogger(__name__)
 
 
-class UnsupportedPlannerError(ValueError):
-    """A planner whose plans the trainer cannot run yet."""
-
-
 def quiet_library_noise() -> None:
     """Filter warnings TorchRec and torch print on every run (see TORCHREC_NOTES.md)."""
     for pattern in (
@@ -66,12 +62,6 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if not plan.feasible:
         raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
-    if len(set(plan.batch_per_rank)) > 1 and cfg.dataset.kind != "synthetic":
-        raise UnsupportedPlannerError(
-            f"planner={plan.planner} gives ranks unequal batch shares {plan.batch_per_rank} "
-            f"(a speed-aware split); the file loader reads equal shares only, so far. Use "
-            f"dataset=synthetic, a cluster of equal ranks, or planner=torchrec."
-        )
     return plan
 
 
@@ -151,7 +141,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         FloatingPointError,
         FileNotFoundError,
         CriteoDataError,
-        UnsupportedPlannerError,
     )
 
 

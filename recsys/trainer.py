@@ -272,7 +272,7 @@ def build_training(
     world = len(ranks)
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
     shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
-    source = build_source(cfg.dataset, cfg.model, shares[rank], world)
+    source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
     model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))

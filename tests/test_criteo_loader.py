@@ -99,6 +99,28 @@ def test_ranks_read_disjoint_shares_and_shuffling_is_a_permutation(kaggle_files)
     assert src.num_batches("eval") == (6000 - 5143 + 1) // 2 // 2 // 50
 
 
+def test_unequal_batch_shares_read_disjoint_rows_in_proportion(kaggle_files) -> None:
+    """A speed-aware split: rank 1 takes twice rank 0's batch; the ranks' shares of the
+    rows are in that proportion, never overlap, and last as many batches."""
+    _, binary = kaggle_files
+    src = CriteoBinary(binary, ROWS, NAMES, 0, 0, shuffle_chunk_batches=0, batch_per_rank=[40, 80])
+    n = src.num_batches("train")
+    assert n == (6000 - 857) // 120
+    rows = {}
+    for r, size in ((0, 40), (1, 80)):
+        batches = [src.batch("train", i, r) for i in range(n)]
+        assert all(len(b.labels) == size and b.sparse_features.stride() == size for b in batches)
+        rows[r] = torch.cat([b.dense_features for b in batches])
+    assert len(rows[1]) == 2 * len(rows[0])
+    mine = {tuple(x.tolist()) for x in rows[0]}
+    assert not mine & {tuple(x.tolist()) for x in rows[1]}  # disjoint (rows are distinct)
+    equal = CriteoBinary(binary, ROWS, NAMES, batch_size=50, world_size=2, shuffle_chunk_batches=0)
+    same = CriteoBinary(binary, ROWS, NAMES, 0, 0, shuffle_chunk_batches=0, batch_per_rank=[50, 50])
+    for r in (0, 1):  # equal shares: the same rows as before
+        assert torch.equal(equal.batch("train", 2, r).dense_features,
+                           same.batch("train", 2, r).dense_features)  # fmt: skip
+
+
 def test_day_files_hold_out_the_last_day(tmp_path: Path) -> None:
     synthesize(SynthConfig(output=str(tmp_path / "tsv"), preset=Preset.criteo_1tb, files=3,
                            rows=1000, scale=10_000))  # fmt: skip

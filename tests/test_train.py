@@ -122,13 +122,19 @@ def test_speed_aware_shares_train_on_the_skewed_cluster(tmp_path: Path) -> None:
     assert math.isfinite(summary["train_loss"]) and summary["eval_samples"] == 2 * sum(shares)
 
 
-def test_unequal_shares_on_files_are_refused_clearly(tmp_path: Path) -> None:
-    from recsys.train import UnsupportedPlannerError
+def test_speed_aware_shares_train_on_prepared_files(tmp_path: Path) -> None:
+    """The file loader serves each rank its own batch size (a speed-aware split)."""
+    from recsys.data.convert import ConvertOptions, convert
+    from recsys.data.synthetic_files import SynthConfig, synthesize
 
-    files = ["dataset=synthetic_criteo", f"dataset.path={tmp_path}"]
+    synthesize(SynthConfig(output=str(tmp_path / "tsv"), rows=8000, test_rows=0, scale=1000))
+    convert(tmp_path / "tsv", tmp_path / "bin", ConvertOptions(workers=1, progress=False))
+    files = ["dataset=synthetic_criteo", f"dataset.path={tmp_path / 'bin'}"]
     cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed", *files])
-    with pytest.raises(UnsupportedPlannerError, match="unequal batch shares"):
-        train(cfg, tmp_path)
+    summary = train(cfg, tmp_path / "run")
+    shares = summary["batch_per_rank"]
+    assert shares[2] > shares[0] == shares[1]
+    assert math.isfinite(summary["train_loss"]) and summary["eval_samples"] == 2 * sum(shares)
 
 
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ chunk, hashed to the model's table sizes.
 Splits follow TorchRec's convention: with several files (day_0 .. day_23) the last one is held
 out and split in halves, val then test; with one file (Kaggle's train.txt) its last
 `holdout_fraction` rows are held out and split the same way. Each rank reads a contiguous
-share of the split's rows, equal for all ranks (the remainder is dropped), so every rank has
-the same number of batches. Training batches are read in chunks of `shuffle_chunk_batches`
+share of the split's rows in proportion to its batch size (equal shares unless a speed-aware
+plan gives ranks different batches; the remainder is dropped), so every rank has the same
+number of batches. Training batches are read in chunks of `shuffle_chunk_batches`
 batches whose order is shuffled each epoch (seeded), so reads stay sequential within a
 chunk. Like `SyntheticCriteo`, a batch is a pure function of (split, index, rank): the data
 position of a run is its step.
@@ -57,7 +58,10 @@ class CriteoBinary:
         holdout_fraction: float = 1 / 7,
         shuffle_chunk_batches: int = 16,
         seed: int = 0,
+        batch_per_rank: list[int] | None = None,
     ) -> None:
+        """`batch_size` and `world_size`: equal shares; `batch_per_rank`, if given, each
+        rank's own batch size instead (a speed-aware split)."""
         if len(num_embeddings_per_feature) != CAT_FEATURES:
             raise CriteoDataError(
                 f"Criteo has {CAT_FEATURES} categorical features; the model has "
@@ -75,22 +79,21 @@ class CriteoBinary:
                 or len(lab) != len(s)
             ):
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
-        self.batch_size = batch_size
-        self.world_size = world_size
+        self.batch_per_rank = list(batch_per_rank or [batch_size] * world_size)
+        self.world_size = len(self.batch_per_rank)
         self.keys = list(feature_names)
         self.hashes_C = np.asarray(num_embeddings_per_feature, dtype=np.int64)[:, None]
         self.shuffle_chunk_batches = shuffle_chunk_batches
         self.seed = seed
         self._file_starts = np.cumsum([0] + [len(d) for d in self.dense])
         self._splits = self._split_ranges(holdout_fraction)
-        self._lengths = torch.ones(CAT_FEATURES * batch_size, dtype=torch.int32)
         for split in ("train", "eval"):
             if self.num_batches(split) < 1:
                 lo, hi = self._splits[split]
                 raise CriteoDataError(
-                    f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch of "
-                    f"{batch_size} for each of {world_size} ranks; use more data or a smaller "
-                    f"trainer.batch_size"
+                    f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch "
+                    f"for each rank (batches {self.batch_per_rank}); use more data or a "
+                    f"smaller trainer.batch_size"
                 )
 
     def _split_ranges(self, holdout_fraction: float) -> dict[str, tuple[int, int]]:
@@ -109,7 +112,13 @@ class CriteoBinary:
 
     def num_batches(self, split: str) -> int:
         start, stop = self._splits[split]
-        return (stop - start) // self.world_size // self.batch_size
+        return (stop - start) // sum(self.batch_per_rank)
+
+    def _first_row(self, split: str, rank: int) -> int:
+        """Where `rank`'s share of `split` starts: shares in proportion to batch sizes."""
+        start, stop = self._splits[split]
+        total, whole = stop - start, sum(self.batch_per_rank)
+        return start + sum(total * b // whole for b in self.batch_per_rank[:rank])
 
     def _rows(self, a: int, b: int, arrays: list[np.ndarray]) -> np.ndarray:
         """Global rows [a, b) across files."""
@@ -143,19 +152,18 @@ class CriteoBinary:
         return int(order[k]) * chunk + i - int(ends[k] - sizes[k])
 
     def batch(self, split: str, index: int, rank: int) -> Batch:
-        start, stop = self._splits[split]
-        share = (stop - start) // self.world_size
-        a = start + rank * share + self._position(split, index) * self.batch_size
-        b = a + self.batch_size
+        size = self.batch_per_rank[rank]
+        a = self._first_row(split, rank) + self._position(split, index) * size
+        b = a + size
         dense = np.array(self._rows(a, b, self.dense), dtype=np.float32)
         ids_CB = self._rows(a, b, self.sparse).T % self.hashes_C
         labels = self._rows(a, b, self.labels)[:, 0].astype(np.float32)
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),
-            lengths=self._lengths,
-            stride=self.batch_size,
-            length_per_key=[self.batch_size] * CAT_FEATURES,
+            lengths=torch.ones(CAT_FEATURES * size, dtype=torch.int32),
+            stride=size,
+            length_per_key=[size] * CAT_FEATURES,
         )
         return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
 

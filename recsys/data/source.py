@@ -30,8 +30,13 @@ class DatasetConfig(SyntheticConfig):
 
 
 def build_source(
-    cfg: DatasetConfig, model: ModelConfig, batch_size: int, world_size: int
+    cfg: DatasetConfig,
+    model: ModelConfig,
+    batch_size: int,
+    world_size: int,
+    batch_per_rank: list[int] | None = None,
 ) -> SyntheticCriteo | CriteoBinary:
+    """Batches of `batch_size` for this rank (`batch_per_rank`: every rank's own size)."""
     if DataKind(cfg.kind) == DataKind.synthetic:
         return SyntheticCriteo(
             cfg,
@@ -57,4 +62,5 @@ def build_source(
         holdout_fraction=cfg.holdout_fraction,
         shuffle_chunk_batches=cfg.shuffle_chunk_batches,
         seed=cfg.seed,
+        batch_per_rank=batch_per_rank,
     )
