@@ -341,7 +341,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         losses, logits, labels = [], [], []
         deferred = _DeferredWeightGrads(self._linears)
         for k, b in enumerate(micro_sizes(size, self._n)):
-            if b == 0:
+            if b == 0:  # none of my samples, but other ranks' chunk k still moves
+                self._empty_micro_batch(k, plans, sends, grads, backs)
                 continue
             mine = plans[0].samples(rank, k)  # this micro-batch's samples of my batch
             leaves = []
@@ -395,6 +396,16 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         if inverse is not None:
             logit, label = logit[inverse], label[inverse]
         return loss, logit, label
+
+    def _empty_micro_batch(self, k: int, plans, sends, grads, backs: list[Pending]) -> None:
+        """Keep every rank's collectives in step when this rank's micro-batch k is empty (a
+        batch smaller than N): receive its (empty) chunk, send back an empty gradient."""
+        for mi, (m, plan) in enumerate(zip(self._modules, plans, strict=True)):
+            for g, group in enumerate(m.groups):
+                if group.exchange is not None:
+                    sends[mi][k][g].wait()
+                    empty = grads[mi][g].new_zeros(0, sum(group.exchange.dims))
+                    backs.append(group.exchange.backward(empty, plan, k, grads[mi][g]))
 
     def _backward_lookups(self, step: _Step, exchanged: bool) -> None:
         """One backward through the lookups with the whole batch's gradient. Exchanged

@@ -175,3 +175,19 @@ def test_nested_equals_the_plain_loop_on_gpus(tmp_path: Path) -> None:
     base = ["debug=tiny", "cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={world}",
             "pipeline.lookahead=true", *ADAGRAD]  # fmt: skip
     _equal_to_plain(tmp_path, base, world)
+
+
+@pytest.mark.slow
+def test_more_micro_batches_than_samples_on_some_ranks(tmp_path: Path) -> None:
+    """Shares 48, 48, 96 with N=64: ranks 0 and 1 have empty micro-batches while rank 2's
+    are not; their exchanges still run (no hang) and the result is the plain loop's."""
+    base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
+            "cluster=local_cpu3_skewed", *SGD]  # fmt: skip
+    cfgs = [to_typed(compose_config(base + o)) for o in ([], _nested(64, False, False))]
+    plans = [_our_plan(c) for c in cfgs]
+    assert min(plans[0].batch_per_rank) < 64 < max(plans[0].batch_per_rank)
+    job = spawn_ranks(rank_jobs.train_variants, 3, args=(cfgs, 4, str(tmp_path), plans),
+                      timeout_s=300)  # fmt: skip
+    for result in raise_on_failure(job, "empty micro-batches"):
+        plain, nested = result["runs"]
+        np.testing.assert_allclose(nested["losses"], plain["losses"], rtol=1e-5)
