@@ -191,3 +191,19 @@ def test_more_micro_batches_than_samples_on_some_ranks(tmp_path: Path) -> None:
     for result in raise_on_failure(job, "empty micro-batches"):
         plain, nested = result["runs"]
         np.testing.assert_allclose(nested["losses"], plain["losses"], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_nested_through_the_trainer_with_evals_between_steps(tmp_path: Path) -> None:
+    """`recsys.train pipeline=nested` with evaluations between training steps (the next
+    batch is already prefetched then): the same losses and AUCs as the plain loop."""
+    from recsys.train import train
+
+    common = ["debug=tiny", "trainer.max_steps=8", "trainer.eval_every=3"]
+    plain = train(compose_config(common), tmp_path / "plain")
+    nested = train(compose_config(common + _nested(2, True, True)), tmp_path / "nested")
+    assert nested["pipeline"] == "nested" and len(nested["evals"]) == 2
+    assert nested["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-5)
+    for a, b in zip(plain["evals"], nested["evals"], strict=True):
+        assert b["eval_auc"] == pytest.approx(a["eval_auc"], rel=1e-5)
+    assert nested["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-5)

@@ -47,7 +47,7 @@ def test_sparse_dist_pipeline_equals_the_plain_loop(tmp_path: Path) -> None:
     assert sparse["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6)
 
 
-@pytest.mark.parametrize("pipeline", ["plain", "sparse_dist"])
+@pytest.mark.parametrize("pipeline", ["plain", "sparse_dist", "nested"])
 def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, pipeline) -> None:
     common = TINY + [f"pipeline={pipeline}", "trainer.max_steps=8", "trainer.eval_every=0"]
     full = train(compose_config(common), tmp_path / "full")
