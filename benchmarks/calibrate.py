@@ -266,9 +266,9 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     for batch in cfg.sequence_batches:
         seq, pooled = run(batch, True), run(batch, False)
         runs += [seq, pooled]
-        residual = lambda r: r["measured_ms"] - r["predicted_ms"]  # noqa: E731
         lookups.append(seq["lookups"])
-        extra_s.append((residual(seq) - residual(pooled)) / 1000)
+        residual_ms = [r["measured_ms"] - r["predicted_ms"] for r in (seq, pooled)]
+        extra_s.append((residual_ms[0] - residual_ms[1]) / 1000)
     fixed_s, per_lookup_s = fit_line(lookups, extra_s)
     return {"runs": runs, "fixed_s": max(0.0, fixed_s), "per_lookup_s": max(0.0, per_lookup_s)}
 

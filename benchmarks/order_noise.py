@@ -38,25 +38,17 @@ def _rank(cfgs: list, plan, steps: int, run_dir: str) -> list[list[float]]:
     import torch
 
     from pipelines.clustering import permute_batch
-    from recsys import launch
     from recsys.train import quiet_library_noise
-    from recsys.trainer import _device, _place_rank, build_training
-    from sharding.cluster import resolve_cluster
+    from recsys.trainer import train_each
 
     quiet_library_noise()
-    rank, _ = launch.init_distributed(cfgs[0].trainer.dist_timeout_s)
-    ranks = resolve_cluster(cfgs[0].cluster)
-    _place_rank(cfgs[0].trainer, ranks[rank])
-    runs = []
-    for cfg, shuffle in ((cfgs[0], False), (cfgs[0], True), (cfgs[1], False)):
-        job = build_training(cfg, run_dir, plan, ranks, rank, _device())
-        gen = torch.Generator().manual_seed(1)
-        batches = (
-            permute_batch(b, torch.randperm(len(b.labels), generator=gen)) if shuffle else b
-            for b in job.batches("train", 0, steps)
-        )
-        runs.append([float(job.pipeline.progress(batches)[0]) for _ in range(steps)])
-    return runs
+    gen = torch.Generator().manual_seed(1)
+
+    def shuffle(b):
+        return permute_batch(b, torch.randperm(len(b.labels), generator=gen))
+
+    runs = [(cfgs[0], plan, None), (cfgs[0], plan, shuffle), (cfgs[1], plan, None)]
+    return [losses for _, losses in train_each(runs, steps, run_dir)]
 
 
 def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:

@@ -54,7 +54,8 @@ def cluster_order(kjt: KeyedJaggedTensor, n: int) -> torch.Tensor:
 
 
 def permute_kjt(kjt: KeyedJaggedTensor, order: torch.Tensor) -> KeyedJaggedTensor:
-    """The same KJT with its samples (every key's bags) in `order`."""
+    """The same KJT with its samples (every key's bags) in `order`. (FBGEMM's
+    `keyed_jagged_index_select_dim1` does this but has no CPU kernel in 1.8.)"""
     keys, batch = kjt.keys(), kjt.stride()
     lengths = kjt.lengths().view(len(keys), batch)
     starts = kjt.offsets()[:-1].view(len(keys), batch)

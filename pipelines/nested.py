@@ -71,6 +71,20 @@ class _Group:
     lookup: torch.nn.Module
     exchange: ChunkedPooledExchange | None  # None: data-parallel, no exchange
 
+    def __post_init__(self) -> None:
+        # for the lookahead's refresh of exchanged groups (data-parallel lookups are DDP-
+        # wrapped and never refreshed): each feature's table and its output columns
+        self.tables: dict[str, str] = {}
+        self.columns: dict[str, tuple[int, int]] = {}
+        col = 0
+        for emb in self.lookup._emb_modules if self.exchange is not None else []:
+            for table in emb.config.embedding_tables:
+                for f in table.feature_names:
+                    self.tables[f] = table.name
+            for f, d in zip(emb.config.feature_names(), emb.config.embedding_dims(), strict=True):
+                self.columns[f] = (col, col + d)
+                col += d
+
 
 @dataclass
 class _Module:
@@ -245,7 +259,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         looked up again through the group's own kernel; their values in `out` are replaced."""
         if not kjt.keys():  # this rank holds none of the group's tables
             return
-        tables = _feature_tables(group.lookup)
+        tables = group.tables
         by_table: dict[str, list[torch.Tensor]] = {}
         for key in touched.keys():  # a table's touched rows: from every feature reading it
             by_table.setdefault(tables[key], []).append(touched[key].values())
@@ -266,10 +280,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         with torch.no_grad():
             fresh = group.lookup(again)
         values = out.detach()  # the same storage the exchange reads from
-        cols = _feature_columns(group.lookup)
         for key, stale_f in zip(kjt.keys(), stale.split(kjt.stride()), strict=True):
             samples = stale_f.nonzero().squeeze(1)
-            c0, c1 = cols[key]
+            c0, c1 = group.columns[key]
             values[samples, c0:c1] = fresh[samples, c0:c1]
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
@@ -525,23 +538,3 @@ def _batch_per_rank(ctx: EmbeddingBagCollectionContext, local: int, world: int) 
         if sc is not None and sc.batch_size_per_rank:
             return list(sc.batch_size_per_rank)
     return [local] * world
-
-
-def _feature_tables(lookup: torch.nn.Module) -> dict[str, str]:
-    """Feature name -> the table it reads, for every feature a grouped lookup serves."""
-    out = {}
-    for emb in lookup._emb_modules:
-        for table in emb.config.embedding_tables:
-            for f in table.feature_names:
-                out[f] = table.name
-    return out
-
-
-def _feature_columns(lookup: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """Feature name -> its column span in the grouped lookup's output."""
-    out, col = {}, 0
-    for emb in lookup._emb_modules:
-        for f, d in zip(emb.config.feature_names(), emb.config.embedding_dims(), strict=True):
-            out[f] = (col, col + d)
-            col += d
-    return out

@@ -289,6 +289,23 @@ def build_training(
     return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank)
 
 
+def train_each(runs: list[tuple], steps: int, run_dir: str):
+    """Side-by-side runs in this rank, one process group for all: for each `(config, plan
+    of ours or None, batch transform or None)`, build the training from the same seed, run
+    `steps` train steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
+    first = runs[0][0]
+    rank, _ = launch.init_distributed(first.trainer.dist_timeout_s)
+    ranks = resolve_cluster(first.cluster)
+    _place_rank(first.trainer, ranks[rank])
+    device = _device()
+    for cfg, plan, transform in runs:
+        job = build_training(cfg, run_dir, plan, ranks, rank, device)
+        batches = job.batches("train", 0, steps)
+        if transform is not None:
+            batches = map(transform, batches)
+        yield job, [float(job.pipeline.progress(batches)[0]) for _ in range(steps)]
+
+
 def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> dict:
     """Train on this rank; every rank returns its results, rank 0 also writes them.
 

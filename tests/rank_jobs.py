@@ -88,18 +88,12 @@ def train_variants(
 
         NestedPipeline._refresh = lambda *_: None
     from recsys.train import quiet_library_noise
-    from recsys.trainer import _device, _place_rank, build_training
-    from sharding.cluster import resolve_cluster
+    from recsys.trainer import train_each
 
     quiet_library_noise()
-    rank, _ = launch.init_distributed(cfgs[0].trainer.dist_timeout_s)
-    ranks = resolve_cluster(cfgs[0].cluster)
-    _place_rank(cfgs[0].trainer, ranks[rank])
+    todo = [(cfg, plan, None) for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]
     runs = []
-    for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True):
-        job = build_training(cfg, run_dir, plan, ranks, rank, _device())
-        it = job.batches("train", 0, steps)
-        losses = [float(job.pipeline.progress(it)[0]) for _ in range(steps)]
+    for job, losses in train_each(todo, steps, run_dir):
         stats = dict(getattr(job.pipeline, "stats", {}))
         runs.append({"losses": losses, "params": _local_params(job.model), "stats": stats})
-    return {"rank": rank, "runs": runs}
+    return {"rank": dist.get_rank(), "runs": runs}

@@ -81,6 +81,8 @@ class CriteoBinary:
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
         self.batch_per_rank = list(batch_per_rank or [batch_size] * world_size)
         self.world_size = len(self.batch_per_rank)
+        self._lengths = {b: torch.ones(CAT_FEATURES * b, dtype=torch.int32)
+                         for b in self.batch_per_rank}  # fmt: skip
         self.keys = list(feature_names)
         self.hashes_C = np.asarray(num_embeddings_per_feature, dtype=np.int64)[:, None]
         self.shuffle_chunk_batches = shuffle_chunk_batches
@@ -161,7 +163,7 @@ class CriteoBinary:
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),
-            lengths=torch.ones(CAT_FEATURES * size, dtype=torch.int32),
+            lengths=self._lengths[size],
             stride=size,
             length_per_key=[size] * CAT_FEATURES,
         )
