@@ -83,13 +83,23 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
 def network_cost(
     spec: ClusterSpec, ranks: list[RankDevice], cal: Calibration | None, link: str | None
 ) -> NetworkCost:
-    """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...); else the
-    slowest network the cluster spans, from its spec."""
+    """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...); else from
+    the spec. All-to-all: each device sends its own data over its share of the slowest
+    network the cluster spans. All-reduce across nodes: NCCL's rings enter and leave each
+    node once per channel, one channel per device and NIC, so a node's devices together
+    carry the ring at (devices per node) x their NIC share, capped by the intra-node link
+    (NVIDIA/nccl#687, #569: multi-node all-reduce speeds up with more NICs in use)."""
     if all(r.kind == "cpu" for r in ranks) and cal is not None:
         name = link or "loopback"
         if name not in cal.links:
             raise KeyError(f"no calibration for link '{name}'; calibrated: {sorted(cal.links)}")
         return cal.links[name]
-    multi_node = len({r.node for r in ranks}) > 1
-    gbps = spec.network.inter_node_gbps if multi_node else spec.network.intra_node_gbps
-    return spec_network_cost(gbps, spec.network.latency_us)
+    net = spec.network
+    per_node: dict[int, int] = {}
+    for r in ranks:
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    if len(per_node) == 1:
+        return spec_network_cost(net.intra_node_gbps, net.latency_us)
+    a2a = spec_network_cost(net.inter_node_gbps, net.latency_us).alltoall
+    ring_gbps = min(net.intra_node_gbps, net.inter_node_gbps * min(per_node.values()))
+    return NetworkCost(a2a, spec_network_cost(ring_gbps, net.latency_us).allreduce)

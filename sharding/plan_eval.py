@@ -129,6 +129,46 @@ def proportional_batch(global_batch: int, weights: list[float]) -> list[int]:
     return out.tolist()
 
 
+def dense_s_per_sample(inputs: PlanInputs) -> np.ndarray:
+    """Per rank: seconds of dense work (MLPs and feature interaction) per sample."""
+    return np.array([
+        6.0 * inputs.dense_params / d.dense_flops_per_s
+        + inputs.interaction_flops_per_sample / (d.interaction_flops_per_s or d.dense_flops_per_s)
+        for d in inputs.devices
+    ])  # fmt: skip
+
+
+def capped_time(global_batch: int, sample_s: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Per cap: the least T with sum_r min(cap, T / sample_s[r]) >= global_batch, i.e. the
+    dense stage of the best split that gives no rank more than `cap` samples (continuous)."""
+    caps = np.atleast_1d(np.asarray(caps, dtype=np.float64))
+    lo = np.full_like(caps, global_batch / np.sum(1.0 / sample_s))  # uncapped: proportional
+    hi = caps * sample_s.max()  # every rank at the cap (needs cap >= global_batch / world)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        enough = np.minimum(caps[:, None], mid[:, None] / sample_s[None, :]).sum(1) >= global_batch
+        hi, lo = np.where(enough, mid, hi), np.where(enough, lo, mid)
+    return hi
+
+
+def capped_batch(global_batch: int, sample_s: np.ndarray, cap: int) -> list[int]:
+    """Shares in proportion to speed (1 / sample_s), but none above `cap` samples: the rest
+    goes to the slower ranks, still in proportion (water-filling); integers summing up."""
+    cap = max(int(cap), math.ceil(global_batch / len(sample_s)))
+    t = float(capped_time(global_batch, sample_s, np.array([cap]))[0])
+    raw = np.minimum(cap, t / sample_s)
+    raw *= global_batch / raw.sum()
+    out = np.minimum(cap, np.maximum(1, np.floor(raw))).astype(int)
+    order = np.argsort(-(raw - np.floor(raw)))
+    while out.sum() < global_batch:  # largest remainders first, never past the cap
+        for r in order:
+            if out.sum() < global_batch and out[r] < cap:
+                out[r] += 1
+    while out.sum() > global_batch:
+        out[int(np.argmax(out))] -= 1
+    return out.tolist()
+
+
 def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
     """Fill predicted times, memory per rank and the lower bound (in place; returns plan)."""
     shards = plan.shards()
@@ -167,32 +207,67 @@ def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
 
 
 def lower_bound_ms(inputs: PlanInputs) -> float:
-    """No plan under the cost model can step faster: every table's lookups (forward and
-    backward, all from fast memory) and all dense work spread perfectly over the cluster's
-    total speed, no all-to-all at all, plus the unavoidable dense all-reduce and fixed
-    overhead. Each stage of the model is a max over ranks, which is at least this average."""
+    """No plan under the cost model can step faster (every term below is at most what the
+    cost model charges any plan, whatever its placement, replication and batch split):
+    - lookups: every table's forward and backward, all from fast memory, spread perfectly
+      over the cluster's total embedding speed; batch assembly likewise;
+    - dense: the rank with the largest batch b runs at best at the fastest device's speed,
+      and no rank finishes before total work / total speed;
+    - exchange: on a rank with batch b, max(sent, recv) >= (b/B) sent + (1 - b/B) recv,
+      which is b (B - b) / B x (bytes of every exchanged shard's vectors per sample),
+      whatever it owns. Per table that volume is dim x (1 for TorchRec's pooled exchange;
+      lookups x (1 - coverage(h)) for a cold part exchanged alone; 0 replicated whole),
+      and replicating its hottest h rows costs their gradients' ring all-reduce: each
+      table takes its cheapest h (lookup shares are taken as consistent with the coverage
+      curve: h rows serve at most coverage(h) of the lookups);
+    - the dense all-reduce and the smallest fixed overhead.
+    The minimum over the largest batch b couples dense work and exchange. b and h are
+    searched on grids, each interval charged its cheapest end, so the bound stays valid."""
+    devs = inputs.devices
     emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * FLOAT_BYTES
                     for t in inputs.tables)  # fmt: skip
-    lookup = emb_bytes / sum(
-        d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in inputs.devices
-    )
-    flops = inputs.global_batch * (6.0 * inputs.dense_params)
-    inter = inputs.global_batch * inputs.interaction_flops_per_sample
-    dense = flops / sum(d.dense_flops_per_s for d in inputs.devices) + inter / sum(
-        d.interaction_flops_per_s or d.dense_flops_per_s for d in inputs.devices
-    )
-    per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices]
+    lookup = emb_bytes / sum(d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in devs)
+    per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in devs]
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):
         per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
-    w = inputs.world
+    w, big_b = inputs.world, inputs.global_batch
     allreduce = 0.0
     if w > 1:
         link = inputs.network.allreduce
         ring_bytes = 2 * (w - 1) / w * inputs.dense_params * FLOAT_BYTES
         allreduce = 2 * (w - 1) * link.latency_s + ring_bytes / link.bytes_per_s
-    overhead = min(d.step_overhead_s for d in inputs.devices)
-    return 1000 * (lookup + dense + per_sample + allreduce + overhead)
+    overhead = min(d.step_overhead_s for d in devs)
+    # the largest batch b on a grid; on an interval [b_i, b_i+1] the dense stage is at
+    # least the fastest rank's at b_i and the best split capped at b_i+1 (capped_time)
+    sample_s = dense_s_per_sample(inputs)
+    b = np.unique(np.concatenate([np.geomspace(math.ceil(big_b / w), big_b, 200).round(),
+                                  [math.ceil(big_b / w), big_b]]))  # fmt: skip
+    b_hi = np.append(b[1:], b[-1])
+    dense_at = np.maximum(b * sample_s.min(), capped_time(big_b, sample_s, b_hi))
+    f = b * (big_b - b) / big_b  # concave: its minimum on an interval is at an end
+    f_min = np.minimum(f, b_hi * (big_b - b_hi) / big_b)
+    exchange = np.zeros_like(f_min)
+    if w > 1:
+        per = {Schedule.plain: 2.0, Schedule.sparse_dist: 2.0}.get(
+            inputs.schedule, 2.0 / max(1, inputs.micro_batches)
+        )  # forward + backward; the nested schedule leaves 1/N of them exposed
+        a2a_s = per * FLOAT_BYTES / inputs.network.alltoall.bytes_per_s
+        ar_s = 2 * (w - 1) / w * FLOAT_BYTES / inputs.network.allreduce.bytes_per_s
+        for t in inputs.tables:
+            h = np.unique(np.concatenate([[0], np.geomspace(1, t.rows, 120).round(), [t.rows]]))
+            cov = np.array([inputs.coverage[t.name](int(k)) for k in h])
+            share = np.minimum(1.0, t.lookups_per_sample * (1 - cov))
+            if not inputs.cold_only_exchange:
+                share = np.ones_like(cov)
+            share[h == t.rows] = 0.0  # replicated whole: nothing exchanged
+            # interval [h_i, h_i+1]: exchange at its hot end, all-reduce at its cold end
+            vol = np.minimum(share, np.append(share[1:], share[-1])) * t.dim  # per sample
+            ar = ar_s * h * t.dim
+            cost = f_min[:, None] * a2a_s * vol[None, :] + ar[None, :]
+            exchange += cost.min(axis=1)
+    dense_and_exchange = float(np.min(dense_at + exchange))
+    return 1000 * (lookup + dense_and_exchange + per_sample + allreduce + overhead)
 
 
 def check_fits(inputs: PlanInputs) -> None:

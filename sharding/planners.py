@@ -24,13 +24,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sharding.cost_model import FLOAT_BYTES, Shard, TableStats, Tier
+from sharding.cost_model import FLOAT_BYTES, Schedule, Shard, TableStats, Tier
 from sharding.plan_eval import (
     Plan,
     PlanDoesNotFitError,
     PlanInputs,
     TablePlan,
+    capped_batch,
     check_fits,
+    dense_s_per_sample,
     equal_batch,
     evaluate,
     proportional_batch,
@@ -123,15 +125,19 @@ class _Placer:
                      cache_rows=int(cache_rows[r]))  # fmt: skip
 
 
-def _replicated_rows(inputs: PlanInputs, t: TableStats, budget_bytes: float) -> int:
+def _replicated_rows(
+    inputs: PlanInputs, t: TableStats, budget_bytes: float, batch: list[int]
+) -> int:
     """Hottest rows worth replicating: maximise all-to-all saved - all-reduce added."""
     w = inputs.world
     if w < 2 or budget_bytes <= 0:
         return 0
     cov = inputs.coverage[t.name]
     a2a, ar = inputs.network.alltoall, inputs.network.allreduce
-    # per rank and step, forward + backward: every sample-feature vector of this table
-    exchange_s = 2 * inputs.global_batch * (w - 1) / w / w * t.dim * FLOAT_BYTES / a2a.bytes_per_s
+    # forward + backward, this table's vectors on the rank with the largest batch b, which
+    # sets the exchange's time: b (B - b) / B vectors when the exchange is balanced
+    big_b, b = inputs.global_batch, max(batch)
+    exchange_s = 2 * b * (big_b - b) / big_b * t.dim * FLOAT_BYTES / a2a.bytes_per_s
     seq_s = max(d.sequence_s_per_lookup for d in inputs.devices)
     best_h, best_gain = 0, 0.0
     candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
@@ -163,21 +169,55 @@ def _column_split(inputs: PlanInputs, t: TableStats, cost: float, target: float)
 
 
 def hybrid(inputs: PlanInputs) -> Plan:
-    """Ours. With split tables (sequence cold parts) the plan is also made without them,
-    and the cheaper of the two under the cost model wins: the sequence exchange has a
-    fixed cost per step that no single table's decision sees."""
-    plan = _hybrid(inputs)
-    if inputs.cold_only_exchange and any(0 < t.replicated_rows < t.rows for t in plan.tables):
-        whole = _hybrid(replace(inputs, cold_only_exchange=False))
-        if evaluate(whole, inputs).est_step_ms < evaluate(plan, inputs).est_step_ms:
-            return whole
-    return plan
-
-
-def _hybrid(inputs: PlanInputs) -> Plan:
+    """Ours. Candidates, the cheapest under the cost model wins:
+    - batch shares in proportion to dense speed, then shares capped where the exchange
+      of the ranks with the largest batch costs more than the dense work it saves;
+    - with split tables (sequence cold parts), also no split at all: the sequence
+      exchange has a fixed cost per step that no single table's decision sees."""
     check_fits(inputs)
-    speeds = [d.dense_flops_per_s for d in inputs.devices]
-    batch = proportional_batch(inputs.global_batch, speeds)
+    batch = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
+    best = evaluate(_hybrid(inputs, batch), inputs)
+    capped = _exchange_aware_batch(best, inputs)
+    if capped != best.batch_per_rank:
+        best = min(best, evaluate(_hybrid(inputs, capped), inputs), key=_step_ms)
+    if inputs.cold_only_exchange and any(0 < t.replicated_rows < t.rows for t in best.tables):
+        whole = _hybrid(replace(inputs, cold_only_exchange=False), best.batch_per_rank)
+        best = min(best, evaluate(whole, inputs), key=_step_ms)
+    return best
+
+
+def _step_ms(plan: Plan) -> float:
+    return plan.est_step_ms
+
+
+def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
+    """The cap on any rank's batch that minimises dense work + input work + exchange, the
+    exchange taken as balanced (each rank owning vectors in proportion to its batch: a rank
+    with batch b then sends and receives b (B - b) / B of the plan's exchanged bytes per
+    sample, see plan_eval.lower_bound_ms)."""
+    big_b, w = inputs.global_batch, inputs.world
+    by_name = {t.name: t for t in inputs.tables}
+    volume = sum(
+        s.cols * FLOAT_BYTES
+        * (by_name[s.table].lookups_per_sample * s.lookup_share if s.sparse_exchange else 1.0)
+        for s in plan.shards() if not s.dp
+    )  # fmt: skip
+    sample_s = dense_s_per_sample(inputs)
+    input_s = np.array([d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices])
+    caps = np.unique(np.linspace(math.ceil(big_b / w), max(plan.batch_per_rank), 64).round())
+    passes = 2.0 if inputs.schedule != Schedule.nested else 2.0 / max(1, inputs.micro_batches)
+    best_cap, best_s = None, math.inf
+    for cap in caps:
+        b = np.array(capped_batch(big_b, sample_s, int(cap)))
+        exchange = float(np.max(b * (big_b - b))) / big_b * volume
+        s = (np.max(b * sample_s) + np.max(b * input_s)
+             + passes * exchange / inputs.network.alltoall.bytes_per_s)  # fmt: skip
+        if s < best_s:
+            best_cap, best_s = int(cap), s
+    return capped_batch(big_b, sample_s, best_cap) if best_cap else plan.batch_per_rank
+
+
+def _hybrid(inputs: PlanInputs, batch: list[int]) -> Plan:
     placer = _Placer(inputs, batch, speed_aware=True)
     budget = MAX_REPLICATED_SHARE * min(inputs.hbm_budget())
     plans: dict[str, TablePlan] = {}
@@ -185,7 +225,7 @@ def _hybrid(inputs: PlanInputs) -> Plan:
     # hottest-per-byte tables claim the replication budget first
     order = sorted(inputs.tables, key=lambda t: -inputs.coverage[t.name](1) / t.dim)
     for t in order:
-        h = _replicated_rows(inputs, t, budget)
+        h = _replicated_rows(inputs, t, budget, batch)
         budget -= h * inputs.row_bytes(t.dim)
         placer.free_hbm -= h * inputs.row_bytes(t.dim)  # a copy on every rank
         cov_h = inputs.coverage[t.name](h) if h else 0.0

@@ -171,6 +171,10 @@ def test_gpu_devices_use_datasheet_numbers(typed_cfg) -> None:
     assert datasheet_device_cost(ranks[0]) == h100
     net = network_cost(cfg.cluster, ranks, None, None)
     assert net.alltoall.bytes_per_s == pytest.approx(25e9 / 8)  # 3 nodes: inter-node link
+    # the ring all-reduce uses all 8 NICs of a node, capped by the 300 Gbit/s NVLink share
+    assert net.allreduce.bytes_per_s == pytest.approx(200e9 / 8)
+    one_node = network_cost(cfg.cluster, [r for r in ranks if r.node == 0], None, None)
+    assert one_node.allreduce.bytes_per_s == pytest.approx(300e9 / 8)
 
 
 def test_predict_command_plans_and_prints_the_step(tmp_path) -> None:

@@ -7,17 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import CONF_DIR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharding.cluster import resolve_cluster
-from sharding.cost_model import OptimizerState, Schedule, TableStats
+from sharding.cost_model import OptimizerState, Schedule, Shard, TableStats, Tier
 from sharding.emit import to_torchrec_plan
 from sharding.plan_eval import (
+    Plan,
     PlanDoesNotFitError,
     PlanInputs,
+    TablePlan,
+    capped_batch,
+    capped_time,
     evaluate,
     power_law_coverage,
     proportional_batch,
@@ -100,11 +105,53 @@ def test_plans_never_exceed_capacity_and_place_every_row_once(spec, tables, plan
     assert plan.lower_bound_ms <= plan.est_step_ms * (1 + 1e-9)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=clusters, tables=table_lists, data=st.data(),
+       schedule=st.sampled_from(list(Schedule)), cold_only=st.booleans())  # fmt: skip
+def test_no_plan_steps_faster_than_the_lower_bound(spec, tables, data, schedule, cold_only):
+    """Random plans (any batch split, hot rows, sharding, placement; memory ignored, which
+    the bound also ignores) never beat the bound: it is a bound, not an estimate."""
+    tables = [TableStats(t.name, t.rows, t.dim, data.draw(st.sampled_from([1.0, 1.5, 8.0])))
+              for t in tables]  # fmt: skip
+    inputs = inputs_for(spec, tables)
+    inputs.schedule, inputs.micro_batches = schedule, data.draw(st.integers(1, 8))
+    inputs.cold_only_exchange = cold_only
+    w, big_b = inputs.world, inputs.global_batch
+    weights = data.draw(st.lists(st.floats(0.01, 1), min_size=w, max_size=w))
+    batch = proportional_batch(big_b, weights)
+    shards = []
+    for t in tables:
+        h = data.draw(st.integers(0, t.rows)) if w > 1 else 0
+        cov = inputs.coverage[t.name](h) if h else 0.0
+        shards += [Shard(t.name, r, h, t.dim, dp=True, lookup_share=cov) for r in range(w) if h]
+        if h == t.rows:
+            continue
+        sparse = cold_only and h > 0 and data.draw(st.booleans())
+        cut = sorted(data.draw(st.lists(st.sampled_from(range(1, t.dim)), max_size=3, unique=True))
+                     if t.dim > 1 else [])  # fmt: skip
+        for lo, hi in zip([0, *cut], [*cut, t.dim], strict=True):  # column pieces
+            shards.append(Shard(t.name, data.draw(st.integers(0, w - 1)), t.rows - h, hi - lo,
+                                lookup_share=1 - cov, sparse_exchange=sparse))  # fmt: skip
+    anyhow = TablePlan("all", 0, 0, "random", [], Tier.hbm, 0, 0, shards)
+    plan = evaluate(Plan("random", spec.name, [anyhow], batch), inputs)
+    assert plan.lower_bound_ms <= plan.est_step_ms * (1 + 1e-9)
+
+
 def test_batch_split_follows_device_speed_and_sums_up() -> None:
     assert proportional_batch(10, [1, 1]) == [5, 5]
     assert proportional_batch(100, [3, 1]) == [75, 25]
     assert sum(proportional_batch(1001, [0.7, 0.2, 0.1])) == 1001
     assert min(proportional_batch(4, [1000, 1, 1])) >= 1
+
+
+def test_capped_batch_fills_slower_ranks_in_proportion_up_to_the_cap() -> None:
+    sample_s = np.array([1.0, 1.0, 4.0, 4.0])  # two ranks 4x faster
+    assert capped_batch(1000, sample_s, 10_000) == proportional_batch(1000, [4, 4, 1, 1])
+    capped = capped_batch(1000, sample_s, 300)
+    assert capped == [300, 300, 200, 200] and sum(capped) == 1000
+    assert capped_batch(1000, sample_s, 1) == [250] * 4  # never below an equal share
+    t = capped_time(1000, sample_s, np.array([300.0, 400.0]))
+    assert t == pytest.approx([800.0, 400.0])  # the slow ranks' 200 x 4 s; uncapped 400 s
 
 
 def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
