@@ -116,7 +116,7 @@ def plan_json(plan: Plan) -> dict:
         "tables": [
             {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
              "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,
-             "replicated_rows": t.replicated_rows,
+             "replicated_rows": t.replicated_rows, "cold_parts": t.cold_parts,
              "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards if not s.dp]}
             for t in plan.tables
         ],

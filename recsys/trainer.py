@@ -226,12 +226,15 @@ def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank
         return model, plan, sharders, None
     hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
                 if 0 < t.replicated_rows < t.rows}  # fmt: skip
+    cold_parts = {t.name: t.cold_parts for t in our_plan.tables if t.name in hot_rows}
     remap = None
     if hot_rows:
         rows = {t.name: t.rows for t in our_plan.tables}
-        remap = SplitRemap(_hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank))
+        hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
+        remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
     sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
-    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold)
+    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold,
+                        cold_parts=cold_parts)  # fmt: skip
     shares = our_plan.batch_per_rank
     if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
         model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))

@@ -25,7 +25,7 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.distributed.types import ShardingPlan
 
 from sharding.cost_model import Tier
-from sharding.plan_eval import Plan, TablePlan
+from sharding.plan_eval import Plan, TablePlan, cold_part_rows, cold_suffixes
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
 SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts, sequence_cold
@@ -44,9 +44,12 @@ def split_table_configs(plan: Plan, feature_of: dict[str, str]) -> list[Embeddin
 
 
 def _parts(t: TablePlan) -> list[tuple[str, int]]:
+    """The table, or its hot part then its cold part(s) in row-part order."""
     if t.replicated_rows in (0, t.rows):
         return [(t.name, t.rows)]
-    return [(f"{t.name}_hot", t.replicated_rows), (f"{t.name}_cold", t.rows - t.replicated_rows)]
+    cold = cold_part_rows(t.rows - t.replicated_rows, t.cold_parts)
+    names = [t.name + suffix for suffix in cold_suffixes(t.cold_parts)]
+    return [(f"{t.name}_hot", t.replicated_rows), *zip(names, cold, strict=True)]
 
 
 def to_torchrec_plan(
@@ -55,7 +58,8 @@ def to_torchrec_plan(
     """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
     recsys.models.split), planned as a second module; they must be table-wise."""
     configs = split_table_configs(plan, feature_of)
-    cold_names = {c.name for c in configs if c.name.endswith("_cold")} if sequence_cold else set()
+    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]
+    cold_names = {name for t in split for name, _ in _parts(t)[1:]} if sequence_cold else set()
     meta = torch.device("meta")
     ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
     per_param = {}
@@ -65,6 +69,9 @@ def to_torchrec_plan(
         for name, _ in _parts(t):
             if name.endswith("_hot") or not cold:
                 per_param[name] = data_parallel()
+            elif t.cold_parts > 1:  # row part j: its own table on its shard's rank
+                j = int(name.rsplit("_cold", 1)[1])
+                per_param[name] = table_wise(rank=cold[j].rank, compute_kernel=kernel)
             elif len(cold) == 1:
                 per_param[name] = table_wise(rank=cold[0].rank, compute_kernel=kernel)
             else:

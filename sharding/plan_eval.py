@@ -92,6 +92,17 @@ class TablePlan:
     hot_rows: int  # rows served from fast memory: all of an HBM table, a cache's rows
     replicated_rows: int  # hottest rows replicated on every rank (data parallel)
     shards: list[Shard]
+    cold_parts: int = 1  # > 1: the cold rows in that many row parts, one shard each
+
+
+def cold_suffixes(parts: int) -> list[str]:
+    """Names of a split table's cold part: `_cold` kept whole, else `_cold0` .. `_cold{k-1}`."""
+    return ["_cold"] if parts <= 1 else [f"_cold{j}" for j in range(parts)]
+
+
+def cold_part_rows(cold_rows: int, parts: int) -> list[int]:
+    """Rows of each row part of a cold part when cold row c goes to part c mod `parts`."""
+    return [(cold_rows - j + parts - 1) // parts for j in range(max(1, parts))]
 
 
 @dataclass

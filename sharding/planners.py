@@ -32,6 +32,7 @@ from sharding.plan_eval import (
     TablePlan,
     capped_batch,
     check_fits,
+    cold_part_rows,
     dense_s_per_sample,
     equal_batch,
     evaluate,
@@ -49,6 +50,7 @@ class _Piece:
     cols: int
     lookup_share: float  # share of the table's lookups (1 - coverage of the hot part)
     sparse_exchange: bool
+    part: int = 0  # a cold part's row part (cold row c in part c mod k)
 
 
 class _Placer:
@@ -75,23 +77,60 @@ class _Placer:
             self.per_byte_host[:] = self.per_byte_host[0]
             self.load[:] = 0.0
         self.a2a_per_byte = 2.0 / inputs.network.alltoall.bytes_per_s  # forward + backward
+        # exchange bytes per step of each rank: it sends its pieces' vectors to the others'
+        # samples and receives, for its own samples, those of every piece it does not hold
+        self.b = np.asarray(batch, dtype=np.float64)
+        self.sent = np.zeros(len(batch))
+        self.recv = np.zeros(len(batch))
+
+    def expect(self, pieces: list[_Piece]) -> None:
+        """Pieces still to place: until placed, every rank receives their vectors."""
+        self.recv = self.b * sum(self.volume(p) for p in pieces)
+
+    def volume(self, p: _Piece) -> float:
+        """Bytes the piece's owner exchanges per sample of another rank."""
+        vectors = p.table.lookups_per_sample * p.lookup_share if p.sparse_exchange else 1.0
+        return vectors * p.cols * FLOAT_BYTES
 
     def cost(self, p: _Piece) -> np.ndarray:
-        """Seconds the piece adds to each rank if placed there (fast memory)."""
-        global_batch = sum(self.batch)
-        looked_up = global_batch * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
-        vectors = p.table.lookups_per_sample * p.lookup_share if p.sparse_exchange else 1.0
-        sent = (global_batch - np.asarray(self.batch)) * vectors * p.cols * FLOAT_BYTES
-        return looked_up * self.per_byte + sent * self.a2a_per_byte
+        """Seconds the piece adds to each rank if placed there (fast memory), its sending
+        counted in full: the piece's size, for ordering and cutting."""
+        looked_up = self.b.sum() * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
+        return looked_up * self.per_byte + (self.b.sum() - self.b) * self.volume(p) * (
+            self.a2a_per_byte
+        )
+
+    def _finish(self, p: _Piece, lookup_s: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each rank's predicted time with the piece placed there: its work so far, the
+        piece's lookups, and the larger of what it would send and receive."""
+        v = self.volume(p)
+        sent, recv = self.sent + (self.b.sum() - self.b) * v, self.recv - self.b * v
+        return self.load + lookup_s + np.maximum(sent, recv) * self.a2a_per_byte, sent, recv
+
+    def _commit(self, r: int, lookup_s: float, sent: np.ndarray, recv: np.ndarray) -> None:
+        self.load[r] += lookup_s
+        self.sent[r], self.recv[r] = sent[r], recv[r]
+
+    def _best(self, finish: np.ndarray, allowed: np.ndarray) -> int:
+        """The rank that leaves the slowest rank fastest; among equals, the one whose own
+        time grows least (a rank that receives more than it sends gets faster by holding
+        the piece, since its samples' vectors no longer cross the network)."""
+        now = self.load + np.maximum(self.sent, self.recv) * self.a2a_per_byte
+        top = np.argsort(-now)[:2]
+        others = np.where(np.arange(len(now)) == top[0], now[top[-1]], now[top[0]])
+        slowest = np.where(allowed, np.maximum(others, finish), np.inf)
+        return int(np.lexsort((finish - now, slowest))[0])
 
     def place(self, p: _Piece, coverage) -> Shard:
         need = p.rows * self.inputs.row_bytes(p.cols)
-        finish = self.load + self.cost(p)
+        looked = self.b.sum() * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
+        lookup_s = looked * self.per_byte
+        finish, sent, recv = self._finish(p, lookup_s)
         fits = self.free_hbm >= need
         if fits.any():
-            r = int(np.argmin(np.where(fits, finish, np.inf)))
+            r = self._best(finish, fits)
             self.free_hbm[r] -= need
-            self.load[r] = finish[r]
+            self._commit(r, lookup_s[r], sent, recv)
             return Shard(
                 p.table.name, r, p.rows, p.cols,
                 lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
@@ -112,13 +151,12 @@ class _Placer:
         cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
         hit = np.array([coverage(int(c)) if c > 0 else 0.0 for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth
-        looked = sum(self.batch) * p.table.lookups_per_sample * p.lookup_share * p.cols * 4
-        extra = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host)
-        finish = self.load + self.cost(p) - looked * self.per_byte + extra
-        r = int(np.argmin(np.where(host_fits, finish, np.inf)))
+        lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host)
+        finish, sent, recv = self._finish(p, lookup_s)
+        r = self._best(finish, host_fits)
         self.free_host[r] -= need
         self.free_hbm[r] -= cache_rows[r] * row_bytes
-        self.load[r] = finish[r]
+        self._commit(r, lookup_s[r], sent, recv)
         tier = Tier.cached if cache_rows[r] > 0 else Tier.host
         return Shard(p.table.name, r, p.rows, p.cols, tier, hit_rate=float(hit[r]),
                      lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
@@ -158,14 +196,22 @@ def _replicated_rows(
     return best_h
 
 
-def _column_split(inputs: PlanInputs, t: TableStats, cost: float, target: float) -> int:
-    """Column-wise pieces for a table: powers of two, each dim a multiple of MIN_COLS."""
-    k = 1
+def _pieces(p: _Piece, cost: float, target: float, world: int) -> list[_Piece]:
+    """A piece cut until each costs about `target`, in powers of two, at most one a rank.
+    Column-wise (dims multiples of MIN_COLS); a cold part exchanged as sequences in row
+    parts instead (an EmbeddingCollection shards table-wise here, and row parts keep every
+    cold lookup one vector, where column pieces would each send one)."""
+    t, k = p.table, 1
+    if p.sparse_exchange:
+        while cost / k > target and 2 * k <= min(world, p.rows):
+            k *= 2
+        rows = cold_part_rows(p.rows, k)
+        return [_Piece(t, rows[j], p.cols, p.lookup_share / k, True, part=j) for j in range(k)]
     while cost / k > target and t.dim % (2 * k) == 0 and t.dim // (2 * k) >= MIN_COLS:
-        if 2 * k > inputs.world:
+        if 2 * k > world:
             break
         k *= 2
-    return k
+    return [_Piece(t, p.rows, t.dim // k, p.lookup_share, False) for _ in range(k)]
 
 
 def hybrid(inputs: PlanInputs) -> Plan:
@@ -242,15 +288,17 @@ def _hybrid(inputs: PlanInputs, batch: list[int]) -> Plan:
     target = total / (2 * inputs.world) if pieces else 0.0
     split: list[tuple[float, int, _Piece]] = []
     for cost, _, p in pieces:
-        # a cold part exchanged as sequences stays whole (table-wise)
-        k = 1 if p.sparse_exchange else _column_split(inputs, p.table, cost, target)
-        for _ in range(k):
-            q = _Piece(p.table, p.rows, p.table.dim // k, p.lookup_share, p.sparse_exchange)
-            heapq.heappush(split, (-cost / k, len(split), q))
+        cut = _pieces(p, cost, target, inputs.world)
+        for q in cut:
+            heapq.heappush(split, (-cost / len(cut), len(split), q))
+        plans[p.table.name].cold_parts = len(cut) if p.sparse_exchange else 1
+    placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
+    placer.expect([q for _, _, q in split])
     while split:
         _, _, p = heapq.heappop(split)
-        shard = placer.place(p, inputs.coverage[p.table.name])
-        plans[p.table.name].shards.append(shard)
+        placed[p.table.name].append((p.part, placer.place(p, inputs.coverage[p.table.name])))
+    for name, shards in placed.items():  # row parts in part order, column pieces as placed
+        plans[name].shards += [s for _, s in sorted(shards, key=lambda x: x[0])]
     tables = [finish_table(plans[t.name]) for t in inputs.tables]
     return Plan("hybrid", inputs.cluster, tables, batch)
 
@@ -261,13 +309,16 @@ def finish_table(tp: TablePlan) -> TablePlan:
     if not cold:
         return tp  # replicated whole: data_parallel on every rank
     kind = "column_wise" if len(cold) > 1 else "table_wise"
+    if tp.cold_parts > 1:
+        kind = f"table_wise_x{tp.cold_parts}"  # row parts, each its own table
     tp.sharding_type = f"hot_replicated+{kind}" if tp.replicated_rows else kind
     if not tp.replicated_rows:
         tp.ranks = sorted({s.rank for s in cold})
     tiers = {s.tier for s in cold}
     tp.tier = next(t for t in (Tier.host, Tier.cached, Tier.hbm) if t in tiers)
     fast = [s.rows if s.tier == Tier.hbm else s.cache_rows for s in cold]
-    tp.hot_rows = tp.replicated_rows + min(fast)  # columns of a row sit on several ranks
+    # columns of a row sit on several ranks; row parts each hold their own rows
+    tp.hot_rows = tp.replicated_rows + (sum(fast) if tp.cold_parts > 1 else min(fast))
     return tp
 
 

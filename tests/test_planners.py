@@ -23,6 +23,7 @@ from sharding.plan_eval import (
     TablePlan,
     capped_batch,
     capped_time,
+    cold_part_rows,
     evaluate,
     power_law_coverage,
     proportional_batch,
@@ -95,12 +96,18 @@ def test_plans_never_exceed_capacity_and_place_every_row_once(spec, tables, plan
     for t, tp in zip(tables, plan.tables, strict=True):
         cold = [s for s in tp.shards if not s.dp]
         hot = [s for s in tp.shards if s.dp]
-        assert tp.replicated_rows + (cold[0].rows if cold else 0) == t.rows
         assert all(s.rows == tp.replicated_rows for s in hot)
         assert len(hot) in (0, inputs.world)
-        if cold:  # every column of every cold row on exactly one rank
+        if tp.cold_parts > 1:  # row parts: each cold row in one part, all its columns
+            assert [s.rows for s in cold] == cold_part_rows(t.rows - tp.replicated_rows,
+                                                            tp.cold_parts)  # fmt: skip
+            assert all(s.cols == t.dim for s in cold)
+        elif cold:  # every column of every cold row on exactly one rank
+            assert tp.replicated_rows + cold[0].rows == t.rows
             assert sum(s.cols for s in cold) == t.dim
             assert len({s.rows for s in cold}) == 1
+        else:
+            assert tp.replicated_rows == t.rows
     assert sum(plan.batch_per_rank) == inputs.global_batch
     assert plan.lower_bound_ms <= plan.est_step_ms * (1 + 1e-9)
 
@@ -174,14 +181,25 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     assert plan.a2a_bytes_per_step < blind.a2a_bytes_per_step
 
 
-def test_hybrid_keeps_a_lone_table_whole_when_its_cold_part_would_unbalance_ranks() -> None:
-    """One big table: split, its cold part sits whole on one rank; kept whole, it is
-    column-split over both. The plan-level comparison picks the cheaper."""
+def test_hybrid_cuts_a_lone_tables_cold_part_in_row_parts_over_the_ranks() -> None:
+    """One big table: whole on one rank its cold part would unbalance the exchange; in row
+    parts on both ranks it beats keeping the table whole (column-split over both)."""
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
                        network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
     inputs = inputs_for(spec, [TableStats("t0", 2_000_000, 64)])
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
-    assert plan.tables[0].replicated_rows == 0 and plan.tables[0].sharding_type == "column_wise"
+    t0 = plan.tables[0]
+    assert 0 < t0.replicated_rows < t0.rows and t0.cold_parts == 2
+    assert sorted(s.rank for s in t0.shards if not s.dp) == [0, 1]
+    cold = to_torchrec_plan(plan, {"t0": "f0"}, "cuda", True).plan[
+        "model.sparse_arch.embedding_collection"
+    ]
+    assert sorted(cold) == ["t0_cold0", "t0_cold1"]  # each table-wise on its part's rank
+    assert [cold[f"t0_cold{j}"].ranks for j in range(2)] == [[s.rank] for s in t0.shards[-2:]]
+    inputs.cold_only_exchange = False
+    whole = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert whole.tables[0].sharding_type == "column_wise"
+    assert plan.est_step_ms < whole.est_step_ms
 
 
 def test_hybrid_splits_tables_only_where_the_sequence_work_pays() -> None:

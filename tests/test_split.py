@@ -16,20 +16,23 @@ from recsys.models.split import (
     split_configs,
     split_weights,
 )
+from sharding.plan_eval import cold_part_rows, cold_suffixes
 
 ROWS = [50, 40, 100, 30] + [20] * 22
 
 
 def models(
-    hot: dict[str, torch.Tensor], sequence_cold: bool = False
+    hot: dict[str, torch.Tensor], sequence_cold: bool = False, parts: dict[str, int] | None = None
 ) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
+    """The plain model and its split copy; `parts`: cold row parts per feature."""
+    parts = parts or {}
     cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
     torch.manual_seed(0)
     tables = table_configs(cfg)
     plain = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
     hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
-    configs = split_configs(tables, hot_rows)
+    configs = split_configs(tables, hot_rows, {f"t_{f}": k for f, k in parts.items()})
     ec = None
     if sequence_cold:
         configs, cold = sequence_cold_configs(configs)
@@ -43,12 +46,14 @@ def models(
     for name, bag in bags.items():
         feature = name[2:]
         if feature in hot:
-            h, c = split_weights(bag.weight.data, hot[feature])
+            k = parts.get(feature, 1)
+            h, cold = split_weights(bag.weight.data, hot[feature], k)
             new_bags[name + "_hot"].weight.data.copy_(h)
-            new_bags[name + "_cold"].weight.data.copy_(c)
+            for suffix, c in zip(cold_suffixes(k), cold, strict=True):
+                new_bags[name + suffix].weight.data.copy_(c)
         else:
             new_bags[name].weight.data.copy_(bag.weight.data)
-    return plain, split, SplitRemap(hot)
+    return plain, split, SplitRemap(hot, parts)
 
 
 def batch(index: int):
@@ -75,9 +80,27 @@ def test_remap_routes_each_id_to_one_part_in_order() -> None:
     assert torch.equal(out["cat_1"].values(), b.sparse_features["cat_1"].values())
 
 
+def test_cold_row_parts_take_every_cold_id_once() -> None:
+    b = batch(0)
+    out = SplitRemap(HOT, {"cat_2": 3})(b.sparse_features)
+    ids, lengths = b.sparse_features["cat_2"].values(), b.sparse_features["cat_2"].lengths()
+    parts = [out[f"cat_2_cold{j}"] for j in range(3)]
+    assert torch.equal(sum(p.lengths() for p in parts) + out["cat_2_hot"].lengths(), lengths)
+    hot = HOT["cat_2"].sort().values
+    cold_ids = ids[~torch.isin(ids, hot)]
+    cold_rows = cold_ids - torch.searchsorted(hot, cold_ids)
+    for j, p in enumerate(parts):  # part j holds cold rows c = 3 * row + j, in order
+        assert torch.equal(p.values() * 3 + j, cold_rows[cold_rows % 3 == j])
+        assert int(p.values().max()) < cold_part_rows(100 - 3, 3)[j]
+
+
+PARTS = [{}, {"cat_0": 2, "cat_2": 3}]
+
+
 @pytest.mark.parametrize("sequence_cold", [False, True])
-def test_split_model_computes_the_same_function(sequence_cold: bool) -> None:
-    plain, split, remap = models(HOT, sequence_cold)
+@pytest.mark.parametrize("parts", PARTS)
+def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> None:
+    plain, split, remap = models(HOT, sequence_cold, parts)
     for index in range(3):
         b = batch(index)
         loss_p, (_, logits_p, _) = plain(b)
@@ -88,8 +111,9 @@ def test_split_model_computes_the_same_function(sequence_cold: bool) -> None:
 
 
 @pytest.mark.parametrize("sequence_cold", [False, True])
-def test_split_model_trains_the_same_with_sgd(sequence_cold: bool) -> None:
-    plain, split, remap = models(HOT, sequence_cold)
+@pytest.mark.parametrize("parts", PARTS)
+def test_split_model_trains_the_same_with_sgd(sequence_cold: bool, parts) -> None:
+    plain, split, remap = models(HOT, sequence_cold, parts)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
     for index in range(5):

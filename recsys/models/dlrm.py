@@ -86,11 +86,13 @@ def build_model(
     dense_device: torch.device,
     hot_rows: dict[str, int] | None = None,
     sequence_cold: bool = False,
+    cold_parts: dict[str, int] | None = None,
 ) -> DLRMTrain:
     """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards.
 
-    `hot_rows`: tables split into `<name>_hot` / `<name>_cold` (see `recsys.models.split`);
-    the batches must then go through the matching `SplitRemap`.
+    `hot_rows`: tables split into `<name>_hot` / `<name>_cold` (see `recsys.models.split`),
+    `cold_parts`: cold parts in row parts `<name>_cold0`...; the batches must then go
+    through the matching `SplitRemap`.
     """
     validate_model_config(cfg)
     ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta"))
@@ -114,7 +116,7 @@ def build_model(
         from recsys.models.split import SplitSparseArch, sequence_cold_configs, split_configs
 
         meta = torch.device("meta")
-        split = split_configs(table_configs(cfg), hot_rows)
+        split = split_configs(table_configs(cfg), hot_rows, cold_parts)
         ec = None
         if sequence_cold:  # cold parts exchange only their own lookups
             split, cold = sequence_cold_configs(split)

@@ -11,10 +11,16 @@ With `sequence_cold=True` the cold parts are an EmbeddingCollection instead (seq
 embeddings, pooled after the exchange): TorchRec's all-to-all then carries one vector per
 cold lookup only, where the pooled exchange carries one per sample, empty bag or not.
 
+A large cold part can itself be split in `k` row parts `<name>_cold0` .. `<name>_cold{k-1}`
+(cold row c in part c mod k, row c // k), each table-wise on its own rank, so that no one
+rank sends all of a hot table's cold lookups (`cold_parts`).
+
 Shapes: B = batch size, N = ids of one feature in the batch.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 from torchrec import (
@@ -26,14 +32,23 @@ from torchrec import (
 from torchrec.models.dlrm import SparseArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from sharding.plan_eval import cold_part_rows, cold_suffixes
+
 HOT, COLD = "_hot", "_cold"
+_COLD_SUFFIX = re.compile(r"_cold\d*")
+
+
+def is_cold(name: str) -> bool:
+    return re.search(r"_cold\d*$", name) is not None
 
 
 def split_configs(
-    tables: list[EmbeddingBagConfig], hot_rows: dict[str, int]
+    tables: list[EmbeddingBagConfig],
+    hot_rows: dict[str, int],
+    cold_parts: dict[str, int] | None = None,
 ) -> list[EmbeddingBagConfig]:
-    """Tables with `0 < hot_rows[name] < rows` become `<name>_hot` and `<name>_cold`, serving
-    features `<feature>_hot` and `<feature>_cold`."""
+    """Tables with `0 < hot_rows[name] < rows` become `<name>_hot` and their cold part(s)
+    (`cold_suffixes`), serving features `<feature>_hot` and `<feature>_cold[j]`."""
     out = []
     for t in tables:
         h = hot_rows.get(t.name, 0)
@@ -41,7 +56,10 @@ def split_configs(
             out.append(t)
             continue
         (feature,) = t.feature_names
-        for suffix, rows in ((HOT, h), (COLD, t.num_embeddings - h)):
+        k = (cold_parts or {}).get(t.name, 1)
+        cold = zip(cold_suffixes(k), cold_part_rows(t.num_embeddings - h, k), strict=True)
+        parts = [(HOT, h), *cold]
+        for suffix, rows in parts:
             out.append(EmbeddingBagConfig(name=t.name + suffix, embedding_dim=t.embedding_dim,
                                           num_embeddings=rows, feature_names=[feature + suffix],
                                           init_fn=t.init_fn))  # fmt: skip
@@ -52,12 +70,12 @@ def sequence_cold_configs(
     configs: list[EmbeddingBagConfig],
 ) -> tuple[list[EmbeddingBagConfig], list[EmbeddingConfig]]:
     """Split configs with the cold parts as sequence tables (for an EmbeddingCollection)."""
-    bags = [c for c in configs if not c.name.endswith(COLD)]
+    bags = [c for c in configs if not is_cold(c.name)]
     cold = [
         EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
                         feature_names=c.feature_names, init_fn=c.init_fn)
         for c in configs
-        if c.name.endswith(COLD)
+        if is_cold(c.name)
     ]  # fmt: skip
     return bags, cold
 
@@ -76,24 +94,37 @@ class SplitSparseArch(SparseArch):
         super().__init__(ebc)
         self.embedding_collection = ec
         present = set(self._sparse_feature_names)
+        if ec is not None:
+            present |= {f for c in ec.embedding_configs() for f in c.feature_names}
         self._split = [f for f in feature_names if f + HOT in present]
+        # each split feature's cold features, in part order (constant: fx tracing follows)
+        self._cold = {f: sorted((c for c in present if _COLD_SUFFIX.fullmatch(c[len(f):])
+                                 and c.startswith(f)), key=lambda c: int(c[len(f + COLD):] or 0))
+                      for f in self._split}  # fmt: skip
+        self._sequence = ec is not None
         self._sparse_feature_names = list(feature_names)
         self.F = len(feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled = self.embedding_bag_collection(features).to_dict()
         cold = {}  # a plain dict and constant keys: the pipelines' fx tracing can follow
-        if self.embedding_collection is not None:
+        if self._sequence:
             sequences = self.embedding_collection(features)
             for f in self._split:
-                jt = sequences[f + COLD]
-                cold[f] = _sum_bags(jt.values(), jt.lengths(), self.D)
+                for c in self._cold[f]:
+                    jt = sequences[c]
+                    cold[c] = _sum_bags(jt.values(), jt.lengths(), self.D)
+        else:
+            cold = pooled
         values = []
         for f in self._sparse_feature_names:
             if f not in self._split:
                 values.append(pooled[f])
             else:
-                values.append(pooled[f + HOT] + (cold[f] if f in cold else pooled[f + COLD]))
+                v = pooled[f + HOT]
+                for c in self._cold[f]:
+                    v = v + cold[c]
+                values.append(v)
         return torch.cat(values, dim=1).reshape(-1, self.F, self.D)
 
 
@@ -110,13 +141,17 @@ class SplitRemap:
     """Rewrites a KJT's ids of split features into their hot and cold features.
 
     `hot_ids[feature]` is the sorted array of the feature's hot ids. An id equal to the k-th
-    hot id becomes row k of the hot table; any other id x becomes row x - (hot ids below x)
-    of the cold table. Per-sample order and bag lengths are kept.
+    hot id becomes row k of the hot table; any other id x becomes cold row
+    c = x - (hot ids below x): row c of the cold table, or with `cold_parts[feature]` = k > 1
+    row c // k of part c mod k. Per-sample order and bag lengths are kept.
     """
 
-    def __init__(self, hot_ids: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, hot_ids: dict[str, torch.Tensor], cold_parts: dict[str, int] | None = None
+    ) -> None:
         self.hot_ids = {f: torch.as_tensor(ids, dtype=torch.int64).sort().values
                         for f, ids in hot_ids.items()}  # fmt: skip
+        self.cold_parts = {f: (cold_parts or {}).get(f, 1) for f in self.hot_ids}
 
     def __call__(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         keys, values, lengths = [], [], []
@@ -133,17 +168,34 @@ class SplitRemap:
             is_hot_N = hot[pos_N.clamp(max=len(hot) - 1)] == ids_N
             sample_N = torch.repeat_interleave(torch.arange(len(len_B)), len_B.long())
             hot_len = torch.bincount(sample_N[is_hot_N], minlength=len(len_B)).to(len_B.dtype)
-            keys += [f + HOT, f + COLD]
-            values += [pos_N[is_hot_N], (ids_N - pos_N)[~is_hot_N]]
-            lengths += [hot_len, len_B - hot_len]
+            keys.append(f + HOT)
+            values.append(pos_N[is_hot_N])
+            lengths.append(hot_len)
+            k = self.cold_parts[f]
+            cold_N, cold_sample_N = (ids_N - pos_N)[~is_hot_N], sample_N[~is_hot_N]
+            if k == 1:
+                keys.append(f + COLD)
+                values.append(cold_N)
+                lengths.append(len_B - hot_len)
+                continue
+            part_N = cold_N % k
+            for j, suffix in enumerate(cold_suffixes(k)):
+                mine = part_N == j
+                keys.append(f + suffix)
+                values.append(cold_N[mine] // k)
+                lengths.append(torch.bincount(cold_sample_N[mine], minlength=len(len_B))
+                               .to(len_B.dtype))  # fmt: skip
         return KeyedJaggedTensor.from_lengths_sync(
             keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
         )
 
 
-def split_weights(weight: torch.Tensor, hot_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hot and cold tables' initial rows, copied from the unsplit table's."""
+def split_weights(
+    weight: torch.Tensor, hot_ids: torch.Tensor, cold_parts: int = 1
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The hot table's and each cold part's initial rows, copied from the unsplit table's."""
     hot = torch.as_tensor(hot_ids, dtype=torch.int64).sort().values
     is_hot = torch.zeros(weight.shape[0], dtype=torch.bool)
     is_hot[hot] = True
-    return weight[hot].clone(), weight[~is_hot].clone()
+    cold = weight[~is_hot]
+    return weight[hot].clone(), [cold[j::cold_parts].clone() for j in range(cold_parts)]
