@@ -31,18 +31,19 @@ def plan_table(plan: Plan) -> str:
     gib = 2**30
     gap = plan.est_step_ms / plan.lower_bound_ms
     fits = "feasible" if plan.feasible else "DOES NOT FIT"
+    w = max([len("sharding"), *(len(t.sharding_type) for t in plan.tables)])
     lines = [
         f"{plan.planner} plan for {plan.cluster}: predicted {plan.est_step_ms:.2f} ms/step, "
         f"lower bound {plan.lower_bound_ms:.2f} ms ({gap:.2f}x), planned in "
         f"{plan.planning_s:.2f} s, {fits}",
         "",
-        f"{'table':12} {'rows':>12} {'dim':>4}  {'sharding':28} {'tier':6} {'replicated':>10}"
+        f"{'table':12} {'rows':>12} {'dim':>4}  {'sharding':{w}} {'tier':6} {'replicated':>10}"
         "  ranks",
     ]
     for t in plan.tables:
         ranks = str(t.ranks) if len(t.ranks) <= 6 else f"{len(t.ranks)} ranks"
-        lines.append(f"{t.name:12} {t.rows:>12,} {t.dim:>4}  {t.sharding_type:28} {t.tier.value:6} "
-                     f"{t.replicated_rows:>10,}  {ranks}")  # fmt: skip
+        lines.append(f"{t.name:12} {t.rows:>12,} {t.dim:>4}  {t.sharding_type:{w}} "
+                     f"{t.tier.value:6} {t.replicated_rows:>10,}  {ranks}")  # fmt: skip
     lines += ["", f"{'rank':>4} {'kind':10} {'batch':>6} {'fast GiB':>9} {'of':>7} {'host GiB':>9} "
               f"{'of':>8} {'est ms':>8}"]  # fmt: skip
     for d in plan.devices[:16]:
