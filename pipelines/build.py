@@ -38,8 +38,9 @@ def build_pipeline(
         return TrainPipelineSemiSync(model, optimizer, device, start_batch=0)
     if name == PipelineName.nested:
         return NestedPipeline(
-            model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead
-        )
+            model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead,
+            cfg.dedup,
+        )  # fmt: skip
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"
     )

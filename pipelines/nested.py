@@ -53,10 +53,12 @@ from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 from torchrec.distributed.train_pipeline import TrainPipeline
 from torchrec.distributed.types import ShardedModule
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order
+from pipelines.dedup import DedupBatch, DedupExchange
 from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending, micro_sizes
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
@@ -70,6 +72,7 @@ class _Group:
     sharding_type: str
     lookup: torch.nn.Module
     exchange: ChunkedPooledExchange | None  # None: data-parallel, no exchange
+    dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
 
     def __post_init__(self) -> None:
         # for the lookahead's refresh of exchanged groups (data-parallel lookups are DDP-
@@ -84,6 +87,17 @@ class _Group:
             for f, d in zip(emb.config.feature_names(), emb.config.embedding_dims(), strict=True):
                 self.columns[f] = (col, col + d)
                 col += d
+
+    def send(self, values: torch.Tensor, plan: ChunkPlan, state, k: int) -> Pending:
+        if self.dedup is not None:
+            return self.dedup.forward(values, state, k, plan.sizes[self.dedup.rank][k])
+        return self.exchange.forward(values, plan, k)
+
+    def send_back(self, grad: torch.Tensor, plan: ChunkPlan, state, k: int,
+                  out: torch.Tensor) -> Pending:  # fmt: skip
+        if self.dedup is not None:
+            return self.dedup.backward(grad, state, k, out)
+        return self.exchange.backward(grad, plan, k, out)
 
 
 @dataclass
@@ -102,6 +116,8 @@ class _ModuleStep:
     ids_sent: bool = False  # its second stage (the ids themselves) is in flight
     features: list[KeyedJaggedTensor] | None = None  # per group, after the input dist
     looked_up: list[torch.Tensor | None] = field(default_factory=list)  # graph, per group
+    inputs: list[KeyedJaggedTensor | None] = field(default_factory=list)  # what was looked up
+    dedup: list[DedupBatch | None] = field(default_factory=list)  # per group, with dedup
 
 
 @dataclass
@@ -111,6 +127,7 @@ class _Step:
     modules: list[_ModuleStep]
     orders: Any = None  # every rank's order: in flight, then a list
     grads: list[list[torch.Tensor]] | None = None  # per module and group, whole batch
+    plans: list[ChunkPlan] | None = None  # per module: every rank's micro-batches
 
 
 def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
@@ -140,6 +157,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         micro_batches: int = 4,
         cluster: bool = False,
         lookahead: bool = False,
+        dedup: bool = False,
     ) -> None:
         super().__init__()
         if micro_batches < 1:
@@ -152,7 +170,10 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._cluster = cluster
         self._lookahead = lookahead
         self._world = dist.get_world_size()
-        self._modules = self._find_modules()
+        # lookahead: bags looked up again / seen; dedup: rows sent / the pooled vectors
+        # they replace (as owner)
+        self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0}
+        self._modules = self._find_modules(dedup)  # after stats: dedup exchanges count there
         # everything not updated inside the TBE backward: dense layers, data-parallel tables
         self._dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
         self._sum_loss = getattr(self._model, "loss_reduction", "mean") == "sum"
@@ -161,9 +182,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                          and id(m.weight) in dense]  # fmt: skip
         self._next: _Step | None = None
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
-        self.stats = {"refreshed_bags": 0, "bags": 0}  # lookahead: bags looked up again / seen
 
-    def _find_modules(self) -> list[_Module]:
+    def _find_modules(self, dedup: bool) -> list[_Module]:
         found = []
         for fqn, m in self._model.named_modules():
             if not isinstance(m, ShardedModule):
@@ -180,6 +200,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     m._sharding_types, m._lookups, m._output_dists, strict=True
                 )
             ]
+            for group, sharding in zip(groups, m._embedding_shardings, strict=True):
+                if dedup and group.exchange is not None:
+                    group.dedup = _dedup_exchange(group, sharding, fqn, self.stats)
             found.append(_Module(fqn, m, groups))
         if not found:
             raise ValueError("pipeline=nested: the model has no sharded embedding modules")
@@ -235,15 +258,27 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         return step.orders
 
     # stage 4: the local lookups (graph kept: their backward is the fused update)
+    def _plans(self, step: _Step) -> list[ChunkPlan]:
+        """Per module: which samples of every rank's batch each micro-batch takes."""
+        if step.plans is None:
+            size, orders = step.batch.dense_features.shape[0], self._orders(step)
+            step.plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders)
+                          for ms in step.modules]  # fmt: skip
+        return step.plans
+
     def _look_up(self, step: _Step, exchanged: bool) -> None:
         self._wait_ids(step)
         self._share_orders(step)
-        for m, ms in zip(self._modules, step.modules, strict=True):
+        for mi, (m, ms) in enumerate(zip(self._modules, step.modules, strict=True)):
             if not ms.looked_up:
                 ms.looked_up = [None] * len(m.groups)
+                ms.inputs, ms.dedup = list(ms.features), [None] * len(m.groups)
             for g, group in enumerate(m.groups):
                 if (group.exchange is not None) == exchanged and ms.looked_up[g] is None:
-                    ms.looked_up[g] = group.lookup(ms.features[g])
+                    if group.dedup is not None:  # single-id bags of each block's rows
+                        plan = self._plans(step)[mi]
+                        ms.inputs[g], ms.dedup[g] = group.dedup.owner_input(ms.features[g], plan)
+                    ms.looked_up[g] = group.lookup(ms.inputs[g])
 
     def _refresh(self, step: _Step, updated: _Step) -> None:
         """Look up again the bags of `step` that hold a row `updated`'s batch just changed."""
@@ -251,7 +286,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             for g, group in enumerate(m.groups):
                 if group.exchange is None:
                     continue
-                self._refresh_group(group, ms.features[g], us.features[g], ms.looked_up[g])
+                self._refresh_group(group, ms.inputs[g], us.features[g], ms.looked_up[g])
 
     def _refresh_group(self, group: _Group, kjt: KeyedJaggedTensor, touched: KeyedJaggedTensor,
                        out: torch.Tensor) -> None:  # fmt: skip
@@ -336,17 +371,19 @@ class NestedPipeline(TrainPipeline[Any, Any]):
     def _micro_batches(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = step.batch
         size = batch.dense_features.shape[0]
-        orders = self._orders(step)
-        plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders)
-                 for ms in step.modules]  # fmt: skip
+        plans = self._plans(step)
+        for m, ms, plan in zip(self._modules, step.modules, plans, strict=True):
+            for group, state in zip(m.groups, ms.dedup, strict=True):
+                if state is not None:  # my micro-batches' distinct rows, from my own batch
+                    group.dedup.requester_input(batch.sparse_features, plan, state)
         rank = dist.get_rank()
         # every chunk's exchange is launched now, in order; micro-batch k waits for its own
         sends: list[list[list[Pending | None]]] = []  # [module][chunk][group]
         for m, ms, plan in zip(self._modules, step.modules, plans, strict=True):
             values = [t.detach() for t in ms.looked_up]
             sends.append([
-                [g.exchange.forward(v, plan, k) if g.exchange else None
-                 for g, v in zip(m.groups, values, strict=True)]
+                [g.send(v, plan, state, k) if g.exchange else None
+                 for g, v, state in zip(m.groups, values, ms.dedup, strict=True)]
                 for k in range(self._n)
             ])  # fmt: skip
         grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
@@ -355,7 +392,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         deferred = _DeferredWeightGrads(self._linears)
         for k, b in enumerate(micro_sizes(size, self._n)):
             if b == 0:  # none of my samples, but other ranks' chunk k still moves
-                self._empty_micro_batch(k, plans, sends, grads, backs)
+                self._empty_micro_batch(step, k, plans, sends, grads, backs)
                 continue
             mine = plans[0].samples(rank, k)  # this micro-batch's samples of my batch
             leaves = []
@@ -392,8 +429,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     if group.exchange is None:
                         grads[mi][g][mine] = leaf[g].grad
                     else:  # in flight under the next micro-batch's dense work
-                        pending = group.exchange.backward(leaf[g].grad, plans[mi], k, grads[mi][g])
-                        backs.append(pending)
+                        state = step.modules[mi].dedup[g]
+                        backs.append(group.send_back(leaf[g].grad, plans[mi], state, k,
+                                                     grads[mi][g]))  # fmt: skip
             if k == 0 and self._next is not None:
                 self._send_ids(self._next)
         inverse = None
@@ -410,7 +448,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             logit, label = logit[inverse], label[inverse]
         return loss, logit, label
 
-    def _empty_micro_batch(self, k: int, plans, sends, grads, backs: list[Pending]) -> None:
+    def _empty_micro_batch(self, step: _Step, k: int, plans, sends, grads,
+                           backs: list[Pending]) -> None:  # fmt: skip
         """Keep every rank's collectives in step when this rank's micro-batch k is empty (a
         batch smaller than N): receive its (empty) chunk, send back an empty gradient."""
         for mi, (m, plan) in enumerate(zip(self._modules, plans, strict=True)):
@@ -418,7 +457,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 if group.exchange is not None:
                     sends[mi][k][g].wait()
                     empty = grads[mi][g].new_zeros(0, sum(group.exchange.dims))
-                    backs.append(group.exchange.backward(empty, plan, k, grads[mi][g]))
+                    state = step.modules[mi].dedup[g]
+                    backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
 
     def _backward_lookups(self, step: _Step, exchanged: bool) -> None:
         """One backward through the lookups with the whole batch's gradient. Exchanged
@@ -503,6 +543,20 @@ class _DeferredWeightGrads:
             if m.bias is not None:
                 bias = g.sum(0)
                 m.bias.grad = bias if m.bias.grad is None else m.bias.grad + bias
+
+
+def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:
+    """The unique-row exchange of a sum-pooled table-wise / column-wise group."""
+    pooling = {t.pooling for t in sharding.embedding_tables()}
+    if pooling != {PoolingType.SUM}:
+        raise NotImplementedError(
+            f"pipeline.dedup: '{fqn}' ({group.sharding_type}) pools by "
+            f"{sorted(p.name for p in pooling)}; unique rows are pooled by sum only. Use "
+            f"pipeline.dedup=false"
+        )
+    return DedupExchange(group.exchange.pg, sharding.feature_names_per_rank(),
+                         sharding._emb_dim_per_rank_per_feature(), group.columns, fqn,
+                         stats)  # fmt: skip
 
 
 def _returns(value):

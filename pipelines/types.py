@@ -25,3 +25,6 @@ class PipelineConfig:
     # look up batch i+1 before batch i's update, then refresh the rows it shares: pays on
     # GPUs (a side stream); on CPU ranks nothing runs beside it, so off by default
     lookahead: bool = False
+    # key routing with deduplication: each micro-batch's distinct rows cross the network
+    # once, pooled by the requester, instead of one pooled vector per sample and feature
+    dedup: bool = False
