@@ -29,6 +29,7 @@ class OrderNoiseConfig:
     )
     steps: int = 20
     micro_batches: int = 4
+    nested_overrides: list[str] = field(default_factory=list)  # e.g. [pipeline.dedup=true]
     tolerance: float = 1e-5
     results_dir: str = str(REPO / "benchmarks" / "results" / "order_noise")
 
@@ -57,7 +58,8 @@ def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
     from recsys.train import to_typed
     from sharding.types import PlannerName
 
-    nested = ["pipeline=nested", f"pipeline.micro_batches={cfg.micro_batches}"]
+    nested = ["pipeline=nested", f"pipeline.micro_batches={cfg.micro_batches}",
+              *cfg.nested_overrides]  # fmt: skip
     cfgs = [to_typed(hydra.compose(config_name="config", overrides=cfg.overrides + extra))
             for extra in ([], nested)]  # fmt: skip
     plan = None
@@ -92,8 +94,9 @@ def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
 def table(r: dict) -> str:
     c, env = r["config"], r["environment"]
     lines = [f"# Rounding noise of a run: plain vs plain with shuffled samples vs nested "
-             f"N={c['micro_batches']} ({env['date']}, torch {env['torch']}, torchrec "
-             f"{env['torchrec']}; {' '.join(c['overrides'])})", "",
+             f"N={c['micro_batches']} {' '.join(c['nested_overrides'])} ({env['date']}, "
+             f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])})",
+             "",
              "Relative loss difference from the plain loop, per step:", "",
              "| step | plain loss | shuffled samples | nested |", "|---|---|---|---|"]  # fmt: skip
     for x in r["rows"]:

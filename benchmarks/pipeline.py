@@ -31,10 +31,11 @@ EQUAL_RTOL = 1e-5
 
 @dataclass
 class PipelineBenchConfig:
-    # a pipeline name, or nested<N> with optional +lookahead / +cluster
+    # a pipeline name, or nested<N> with optional +lookahead / +cluster / +dedup
     pipelines: list[str] = field(default_factory=lambda: [
         "plain", "base", "sparse_dist", "semi_sync", "nested1", "nested2", "nested4",
-        "nested8", "nested4+lookahead", "nested4+cluster"])  # fmt: skip
+        "nested8", "nested4+lookahead", "nested4+cluster", "nested4+dedup",
+        "nested8+dedup", "nested4+dedup+cluster"])  # fmt: skip
     # round_robin: whole tables, table-wise. TorchRec's planner also replicates small
     # tables (data-parallel), which TorchRec's SemiSync cannot train (see README).
     # Dense SGD: a run whose losses are not chaotic, so equality can be checked at every
@@ -53,19 +54,22 @@ class PipelineBenchConfig:
 
 def pipeline_overrides(label: str) -> list[str]:
     """`nested4+lookahead` -> pipeline=nested with N=4 and the lookahead on; other labels
-    are pipeline names (nested variants default to no lookahead and no clustering)."""
+    are pipeline names (nested variants default to no lookahead, no clustering, no dedup)."""
     name, *options = label.split("+")
     if not name.startswith("nested"):
         if options:
             raise ValueError(f"'{label}': options (+...) apply to nested<N> only")
         return [f"pipeline={name}"]
     n = name[len("nested") :]
-    unknown = set(options) - {"lookahead", "cluster"}
+    unknown = set(options) - {"lookahead", "cluster", "dedup"}
     if not n.isdigit() or unknown:
-        raise ValueError(f"'{label}': write nested<N>[+lookahead][+cluster], e.g. nested4")
+        raise ValueError(
+            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup], e.g. nested4+dedup"
+        )
     return ["pipeline=nested", f"pipeline.micro_batches={n}",
             f"pipeline.lookahead={'lookahead' in options}",
-            f"pipeline.cluster_samples={'cluster' in options}"]  # fmt: skip
+            f"pipeline.cluster_samples={'cluster' in options}",
+            f"pipeline.dedup={'dedup' in options}"]  # fmt: skip
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -93,8 +97,9 @@ def _train_all(cfg: PipelineBenchConfig, rate: str, tmp: Path) -> dict[str, dict
 
 def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
     """Distinct ids per micro-batch, with and without clustering, on the benchmark's data
-    (rank 0's batches); and the bytes each micro-batch moves: the pooled exchange sends
-    one vector per sample and feature either way, an id exchange one id per distinct id."""
+    (rank 0's batches); and the bytes each micro-batch's embeddings take: the pooled
+    exchange sends one vector per sample and feature either way, the unique-row exchange
+    (dedup) one per distinct (feature, id)."""
     from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
     from recsys.data.source import build_source
     from recsys.train import to_typed
@@ -112,10 +117,12 @@ def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
                 distinct_ids_per_micro_batch(permute_kjt(kjt, cluster_order(kjt, n)), n)
             )
         per = cfg.cluster_batches * n
-        pooled = typed.trainer.batch_size / n * features * typed.model.embedding_dim * 4
+        row_bytes = typed.model.embedding_dim * 4
+        pooled = typed.trainer.batch_size / n * features * row_bytes
         rows.append({"micro_batches": n, "distinct_ids": plain / per,
                      "distinct_ids_clustered": clustered / per,
-                     "id_bytes": 8 * plain / per, "id_bytes_clustered": 8 * clustered / per,
+                     "unique_row_bytes": row_bytes * plain / per,
+                     "unique_row_bytes_clustered": row_bytes * clustered / per,
                      "pooled_bytes": pooled})  # fmt: skip
     return rows
 
@@ -171,22 +178,25 @@ def table(r: dict) -> str:
              f"The plain loop spends {share:.0%} of its step on the link (its step time here "
              f"minus over a {c['fast_rate']} link)." if share is not None else "", "",
              "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
-             "equal to plain (max rel loss diff) |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "link MB (run) | equal to plain (max rel loss diff) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for x in r["rows"]:
         speed = r["speedup_vs_sparse_dist"].get(x["pipeline"])
         diff = x["max_rel_loss_diff_vs_plain"]
         lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
-                     f"{x['exposed_comm_ms']:.1f} | {'yes' if x['equal_to_plain'] else 'no'} "
-                     f"({diff:.1e}) |")  # fmt: skip
-    lines += ["", "Key-centric clustering, per micro-batch (rank 0's batches of the same data):",
-              "", "| N | distinct ids | clustered | id bytes | clustered | pooled exchange bytes |",
+                     f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
+                     f"{'yes' if x['equal_to_plain'] else 'no'} ({diff:.1e}) |")  # fmt: skip
+    lines += ["", "Per micro-batch of rank 0's batches of the same data: distinct (feature, id), "
+              "and the embedding bytes they take, pooled (one vector per sample and feature) "
+              "or as unique rows (dedup), with and without key-centric clustering:", "",
+              "| N | distinct ids | clustered | pooled bytes | unique-row bytes | clustered |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for x in r["clustering"]:
         lines.append(f"| {x['micro_batches']} | {x['distinct_ids']:,.0f} | "
-                     f"{x['distinct_ids_clustered']:,.0f} | {x['id_bytes'] / 1e3:,.1f} kB | "
-                     f"{x['id_bytes_clustered'] / 1e3:,.1f} kB | "
-                     f"{x['pooled_bytes'] / 1e6:,.2f} MB (either way) |")  # fmt: skip
+                     f"{x['distinct_ids_clustered']:,.0f} | {x['pooled_bytes'] / 1e6:,.2f} MB | "
+                     f"{x['unique_row_bytes'] / 1e6:,.2f} MB | "
+                     f"{x['unique_row_bytes_clustered'] / 1e6:,.2f} MB |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -1,18 +1,20 @@
-"""The deduplicated exchange of a table-wise (or column-wise) group: unique rows, not bags.
+"""Deduplicated key routing and exchange of a table-wise (or column-wise) group.
 
-TorchRec's pooled exchange sends one vector per sample and feature. Under power-law ids
-most of a micro-batch's lookups hit a few rows, so here an owner sends, for each requester
-and micro-batch, each distinct row its samples look up once; the requester pools its bags
-from those rows, and in backward sums each row's gradient over its bags before sending it
-back. The owner's lookup is of single-id bags, one per (requester, micro-batch, distinct
-id), through the group's own TBE, so the update is still the fused kernel's, once per batch,
-on each row's summed gradient.
+TorchRec's pooled exchange sends one vector per sample and feature, and its input
+all-to-all every id of every bag. Under power-law ids most of a micro-batch's lookups hit a
+few rows, so here:
+- key routing: the requester works out each micro-batch's distinct (feature, id), sorted,
+  and routes only those through TorchRec's input all-to-all (`route_distinct`: all of a
+  micro-batch's distinct ids in its first bag; lengths still go, a few bytes a bag);
+- the owner looks them up as single-id bags, one per (requester, micro-batch, distinct
+  id), through the group's own TBE, and sends each requester its block of rows;
+- the requester pools its bags from those rows, and in backward sums each row's gradient
+  over its bags before sending it back; the fused update runs once per batch on each row's
+  summed gradient.
 
-Both sides compute the same distinct ids from the same bags (the owner from its input
-all-to-all, the requester from its own batch), sorted by (feature, id), so no sizes need to
-be exchanged first. The arithmetic differs from the pooled exchange only in the order of
-sums (a row's gradient is summed per micro-batch first): equal within rounding, not bit for
-bit.
+Both sides know every block's size from the same distinct ids, so nothing else is
+exchanged first. The arithmetic differs from the pooled exchange only in the order of sums
+(a row's gradient is summed per micro-batch first): equal within rounding, not bit for bit.
 
 Shapes: b = samples of one micro-batch of one rank, n = distinct (feature, id) of one
 (requester, micro-batch) block, F = features of one owner, D = their embedding dim.
@@ -20,12 +22,12 @@ Shapes: b = samples of one micro-batch of one rank, n = distinct (feature, id) o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.exchange import ChunkPlan, Pending
 
@@ -42,48 +44,65 @@ class _Block:
     target: torch.Tensor | None = None
 
 
-def _chunk(jt: JaggedTensor, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ids of the bags `rows` of `jt`, in bag order, and each id's bag (0..len(rows)-1)."""
-    lengths, offsets = jt.lengths(), jt.offsets()
-    if isinstance(rows, slice):
-        rows = torch.arange(rows.start, rows.stop, device=lengths.device)
-    lens = lengths[rows]
-    bag = torch.repeat_interleave(torch.arange(len(rows), device=lens.device), lens)
-    first = torch.cumsum(lens, 0) - lens  # each bag's first id among the chunk's
-    pos = offsets[rows][bag] + torch.arange(len(bag), device=bag.device) - first[bag]
-    return jt.values()[pos], bag
-
-
 @dataclass
 class DedupBatch:
-    """One batch's blocks: those this rank sends as owner ([k][s]) and where each sits in
-    its unique lookups ([k][s][f]: first bag), and those it receives ([k][o])."""
+    """One batch's blocks: those this rank receives ([k][o]), those it sends as owner
+    ([k][s]) and where each sits in its unique lookups ([k][s][f]: first bag)."""
 
-    sent: list[list[_Block]]
-    first: list[list[list[int]]]
-    received: list[list[_Block]] | None = None
+    received: list[list[_Block]] = field(default_factory=list)
+    sent: list[list[_Block]] = field(default_factory=list)
+    first: list[list[list[int]]] = field(default_factory=list)
 
 
-def _block(jts: list[JaggedTensor], rows, requester: bool) -> _Block:
-    """Distinct (feature, id) of the bags `rows` over the owner's features `jts`."""
-    if not jts:  # an owner with no table of this group
-        none = torch.zeros(0, dtype=torch.int64)
+def _block(kjt: KeyedJaggedTensor, keys: torch.Tensor, rows, requester: bool) -> _Block:
+    """Distinct (feature, id) of the bags `rows` (samples) of the features at positions
+    `keys` of `kjt`, in one pass over all those features."""
+    lengths, offsets = kjt.lengths(), kjt.offsets()
+    if isinstance(rows, slice):
+        rows = torch.arange(rows.start, rows.stop, device=lengths.device)
+    if not len(keys):  # an owner with no table of this group
+        none = torch.zeros(0, dtype=torch.int64, device=lengths.device)
         return _Block(none, [], none, none)
-    ids, bags, feats = [], [], []
-    for f, jt in enumerate(jts):
-        v, bag = _chunk(jt, rows)
-        ids.append(v)
-        bags.append(bag)
-        feats.append(torch.full_like(v, f))
-    values, feature = torch.cat(ids), torch.cat(feats)
+    b = len(rows)
+    bags = (keys[:, None] * kjt.stride() + rows[None, :]).reshape(-1)  # feature-major
+    lens = lengths[bags]
+    bag = torch.repeat_interleave(torch.arange(len(bags), device=lens.device), lens)
+    first = torch.cumsum(lens, 0) - lens  # each bag's first id among the block's
+    values = kjt.values()[offsets[bags][bag] + torch.arange(len(bag), device=bag.device)
+                          - first[bag]]  # fmt: skip
+    feature = bag // max(b, 1)
+    if not requester:  # the requester routed each feature's distinct ids, sorted
+        return _Block(values, torch.bincount(feature, minlength=len(keys)).tolist())
     span = int(values.max()) + 1 if len(values) else 1
-    keys, inverse = torch.unique(feature * span + values, return_inverse=True)
-    counts = torch.bincount(keys // span, minlength=len(jts)).tolist()
-    block = _Block(keys % span, counts)
-    if requester:
-        block.inverse = inverse
-        block.target = torch.cat(bags) * len(jts) + feature
-    return block
+    keys_, inverse = torch.unique(feature * span + values, return_inverse=True)
+    counts = torch.bincount(keys_ // span, minlength=len(keys)).tolist()
+    # target row in the block's [b x F] bags: sample * F + feature
+    return _Block(keys_ % span, counts, inverse, (bag % max(b, 1)) * len(keys) + feature)
+
+
+def route_distinct(
+    kjt: KeyedJaggedTensor, distinct: dict[str, list[torch.Tensor]], samples: list
+) -> KeyedJaggedTensor:
+    """What goes into TorchRec's input all-to-all: `kjt`, but each feature of `distinct`
+    carries only each micro-batch's distinct ids, all in that micro-batch's first bag, so
+    the id exchange sends every distinct id once (the bag lengths still go, as before)."""
+    stride, by_name = kjt.stride(), kjt.to_dict()
+    lengths, values = kjt.lengths().clone(), []
+    for i, f in enumerate(kjt.keys()):
+        if f not in distinct:
+            values.append(by_name[f].values())
+            continue
+        lens = lengths[i * stride : (i + 1) * stride]
+        lens.zero_()
+        held = []
+        for rows, ids in zip(samples, distinct[f], strict=True):
+            first = rows.start if isinstance(rows, slice) else (int(rows[0]) if len(rows) else None)
+            if len(ids) and first is not None and first < stride:
+                lens[first] = len(ids)
+                held.append((first, ids))
+        values += [ids for _, ids in sorted(held, key=lambda h: h[0])]
+    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=lengths,
+                             stride=stride)  # fmt: skip
 
 
 class DedupExchange:
@@ -116,24 +135,24 @@ class DedupExchange:
 
     # owner side: which single-id bags to look up, and where each block's rows are
     def owner_input(
-        self, kjt: KeyedJaggedTensor, plan: ChunkPlan
-    ) -> tuple[KeyedJaggedTensor, DedupBatch]:
+        self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch
+    ) -> KeyedJaggedTensor:
         """The unique lookups of every (micro-batch, requester) block of this owner's
-        stacked input: feature f's bags are its blocks' distinct ids, block after block,
-        one id a bag; features with fewer pad with empty bags."""
+        stacked input (`route_distinct`'s: each block's distinct ids): feature f's bags are
+        its blocks' ids, block after block, one id a bag; features with fewer pad with
+        empty bags."""
         names = self.features[self.rank]
-        state = DedupBatch([], [])
         if not names:
-            return kjt, state
+            return kjt
         if list(kjt.keys()) != names:
             raise RuntimeError(f"pipeline.dedup: input features {kjt.keys()} != shard {names}")
-        jts = [kjt[f] for f in names]
+        keys = torch.arange(len(names), device=kjt.values().device)
         per_feature: list[list[torch.Tensor]] = [[] for _ in names]
         used = [0] * len(names)
         for k in range(plan.n):
             blocks, firsts = [], []
             for s in range(self.world):
-                block = _block(jts, plan.rows(s, k), requester=False)
+                block = _block(kjt, keys, plan.rows(s, k), requester=False)
                 blocks.append(block)
                 firsts.append(list(used))
                 for f, part in enumerate(block.ids.split(block.counts)):
@@ -148,16 +167,30 @@ class DedupExchange:
         lengths = torch.zeros(len(names) * stride, dtype=kjt.lengths().dtype, device=values.device)
         for f, n in enumerate(used):
             lengths[f * stride : f * stride + n] = 1
-        return KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=stride), state
+        return KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=stride)
 
     # requester side: the same blocks, from this rank's own batch
-    def requester_input(self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch) -> None:
-        by_name = kjt.to_dict()
+    def requester_input(self, kjt: KeyedJaggedTensor, samples: list, state: DedupBatch) -> None:
+        """Each micro-batch's (`samples`: its samples of this rank's batch) distinct rows
+        from each owner, and how its bags pool from them."""
+        at = {f: i for i, f in enumerate(kjt.keys())}
+        device = kjt.values().device
+        keys = [torch.tensor([at[f] for f in self.features[o]], dtype=torch.int64, device=device)
+                for o in range(self.world)]  # fmt: skip
         state.received = [
-            [_block([by_name[f] for f in self.features[o]], plan.samples(self.rank, k), True)
-             for o in range(self.world)]
-            for k in range(plan.n)
-        ]  # fmt: skip
+            [_block(kjt, keys[o], rows, True) for o in range(self.world)] for rows in samples
+        ]
+
+    def distinct(self, state: DedupBatch) -> dict[str, list[torch.Tensor]]:
+        """Per feature of the group: each micro-batch's distinct ids, sorted."""
+        out: dict[str, list[torch.Tensor]] = {}
+        for k, blocks in enumerate(state.received):
+            for o, blk in enumerate(blocks):
+                for f, ids in zip(self.features[o], blk.ids.split(blk.counts), strict=True):
+                    per_k = out.setdefault(f, [])
+                    if len(per_k) == k:  # a column-split feature's owners share its ids
+                        per_k.append(ids)
+        return out
 
     def _rows(self, out: torch.Tensor, state: DedupBatch, k: int, s: int) -> list[torch.Tensor]:
         """Views of the owner's lookup output (or its gradient) holding block (k, s)."""

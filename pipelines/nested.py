@@ -58,7 +58,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order
-from pipelines.dedup import DedupBatch, DedupExchange
+from pipelines.dedup import DedupBatch, DedupExchange, route_distinct
 from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending, micro_sizes
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
@@ -218,8 +218,26 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         steps = []
         for m in self._modules:
             ctx = EmbeddingBagCollectionContext()
-            steps.append(_ModuleStep(ctx, m.module.input_dist(ctx, batch.sparse_features)))
+            kjt, states = self._route_distinct(m, batch, order)
+            steps.append(_ModuleStep(ctx, m.module.input_dist(ctx, kjt), dedup=states))
         return _Step(batch, order, steps)
+
+    def _route_distinct(self, m: _Module, batch: Batch, order: torch.Tensor | None):
+        """With dedup: each micro-batch's distinct rows per owner (and how its bags pool
+        from them), and the ids to route: each micro-batch's distinct ids only."""
+        states: list[DedupBatch | None] = [None] * len(m.groups)
+        kjt = batch.sparse_features
+        if not any(g.dedup is not None for g in m.groups):
+            return kjt, states
+        own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order])
+        samples = [own.samples(0, k) for k in range(self._n)]
+        distinct: dict[str, list[torch.Tensor]] = {}
+        for g, group in enumerate(m.groups):
+            if group.dedup is not None:
+                states[g] = DedupBatch()
+                group.dedup.requester_input(kjt, samples, states[g])
+                distinct.update(group.dedup.distinct(states[g]))
+        return route_distinct(kjt, distinct, samples), states
 
     @staticmethod
     def _send_ids(step: _Step) -> None:
@@ -272,12 +290,12 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         for mi, (m, ms) in enumerate(zip(self._modules, step.modules, strict=True)):
             if not ms.looked_up:
                 ms.looked_up = [None] * len(m.groups)
-                ms.inputs, ms.dedup = list(ms.features), [None] * len(m.groups)
+                ms.inputs = list(ms.features)
             for g, group in enumerate(m.groups):
                 if (group.exchange is not None) == exchanged and ms.looked_up[g] is None:
                     if group.dedup is not None:  # single-id bags of each block's rows
                         plan = self._plans(step)[mi]
-                        ms.inputs[g], ms.dedup[g] = group.dedup.owner_input(ms.features[g], plan)
+                        ms.inputs[g] = group.dedup.owner_input(ms.features[g], plan, ms.dedup[g])
                     ms.looked_up[g] = group.lookup(ms.inputs[g])
 
     def _refresh(self, step: _Step, updated: _Step) -> None:
@@ -372,10 +390,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         batch = step.batch
         size = batch.dense_features.shape[0]
         plans = self._plans(step)
-        for m, ms, plan in zip(self._modules, step.modules, plans, strict=True):
-            for group, state in zip(m.groups, ms.dedup, strict=True):
-                if state is not None:  # my micro-batches' distinct rows, from my own batch
-                    group.dedup.requester_input(batch.sparse_features, plan, state)
         rank = dist.get_rank()
         # every chunk's exchange is launched now, in order; micro-batch k waits for its own
         sends: list[list[list[Pending | None]]] = []  # [module][chunk][group]

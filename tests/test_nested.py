@@ -57,6 +57,19 @@ def test_cluster_order_groups_shared_ids_and_permutes() -> None:
     assert after < 0.7 * before, (before, after)
 
 
+def test_routed_ids_are_each_micro_batchs_distinct_ids_in_its_first_bag() -> None:
+    from pipelines.dedup import route_distinct
+
+    kjt = _kjt({"a": [[5, 5], [3], [5], [], [7, 7]], "b": [[1], [2], [3], [4], [5]]})
+    samples = [slice(0, 3), slice(3, 5)]  # micro-batches of 3 and 2 samples
+    distinct = {"a": [torch.tensor([3, 5]), torch.tensor([7])]}
+    out = route_distinct(kjt, distinct, samples)
+    assert [t.tolist() for t in out["a"].to_dense()] == [[3, 5], [], [], [7], []]
+    assert torch.equal(out["b"].values(), kjt["b"].values())  # other features as they were
+    clustered = route_distinct(kjt, distinct, [torch.tensor([2, 0, 1]), torch.tensor([4, 3])])
+    assert [t.tolist() for t in clustered["a"].to_dense()] == [[], [], [3, 5], [], [7]]
+
+
 def test_cluster_order_leaves_single_micro_batch_alone() -> None:
     kjt = _kjt({"a": [[3], [1], [2]]})
     assert cluster_order(kjt, 1).tolist() == [0, 1, 2]
