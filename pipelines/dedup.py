@@ -199,6 +199,17 @@ class DedupExchange:
         return [out[i : i + n, c0:c1]
                 for (c0, c1), i, n in zip(cols, first, block.counts, strict=True)]  # fmt: skip
 
+    def _all_to_all(self, send: list[torch.Tensor], recv_sizes: list[int]):
+        """One asynchronous all-to-all: `send[r]` to rank r; returns the receive buffer
+        (rank by rank, `recv_sizes` long) and the work to wait for."""
+        data = torch.cat(send)
+        recv = data.new_empty(sum(recv_sizes))
+        work = dist.all_to_all_single(
+            recv, data, output_split_sizes=recv_sizes,
+            input_split_sizes=[len(t) for t in send], group=self.pg, async_op=True,
+        )  # fmt: skip
+        return recv, work
+
     def forward(self, out: torch.Tensor, state: DedupBatch, k: int, b: int) -> Pending:
         """Send each requester its block's rows of `out` (the unique lookups' output);
         receive mine and pool my `b` samples' bags: b x (every owner's F x D)."""
@@ -207,11 +218,7 @@ class DedupExchange:
                 for s in range(self.world)]  # fmt: skip
         received = state.received[k]
         recv_sizes = [len(blk.ids) * self.dim[o] for o, blk in enumerate(received)]
-        recv = out.new_empty(sum(recv_sizes))
-        work = dist.all_to_all_single(
-            recv, torch.cat(send), output_split_sizes=recv_sizes,
-            input_split_sizes=[len(t) for t in send], group=self.pg, async_op=True,
-        )  # fmt: skip
+        recv, work = self._all_to_all(send, recv_sizes)
 
         def finish() -> torch.Tensor:
             pooled = []
@@ -244,11 +251,7 @@ class DedupExchange:
         d = self.dim[self.rank]
         recv_sizes = ([len(state.sent[k][s].ids) * d for s in range(self.world)]
                       if self.features[self.rank] else [0] * self.world)  # fmt: skip
-        recv = grad.new_empty(sum(recv_sizes))
-        work = dist.all_to_all_single(
-            recv, torch.cat(send), output_split_sizes=recv_sizes,
-            input_split_sizes=[len(t) for t in send], group=self.pg, async_op=True,
-        )  # fmt: skip
+        recv, work = self._all_to_all(send, recv_sizes)
 
         def finish() -> torch.Tensor:
             if get_gradient_division():
