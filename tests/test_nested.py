@@ -78,7 +78,8 @@ def test_cluster_order_leaves_single_micro_batch_alone() -> None:
 STEPS = 20
 # (micro-batches, clustering, lookahead with refresh, unique-row exchange)
 VARIANTS = [(n, c, True, False) for n in (1, 2, 4) for c in (False, True)] + [
-    (4, True, False, False), (4, False, False, True), (2, True, True, True)]  # fmt: skip
+    (4, True, False, False), (1, False, False, True), (4, False, False, True),
+    (2, True, True, True)]  # fmt: skip
 
 
 def _nested(n: int, c: bool, lookahead: bool, dedup: bool = False) -> list[str]:
