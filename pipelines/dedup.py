@@ -47,11 +47,12 @@ class _Block:
 @dataclass
 class DedupBatch:
     """One batch's blocks: those this rank receives ([k][o]), those it sends as owner
-    ([k][s]) and where each sits in its unique lookups ([k][s][f]: first bag)."""
+    ([k][s]) and where each block's rows sit in its unique lookups' output ([k][s]: bag
+    and feature position of each row)."""
 
     received: list[list[_Block]] = field(default_factory=list)
     sent: list[list[_Block]] = field(default_factory=list)
-    first: list[list[list[int]]] = field(default_factory=list)
+    where: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
 
 def _block(kjt: KeyedJaggedTensor, keys: torch.Tensor, rows, requester: bool) -> _Block:
@@ -131,6 +132,13 @@ class DedupExchange:
                     f"or two column shards of one table on rank {r}; use pipeline.dedup=false"
                 )
         self.dim = [d[0] if d else 0 for d in dims_per_rank]  # D of each owner
+        d = self.dim[self.rank]
+        if any(columns[f] != (columns[f][0], columns[f][0] + d) or columns[f][0] % d
+               for f in features_per_rank[self.rank]):  # fmt: skip
+            raise NotImplementedError(
+                f"pipeline.dedup: '{fqn}' lays its lookup's columns out in an unexpected "
+                f"order ({columns}); use pipeline.dedup=false"
+            )
         self.stats = stats  # counts rows sent (dedup_rows) and the bags they replace
 
     # owner side: which single-id bags to look up, and where each block's rows are
@@ -146,22 +154,29 @@ class DedupExchange:
             return kjt
         if list(kjt.keys()) != names:
             raise RuntimeError(f"pipeline.dedup: input features {kjt.keys()} != shard {names}")
-        keys = torch.arange(len(names), device=kjt.values().device)
+        device = kjt.values().device
+        keys = torch.arange(len(names), device=device)
+        d = self.dim[self.rank]  # feature f's rows sit in output columns of block columns[f]
+        position = torch.tensor([self.columns[f][0] // d for f in names], device=device)
         per_feature: list[list[torch.Tensor]] = [[] for _ in names]
         used = [0] * len(names)
         for k in range(plan.n):
-            blocks, firsts = [], []
+            blocks, where = [], []
             for s in range(self.world):
                 block = _block(kjt, keys, plan.rows(s, k), requester=False)
+                counts = torch.tensor(block.counts, device=device)
+                feature = torch.repeat_interleave(keys, counts)
+                first = torch.tensor(used, device=device) - (torch.cumsum(counts, 0) - counts)
+                where.append((first[feature] + torch.arange(len(feature), device=device),
+                              position[feature]))  # fmt: skip
                 blocks.append(block)
-                firsts.append(list(used))
                 for f, part in enumerate(block.ids.split(block.counts)):
                     per_feature[f].append(part)
                     used[f] += len(part)
                 self.stats["dedup_rows"] += len(block.ids)
                 self.stats["dedup_bags"] += plan.sizes[s][k] * len(names)
             state.sent.append(blocks)
-            state.first.append(firsts)
+            state.where.append(where)
         stride = max(max(used), 1)
         values = torch.cat([t for parts in per_feature for t in parts])
         lengths = torch.zeros(len(names) * stride, dtype=kjt.lengths().dtype, device=values.device)
@@ -192,12 +207,9 @@ class DedupExchange:
                         per_k.append(ids)
         return out
 
-    def _rows(self, out: torch.Tensor, state: DedupBatch, k: int, s: int) -> list[torch.Tensor]:
-        """Views of the owner's lookup output (or its gradient) holding block (k, s)."""
-        block, first = state.sent[k][s], state.first[k][s]
-        cols = [self.columns[f] for f in self.features[self.rank]]
-        return [out[i : i + n, c0:c1]
-                for (c0, c1), i, n in zip(cols, first, block.counts, strict=True)]  # fmt: skip
+    def _rows(self, out: torch.Tensor) -> torch.Tensor:
+        """The owner's lookup output (or its gradient) as [bags, features, D]."""
+        return out.view(out.shape[0], -1, self.dim[self.rank])
 
     def _all_to_all(self, send: list[torch.Tensor], recv_sizes: list[int]):
         """One asynchronous all-to-all: `send[r]` to rank r; returns the receive buffer
@@ -213,8 +225,8 @@ class DedupExchange:
     def forward(self, out: torch.Tensor, state: DedupBatch, k: int, b: int) -> Pending:
         """Send each requester its block's rows of `out` (the unique lookups' output);
         receive mine and pool my `b` samples' bags: b x (every owner's F x D)."""
-        send = [torch.cat([r.reshape(-1) for r in self._rows(out, state, k, s)])
-                if self.features[self.rank] else out.new_empty(0)
+        rows = self._rows(out) if self.features[self.rank] else None
+        send = [rows[state.where[k][s]].reshape(-1) if rows is not None else out.new_empty(0)
                 for s in range(self.world)]  # fmt: skip
         received = state.received[k]
         recv_sizes = [len(blk.ids) * self.dim[o] for o, blk in enumerate(received)]
@@ -256,15 +268,10 @@ class DedupExchange:
         def finish() -> torch.Tensor:
             if get_gradient_division():
                 recv.div_(self.world)
+            rows = self._rows(out) if self.features[self.rank] else None
             for s, part in enumerate(recv.split(recv_sizes)):
-                if not recv_sizes[s]:
-                    continue
-                rows = part.view(-1, d)
-                at = 0
-                views = self._rows(out, state, k, s)
-                for view, n in zip(views, state.sent[k][s].counts, strict=True):
-                    view.copy_(rows[at : at + n])
-                    at += n
+                if recv_sizes[s]:
+                    rows[state.where[k][s]] = part.view(-1, d)
             return out
 
         return Pending(work, finish)
