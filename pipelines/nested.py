@@ -5,7 +5,8 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
 1. data prefetch of batch i+1, with key-centric sample clustering (`clustering.py`);
 2. host-to-device copy of batch i+1;
 3. key routing of batch i+1: TorchRec's own input all-to-all, started now, waited for
-   only when batch i's micro-batches are done;
+   only when batch i's micro-batches are done; with `dedup`, only each micro-batch's
+   distinct ids are routed (`dedup.py`);
 4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer: with
    `lookahead`, before batch i's update (on GPUs on a side stream), and after the update
    the bags of batch i+1 that hold a row batch i touched are looked up again (the dual
@@ -14,7 +15,9 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
    every chunk is in flight while earlier micro-batches' dense forward and backward run,
    and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
    work. The embedding update happens once, on the whole batch's gradient, through the
-   TBE's own fused backward: the result equals the plain loop for any optimizer.
+   TBE's own fused backward: the result equals the plain loop for any optimizer. With
+   `dedup` the chunks carry each micro-batch's distinct rows, pooled by the requester, and
+   each row's gradient summed over its bags (equal within rounding: sums reorder).
 
 The arithmetic is the plain loop's, in its order, not just close to it: clustering only
 chooses which samples each micro-batch takes (the batch, its lookups and their update stay
@@ -275,7 +278,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             step.orders = [o[:n] for o, n in zip(gathered, sizes, strict=True)]
         return step.orders
 
-    # stage 4: the local lookups (graph kept: their backward is the fused update)
     def _plans(self, step: _Step) -> list[ChunkPlan]:
         """Per module: which samples of every rank's batch each micro-batch takes."""
         if step.plans is None:
@@ -284,6 +286,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                           for ms in step.modules]  # fmt: skip
         return step.plans
 
+    # stage 4: the local lookups (graph kept: their backward is the fused update)
     def _look_up(self, step: _Step, exchanged: bool) -> None:
         self._wait_ids(step)
         self._share_orders(step)
