@@ -2,15 +2,17 @@
 
 `hybrid` uses what the others ignore: the access frequency and each device's own speed.
 1. Batch split: each rank's share of the global batch is proportional to its dense speed
-   (Whale's hardware-aware data parallelism), instead of equal shares.
+   (Whale's hardware-aware data parallelism), instead of equal shares; then also shares
+   capped where the largest-batch ranks' exchange costs more than the dense work it saves.
 2. Hot rows replicated (HugeCTR's hybrid embedding): for each table the hottest h rows
    become a data-parallel part on every rank when the all-reduce of their gradients costs
-   less than the all-to-all they save; the cold rest then exchanges only its own lookups
-   (a variable-length exchange). h comes from the table's coverage curve; h = rows is a
-   small table replicated whole.
-3. The rest is cut into column-wise pieces small enough to balance, and placed longest
-   first on the rank that would finish it earliest (its own embedding bandwidth, the
-   exchange, and the dense work of its batch share), never over its memory.
+   less than the all-to-all they save on the largest-batch rank; the cold rest then
+   exchanges only its own lookups (a variable-length exchange). h comes from the table's
+   coverage curve; h = rows is a small table replicated whole.
+3. The rest is cut into pieces small enough to balance (column-wise; a cold part in row
+   parts, each its own table), and placed longest first where the slowest rank ends
+   fastest: each rank's lookups, dense work, and the larger of the bytes it sends and
+   receives, never over its memory.
 4. Tier: pieces that fit no device's fast memory go to host memory with an HBM cache of
    their hottest rows (sized by the coverage curve and the free HBM), else host memory.
 The predicted step of the slowest rank is what this minimises, under each rank's capacity.
