@@ -97,8 +97,8 @@ def route_distinct(
         lens.zero_()
         held = []
         for rows, ids in zip(samples, distinct[f], strict=True):
-            first = rows.start if isinstance(rows, slice) else (int(rows[0]) if len(rows) else None)
-            if len(ids) and first is not None and first < stride:
+            if len(ids):  # a micro-batch with ids has samples: its first one holds them
+                first = rows.start if isinstance(rows, slice) else int(rows[0])
                 lens[first] = len(ids)
                 held.append((first, ids))
         values += [ids for _, ids in sorted(held, key=lambda h: h[0])]
@@ -123,7 +123,6 @@ class DedupExchange:
         self.rank = dist.get_rank(pg)
         self.world = len(features_per_rank)
         self.features = features_per_rank
-        self.dims = dims_per_rank
         self.columns = columns
         for r, (names, dims) in enumerate(zip(features_per_rank, dims_per_rank, strict=True)):
             if len(set(dims)) > 1 or len(set(names)) < len(names):
@@ -179,9 +178,9 @@ class DedupExchange:
             state.where.append(where)
         stride = max(max(used), 1)
         values = torch.cat([t for parts in per_feature for t in parts])
-        lengths = torch.zeros(len(names) * stride, dtype=kjt.lengths().dtype, device=values.device)
-        for f, n in enumerate(used):
-            lengths[f * stride : f * stride + n] = 1
+        bag = torch.arange(stride, device=device)
+        lengths = (bag[None, :] < torch.tensor(used, device=device)[:, None]).reshape(-1)
+        lengths = lengths.to(kjt.lengths().dtype)
         return KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=stride)
 
     # requester side: the same blocks, from this rank's own batch

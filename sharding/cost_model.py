@@ -161,6 +161,19 @@ class StepCost:
         return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense)
 
 
+def exposed_exchange_passes(schedule: Schedule, micro_batches: int = 1) -> float:
+    """How many whole embedding exchanges (forward and backward: 2) a schedule leaves
+    exposed at least: all of them, except under `nested`, 1/N of them (`StepCost.step_s`)."""
+    return 2.0 / max(1, micro_batches) if schedule == Schedule.nested else 2.0
+
+
+def vectors_per_sample(s: Shard, t: TableStats) -> float:
+    """Vectors a shard's owner sends per sample of another rank (and gradients back): one
+    pooled vector, or with a cold-only exchange one per lookup it serves."""
+    share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
+    return t.lookups_per_sample * share if s.sparse_exchange else 1.0
+
+
 def memory_bytes(
     shards: Sequence[Shard], world: int, opt: OptimizerState | None = None
 ) -> list[dict[str, int]]:
@@ -221,10 +234,7 @@ def step_cost(
         for r in range(world):
             if r == s.rank:
                 continue
-            vectors = batch_per_rank[r] * (
-                t.lookups_per_sample * share if s.sparse_exchange else 1.0  # pooled: 1 a sample
-            )
-            vec = vectors * s.cols * FLOAT_BYTES
+            vec = batch_per_rank[r] * vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
             sent[s.rank] += vec
             recv[r] += vec
             idb = batch_per_rank[r] * (t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES)

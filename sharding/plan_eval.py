@@ -24,6 +24,7 @@ from sharding.cost_model import (
     Shard,
     TableStats,
     Tier,
+    exposed_exchange_passes,
     memory_bytes,
     step_cost,
 )
@@ -260,10 +261,8 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     f_min = np.minimum(f, b_hi * (big_b - b_hi) / big_b)
     exchange = np.zeros_like(f_min)
     if w > 1:
-        per = {Schedule.plain: 2.0, Schedule.sparse_dist: 2.0}.get(
-            inputs.schedule, 2.0 / max(1, inputs.micro_batches)
-        )  # forward + backward; the nested schedule leaves 1/N of them exposed
-        a2a_s = per * FLOAT_BYTES / inputs.network.alltoall.bytes_per_s
+        passes = exposed_exchange_passes(inputs.schedule, inputs.micro_batches)
+        a2a_s = passes * FLOAT_BYTES / inputs.network.alltoall.bytes_per_s
         ar_s = 2 * (w - 1) / w * FLOAT_BYTES / inputs.network.allreduce.bytes_per_s
         for t in inputs.tables:
             h = np.unique(np.concatenate([[0], np.geomspace(1, t.rows, 120).round(), [t.rows]]))

@@ -26,7 +26,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sharding.cost_model import FLOAT_BYTES, Schedule, Shard, TableStats, Tier
+from sharding.cost_model import (
+    FLOAT_BYTES,
+    Shard,
+    TableStats,
+    Tier,
+    exposed_exchange_passes,
+    vectors_per_sample,
+)
 from sharding.plan_eval import (
     Plan,
     PlanDoesNotFitError,
@@ -245,15 +252,12 @@ def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
     sample, see plan_eval.lower_bound_ms)."""
     big_b, w = inputs.global_batch, inputs.world
     by_name = {t.name: t for t in inputs.tables}
-    volume = sum(
-        s.cols * FLOAT_BYTES
-        * (by_name[s.table].lookups_per_sample * s.lookup_share if s.sparse_exchange else 1.0)
-        for s in plan.shards() if not s.dp
-    )  # fmt: skip
+    volume = sum(s.cols * FLOAT_BYTES * vectors_per_sample(s, by_name[s.table])
+                 for s in plan.shards() if not s.dp)  # fmt: skip
     sample_s = dense_s_per_sample(inputs)
     input_s = np.array([d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices])
     caps = np.unique(np.linspace(math.ceil(big_b / w), max(plan.batch_per_rank), 64).round())
-    passes = 2.0 if inputs.schedule != Schedule.nested else 2.0 / max(1, inputs.micro_batches)
+    passes = exposed_exchange_passes(inputs.schedule, inputs.micro_batches)
     best_cap, best_s = None, math.inf
     for cap in caps:
         b = np.array(capped_batch(big_b, sample_s, int(cap)))

@@ -161,6 +161,20 @@ def test_capped_batch_fills_slower_ranks_in_proportion_up_to_the_cap() -> None:
     assert t == pytest.approx([800.0, 400.0])  # the slow ranks' 200 x 4 s; uncapped 400 s
 
 
+def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> None:
+    """Across a slow link the H100s' speed-proportional shares (15x the T4s') would make
+    them receive most of the exchange; capped shares plan faster."""
+    from sharding.planners import _hybrid
+
+    spec = ClusterSpec(name="mix", network=NetworkSpec(intra_node_gbps=5), nodes=[
+        NodeGroup(devices=[DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)])])  # fmt: skip
+    inputs = inputs_for(spec, [TableStats(f"t{i}", 100_000, 128) for i in range(26)])
+    speed = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert max(plan.batch_per_rank) < max(speed) and sum(plan.batch_per_rank) == sum(speed)
+    assert plan.est_step_ms < evaluate(_hybrid(inputs, speed), inputs).est_step_ms
+
+
 def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)])
