@@ -16,10 +16,16 @@ from recsys.models.cost_inputs import model_cost
 from sharding.access_profile import AccessProfile
 from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
 from sharding.cluster import compute_device_type, resolve_cluster
-from sharding.cost_model import schedule_of
-from sharding.plan_eval import Plan, PlanInputs, equal_batch, evaluate, power_law_coverage
-from sharding.plan_shards import plan_layout, shards_from_layout
-from sharding.planners import PLANNERS, TablePlan, finish_table
+from sharding.cost_model import TableStats, schedule_of
+from sharding.plan_check import check_inputs
+from sharding.plan_eval import (
+    Plan,
+    PlanInputs,
+    evaluate,
+    power_law_coverage,
+)
+from sharding.planners import PLANNERS
+from sharding.torchrec_planner import TorchRecPlans
 from sharding.types import PlannerName
 
 
@@ -33,25 +39,80 @@ register_configs()
 ConfigStore.instance().store(name="base_plan", node=PlanAppConfig)
 
 
+class PlanConfigError(ValueError):
+    """A training config key that the planner cannot use."""
+
+
+def check_plan_config(cfg: TrainConfig) -> None:
+    """The config keys the planner reads, checked before anything is planned."""
+    if not cfg.trainer.batch_size >= 1:
+        raise PlanConfigError(
+            f"trainer.batch_size must be >= 1 sample per rank, got {cfg.trainer.batch_size}"
+        )
+    reserve = cfg.planner.storage_reservation
+    if not 0 <= reserve < 1:
+        raise PlanConfigError(
+            f"planner.storage_reservation is the share of each device's memory kept free; it "
+            f"must lie in [0, 1), got {reserve}"
+        )
+    if cfg.planner.torchrec_min_partition < 4:
+        raise PlanConfigError(
+            f"planner.torchrec_min_partition must be >= 4 columns, got "
+            f"{cfg.planner.torchrec_min_partition}"
+        )
+    if cfg.planner.torchrec_timeout_s is not None and not cfg.planner.torchrec_timeout_s > 0:
+        raise PlanConfigError(
+            f"planner.torchrec_timeout_s must be > 0 seconds (or null), got "
+            f"{cfg.planner.torchrec_timeout_s}"
+        )
+
+
+def check_profile(profile: AccessProfile, tables: list[TableStats], where: str) -> None:
+    """A profile must describe this model's tables: the same names and row counts."""
+    have = {t.name: t.rows for t in profile.tables}
+    want = {t.name: t.rows for t in tables}
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    rows = [f"{n}: {have[n]:,} rows profiled, {want[n]:,} in the model"
+            for n in sorted(set(have) & set(want)) if have[n] != want[n]]  # fmt: skip
+    if missing or extra or rows:
+        source = profile.source.get("model", "another model")
+        raise PlanConfigError(
+            f"profile {where} (of model '{source}') does not match this model's tables: "
+            + "; ".join(
+                x for x in (
+                    f"missing {missing[:5]}" if missing else "",
+                    f"not in the model {extra[:5]}" if extra else "",
+                    "; ".join(rows[:3]),
+                ) if x
+            )
+            + ". Fix: profile this model (python -m sharding.profile model=...) or drop profile="
+        )  # fmt: skip
+
+
 def plan_inputs(
     cfg: TrainConfig,
     profile: AccessProfile | None,
     link: str | None,
     cal: Calibration | None = None,
+    profile_path: str = "",
 ) -> PlanInputs:
-    """The planner's inputs; CPU clusters use `cal`, or the saved calibration."""
+    """The planner's inputs, checked; CPU clusters use `cal`, or the saved calibration."""
+    check_plan_config(cfg)
     ranks = resolve_cluster(cfg.cluster)
     cpu = compute_device_type(ranks) == "cpu"
     cal = cal or (load_calibration() if cpu else None)
     pooling = {t.name: t.lookups_per_sample for t in profile.tables} if profile else None
     mc = model_cost(cfg.model, pooling)
+    if profile is not None:
+        check_profile(profile, mc.tables, profile_path)
     coverage = {}
     for t in mc.tables:
         if profile is not None:
             coverage[t.name] = profile.table(t.name).hit_rate
         else:
             coverage[t.name] = power_law_coverage(t.rows, cfg.dataset.zipf_exponent)
-    return PlanInputs(
+    inputs = PlanInputs(
         tables=mc.tables,
         coverage=coverage,
         ranks=ranks,
@@ -67,38 +128,29 @@ def plan_inputs(
         cluster=cfg.cluster.name,
         cold_only_exchange=cfg.planner.cold_only_exchange,
     )
+    check_inputs(inputs)
+    return inputs
 
 
-def torchrec_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
-    """TorchRec's planner, read back into our Plan so the same cost model judges it."""
+def torchrec_plans(cfg: TrainConfig, inputs: PlanInputs) -> TorchRecPlans:
+    """TorchRec's planner on the model itself (so its plan text names the trainer's
+    modules), its choice and its best under our cost model read back as our Plans."""
     import torch
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     from recsys.models.dlrm import build_model
-    from sharding.torchrec_planner import plan_with_torchrec
+    from sharding.torchrec_planner import torchrec_plans as plan_tables
 
     model = build_model(cfg.model, dense_device=torch.device("meta"))
-    sharders = [EmbeddingBagCollectionSharder()]
-    tr_plan = plan_with_torchrec(model, inputs.ranks, sharders, cfg.trainer.batch_size, cfg.planner)
-    shards = shards_from_layout(plan_layout(tr_plan), inputs.tables, inputs.world)
-    tables = []
-    for t in inputs.tables:
-        own = [s for s in shards if s.table == t.name]
-        dp = all(s.dp for s in own)
-        tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
-                       hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
-                       shards=own)  # fmt: skip
-        tables.append(finish_table(tp))  # data-parallel tables come back as they are
-    batch = equal_batch(inputs.global_batch, inputs.world)
-    return Plan("torchrec", inputs.cluster, tables, batch, torchrec_text=str(tr_plan))
+    return plan_tables(inputs, cfg.planner, model)
 
 
 def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
+    """The configured planner's plan (TorchRec's: its own choice), evaluated."""
     start = time.perf_counter()
     name = PlannerName(cfg.planner.name)
-    plan = (
-        torchrec_plan(cfg, inputs) if name == PlannerName.torchrec else PLANNERS[name.value](inputs)
-    )
+    if name == PlannerName.torchrec:
+        return torchrec_plans(cfg, inputs).chosen
+    plan = PLANNERS[name.value](inputs)
     plan.planning_s = time.perf_counter() - start
     return evaluate(plan, inputs)
 
@@ -110,6 +162,8 @@ def plan_json(plan: Plan) -> dict:
         "feasible": plan.feasible,
         "est_step_ms": plan.est_step_ms,
         "lower_bound_ms": plan.lower_bound_ms,
+        "schedule": plan.schedule,  # the pipeline schedule est_step_ms and the bound assume
+        "micro_batches": plan.micro_batches,
         "planning_s": plan.planning_s,
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
         "devices": plan.devices,

@@ -172,15 +172,11 @@ def _place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
 
 def plan_only(cfg: TrainConfig, run_dir: Path) -> dict:
     """Dry run: plan the model for the cluster on the meta device; no process group needed."""
+    from recsys.planning import plan_inputs
+
     ranks = resolve_cluster(cfg.cluster)
     model = build_model(cfg.model, dense_device=torch.device("meta"))
-    plan = plan_with_torchrec(
-        model,
-        ranks,
-        [EmbeddingBagCollectionSharder()],
-        batch_size=cfg.trainer.batch_size,
-        config=cfg.planner,
-    )
+    plan = plan_with_torchrec(model, plan_inputs(cfg, None, None), cfg.planner).plan
     (run_dir / "plan.txt").write_text(str(plan))
     return {
         "dry_run": True,
@@ -220,9 +216,10 @@ def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank
     if our_plan is None:
         model = build_model(cfg.model, dense_device=device)
         _fuse_embedding_optimizer(tcfg, model)
-        plan = plan_with_torchrec(
-            model, ranks, sharders, tcfg.batch_size, cfg.planner, process_group=dist.group.WORLD
-        )
+        from recsys.planning import plan_inputs
+
+        inputs = plan_inputs(cfg, None, None)
+        plan = plan_with_torchrec(model, inputs, cfg.planner, sharders, dist.group.WORLD).plan
         return model, plan, sharders, None
     hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
                 if 0 < t.replicated_rows < t.rows}  # fmt: skip

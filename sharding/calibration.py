@@ -84,11 +84,12 @@ def network_cost(
     spec: ClusterSpec, ranks: list[RankDevice], cal: Calibration | None, link: str | None
 ) -> NetworkCost:
     """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...); else from
-    the spec. All-to-all: each device sends its own data over its share of the slowest
-    network the cluster spans. All-reduce across nodes: NCCL's rings enter and leave each
-    node once per channel, one channel per device and NIC, so a node's devices together
-    carry the ring at (devices per node) x their NIC share, capped by the intra-node link
-    (NVIDIA/nccl#687, #569: multi-node all-reduce speeds up with more NICs in use)."""
+    the spec. All-to-all: each device sends its own data over its share of the network:
+    NVLink (`intra_node_gbps`) to ranks of its node, its NIC share across nodes. All-reduce
+    across nodes: NCCL's rings enter and leave each node once per channel, one channel per
+    device and NIC, so a node's devices together carry the ring at (devices per node) x
+    their NIC share, capped by the intra-node link (NVIDIA/nccl#687, #569: multi-node
+    all-reduce speeds up with more NICs in use)."""
     if all(r.kind == "cpu" for r in ranks) and cal is not None:
         name = link or "loopback"
         if name not in cal.links:
@@ -101,5 +102,6 @@ def network_cost(
     if len(per_node) == 1:
         return spec_network_cost(net.intra_node_gbps, net.latency_us)
     a2a = spec_network_cost(net.inter_node_gbps, net.latency_us).alltoall
+    intra = spec_network_cost(net.intra_node_gbps, net.latency_us).alltoall
     ring_gbps = min(net.intra_node_gbps, net.inter_node_gbps * min(per_node.values()))
-    return NetworkCost(a2a, spec_network_cost(ring_gbps, net.latency_us).allreduce)
+    return NetworkCost(a2a, spec_network_cost(ring_gbps, net.latency_us).allreduce, intra)

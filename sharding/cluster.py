@@ -24,6 +24,12 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
         raise ClusterConfigError(f"cluster '{spec.name}' has no nodes")
     _positive(spec.network.intra_node_gbps, "network.intra_node_gbps", spec.name)
     _positive(spec.network.inter_node_gbps, "network.inter_node_gbps", spec.name)
+    if not spec.network.latency_us >= 0:
+        raise ClusterConfigError(
+            f"cluster '{spec.name}': network.latency_us must be >= 0, got "
+            f"{spec.network.latency_us}. Fix it in conf/cluster/{spec.name}.yaml or the "
+            f"override that set it."
+        )
     ranks: list[RankDevice] = []
     node_index = 0
     for g, group in enumerate(spec.nodes):

@@ -11,8 +11,12 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
   `host_read_bytes_per_s`. Backward + optimizer update = forward x `emb_bwd_factor`.
 - all-to-all: ids (8 bytes per lookup + 4 per bag length) forward; pooled embeddings
   forward and their gradients backward: one vector of the shard's columns per sample and
-  feature (TorchRec's pooled output a2a sends empty bags too). Time = latency + the larger of
-  bytes sent and received / bandwidth.
+  feature (TorchRec's pooled output a2a sends empty bags too). A table-row-wise group
+  (`node_reduce`) first reduce-scatters its partial sums among its ranks on the node, then
+  sends one vector per sample of another node (TorchRec's TWRW). Bytes to ranks of the same
+  node go over the intra-node link, the rest over the inter-node one, concurrently: time =
+  latency + the larger over the two links of (the larger of bytes sent and received) /
+  bandwidth.
 - dense: 6 FLOPs per parameter and sample (2 forward, 4 backward) / `dense_flops_per_s`,
   plus the feature interaction's (DLRM's dot products, `dot_interaction_flops`) /
   `interaction_flops_per_s` (batched small products run slower than the MLPs' GEMMs).
@@ -25,13 +29,17 @@ Each stage ends in a collective, so the step is the sum over stages of the slowe
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 from sharding.types import RankDevice
 
 FLOAT_BYTES = 4
+ALL_RANKS = -1  # the rank of a data-parallel shard: a copy on every rank
 ID_BYTES = 8
 LENGTH_BYTES = 4
 
@@ -72,7 +80,8 @@ class TableStats:
 
 @dataclass(frozen=True)
 class Shard:
-    """Part of a table on one rank: `rows` x `cols`. Data-parallel copies have dp=True."""
+    """Part of a table on one rank: `rows` x `cols`. A data-parallel part (dp=True) stands
+    for a copy on every rank; its `rank` is ALL_RANKS."""
 
     table: str
     rank: int
@@ -88,6 +97,9 @@ class Shard:
     # cold part); False: TorchRec's pooled exchange, one vector per sample, empty or not.
     sparse_exchange: bool = False
     cache_rows: int = 0  # cached tier: rows the HBM cache holds (0: hit_rate x rows)
+    # True: one of a table-row-wise group on its node (TorchRec's TWRW): its partial sums
+    # are reduce-scattered within the node before one vector per sample crosses nodes
+    node_reduce: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,9 @@ class DeviceCost:
     # the pooling after it; counted on the rank that looks it up and on the one that pools
     sequence_s_per_lookup: float = 0.0
     sequence_s_fixed: float = 0.0  # per step, on a rank with any sequence lookups
+    # and per byte of each such lookup's vector (GPUs: per-id outputs and their gradients
+    # written and read again in device memory)
+    sequence_s_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,8 +133,16 @@ class LinkCost:
 
 @dataclass(frozen=True)
 class NetworkCost:
+    """`alltoall`: the link between nodes (on a one-node cluster, the only link);
+    `intra`: between ranks of one node, when it differs (NVLink); `allreduce`: the ring's."""
+
     alltoall: LinkCost
     allreduce: LinkCost
+    intra: LinkCost | None = None
+
+    @property
+    def intra_alltoall(self) -> LinkCost:
+        return self.intra or self.alltoall
 
 
 @dataclass
@@ -179,19 +202,22 @@ def memory_bytes(
 ) -> list[dict[str, int]]:
     """Per rank: bytes in HBM and in host memory, weights plus optimizer state."""
     opt = opt or OptimizerState()
-    out = [{"hbm": 0, "host": 0} for _ in range(world)]
+    hbm, host = [0] * world, [0] * world
+    everyone = 0  # bytes of data-parallel copies, on every rank
     for s in shards:
         weights = s.rows * s.cols * FLOAT_BYTES
         state = s.rows * opt.per_row_bytes + s.rows * s.cols * opt.per_value_bytes
-        if s.tier == Tier.hbm:
-            out[s.rank]["hbm"] += weights + state
+        if s.dp:
+            everyone += weights + state
+        elif s.tier == Tier.hbm:
+            hbm[s.rank] += weights + state
         elif s.tier == Tier.host:
-            out[s.rank]["host"] += weights + state
+            host[s.rank] += weights + state
         else:  # cached: all rows in host memory, the hot ones mirrored in HBM
-            out[s.rank]["host"] += weights + state
+            host[s.rank] += weights + state
             cached = s.cache_rows * s.cols * FLOAT_BYTES if s.cache_rows else weights * s.hit_rate
-            out[s.rank]["hbm"] += int(cached)
-    return out
+            hbm[s.rank] += int(cached)
+    return [{"hbm": hbm[r] + everyone, "host": host[r]} for r in range(world)]
 
 
 def step_cost(
@@ -202,52 +228,49 @@ def step_cost(
     network: NetworkCost,
     dense_params: int,
     interaction_flops_per_sample: float = 0.0,
+    nodes: Sequence[int] | None = None,
 ) -> StepCost:
-    """Stage times of one training step for a placement (see the module docstring)."""
+    """Stage times of one training step for a placement (see the module docstring).
+    `nodes`: each rank's node (default: all on one node)."""
     world = len(batch_per_rank)
-    global_batch = sum(batch_per_rank)
+    b = np.asarray(batch_per_rank, dtype=np.float64)
+    node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
     by_name = {t.name: t for t in tables}
-    lookup = [0.0] * world
-    sent = [0.0] * world  # pooled embedding bytes a rank sends forward
-    recv = [0.0] * world
-    ids_sent = [0.0] * world
-    ids_recv = [0.0] * world
-    seq_lookups = [0.0] * world  # cold lookups a rank looks up or pools as sequences
+    lookup = np.zeros(world)
+    seq_lookups = np.zeros(world)  # cold lookups a rank looks up or pools as sequences
+    seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
+    ex = _Exchange(b, node)
     dp_bytes = 0
+    groups = Counter((s.table, int(node[s.rank])) for s in shards if s.node_reduce and not s.dp)
+    read_s = np.array([1 / d.emb_read_bytes_per_s for d in devices])
+    host_s = np.array([1 / d.host_read_bytes_per_s for d in devices])
+    local = 0.0  # bytes per sample every rank looks up in its own data-parallel copies
     for s in shards:
         t = by_name[s.table]
-        dev = devices[s.rank]
-        samples = batch_per_rank[s.rank] if s.dp else global_batch
         share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
-        looked_up = samples * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
-        hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
-        lookup[s.rank] += looked_up * hit / dev.emb_read_bytes_per_s
-        lookup[s.rank] += looked_up * (1 - hit) / dev.host_read_bytes_per_s
-        if s.dp:
-            if s.rank == 0:  # its gradients are all-reduced once, whatever the world size
-                dp_bytes += s.rows * s.cols * FLOAT_BYTES
+        if s.dp:  # looked up locally for the rank's own samples; gradients all-reduced
+            local += t.lookups_per_sample * share * s.cols * FLOAT_BYTES
+            dp_bytes += s.rows * s.cols * FLOAT_BYTES
             continue
+        looked_up = ex.total * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
+        hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
+        lookup[s.rank] += looked_up * (hit * read_s[s.rank] + (1 - hit) * host_s[s.rank])
         if s.sparse_exchange:
-            seq_lookups[s.rank] += samples * t.lookups_per_sample * share
-            for r in range(world):
-                seq_lookups[r] += batch_per_rank[r] * t.lookups_per_sample * share
-        for r in range(world):
-            if r == s.rank:
-                continue
-            vec = batch_per_rank[r] * vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
-            sent[s.rank] += vec
-            recv[r] += vec
-            idb = batch_per_rank[r] * (t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES)
-            ids_sent[r] += idb
-            ids_recv[s.rank] += idb
-    a2a = network.alltoall
-    emb = [a2a.time_s(max(sent[r], recv[r])) for r in range(world)]
-    ids = [a2a.time_s(max(ids_sent[r], ids_recv[r])) for r in range(world)]
+            cold = t.lookups_per_sample * share
+            seq_lookups[s.rank] += ex.total * cold
+            seq_lookups += b * cold  # every rank pools its own samples' cold lookups
+            seq_bytes[s.rank] += ex.total * cold * s.cols * FLOAT_BYTES
+            seq_bytes += b * cold * s.cols * FLOAT_BYTES
+        vec = vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
+        group = groups[(s.table, int(node[s.rank]))] if s.node_reduce else 0
+        ex.add(s.rank, vec, t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES, group)
+    lookup += b * local * read_s
+    emb, ids, sent = ex.times(network)
     dense = []
-    for b, d in zip(batch_per_rank, devices, strict=True):
+    for r, d in enumerate(devices):
         inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
         mlp_s = 6.0 * dense_params / d.dense_flops_per_s
-        dense.append(b * (mlp_s + interaction_flops_per_sample / inter_rate))
+        dense.append(float(b[r] * (mlp_s + interaction_flops_per_sample / inter_rate)))
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
     allreduce = 0.0
     if world > 1:  # ring all-reduce: 2(W-1) latency hops, 2(W-1)/W of the bytes each way
@@ -255,7 +278,7 @@ def step_cost(
         ring_bytes = 2 * (world - 1) / world * grad_bytes
         allreduce = 2 * (world - 1) * link.latency_s + ring_bytes / link.bytes_per_s
     return StepCost(
-        lookup_fwd_s=lookup,
+        lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],
         ids_a2a_s=ids,
         emb_a2a_fwd_s=emb,
@@ -264,15 +287,87 @@ def step_cost(
         allreduce_s=allreduce,
         overhead_s=max(d.step_overhead_s for d in devices),
         input_s=max(
-            b * (d.input_s_per_sample + d.sample_overhead_s)
-            for b, d in zip(batch_per_rank, devices, strict=True)
+            float(n) * (d.input_s_per_sample + d.sample_overhead_s)
+            for n, d in zip(b, devices, strict=True)
         ),
-        a2a_bytes=[2 * sent[r] + ids_sent[r] for r in range(world)],
+        a2a_bytes=sent,
         sequence_s=[
-            n * d.sequence_s_per_lookup + (d.sequence_s_fixed if n else 0.0)
-            for n, d in zip(seq_lookups, devices, strict=True)
-        ],
+            n * d.sequence_s_per_lookup
+            + nb * d.sequence_s_per_byte
+            + (d.sequence_s_fixed if n else 0.0)
+            for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
+        ],  # fmt: skip
     )
+
+
+class _Exchange:
+    """Bytes each rank sends and receives in the all-to-alls, within its node and across.
+
+    A shard on rank o sends, per sample of rank r != o, `vec` bytes forward (gradients the
+    same back) and receives `ids` bytes of ids; a table-row-wise group of g ranks on a node
+    instead reduce-scatters its partial sums for all samples within the node ((g-1)/g of
+    them leave each member) and sends 1/g of the other nodes' samples' vectors from each."""
+
+    def __init__(self, batch: np.ndarray, node: np.ndarray) -> None:
+        self.b, self.node = batch, node
+        self.total = float(batch.sum())
+        self.node_batch = np.bincount(node, weights=batch)
+        self.world = len(batch)
+        zeros = lambda: np.zeros(self.world)  # noqa: E731
+        self.sent_intra, self.sent_inter, self.recv_intra, self.recv_inter = (
+            zeros() for _ in "1234"
+        )
+        self.vec_own, self.ids_own, self.cross_own = zeros(), zeros(), zeros()
+
+    def add(self, owner: int, vec: float, ids: float, group: int) -> None:
+        n = self.node[owner]
+        local = self.node_batch[n] - self.b[owner]  # samples of the owner's node's others
+        remote = self.total - self.node_batch[n]
+        self.ids_own[owner] += ids
+        if group:  # table-row-wise: reduce-scatter in the node, then 1/g of the crossing
+            scatter = vec * self.total * (group - 1) / group
+            self.sent_intra[owner] += scatter
+            self.recv_intra[owner] += scatter
+            self.sent_inter[owner] += vec * remote / group
+            self.cross_own[owner] += vec / group
+            return
+        self.vec_own[owner] += vec
+        self.sent_intra[owner] += vec * local
+        self.sent_inter[owner] += vec * remote
+
+    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float]]:
+        """Per rank: the embedding exchange's time (one way), the ids', and bytes it sends
+        in all of them (forward, backward and ids)."""
+        b, node = self.b, self.node
+        per_node = lambda x: np.bincount(node, weights=x, minlength=len(self.node_batch))  # noqa: E731
+        vec_node, ids_node, cross_node = (
+            per_node(self.vec_own),
+            per_node(self.ids_own),
+            per_node(self.cross_own),
+        )
+        # vectors arrive for a rank's own samples from every owner but itself
+        recv_intra = self.recv_intra + b * (vec_node[node] - self.vec_own)
+        recv_inter = self.recv_inter + b * (vec_node.sum() - vec_node[node])
+        recv_inter += b * (cross_node.sum() - cross_node[node])
+        # ids go the other way: from every rank to each owner, for the sender's samples
+        ids_sent_intra = b * (ids_node[node] - self.ids_own)
+        ids_sent_inter = b * (ids_node.sum() - ids_node[node])
+        ids_recv_intra = self.ids_own * (self.node_batch[node] - b)
+        ids_recv_inter = self.ids_own * (self.total - self.node_batch[node])
+        intra, inter = network.intra_alltoall, network.alltoall
+
+        def time(si, ri, se, re) -> list[float]:
+            out = []
+            for a, c, e, f in zip(si, ri, se, re, strict=True):
+                busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
+                latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
+                out.append(latency + busy if busy > 0 else 0.0)
+            return out
+
+        emb = time(self.sent_intra, recv_intra, self.sent_inter, recv_inter)
+        ids = time(ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter)
+        sent = 2 * (self.sent_intra + self.sent_inter) + ids_sent_intra + ids_sent_inter
+        return emb, ids, sent.tolist()
 
 
 def dot_interaction_flops(features: int, dim: int) -> float:
@@ -290,15 +385,29 @@ GPU_BWD_FACTOR = 2.0
 GPU_DENSE_MFU = 0.35
 A100_DENSE_FLOPS_PER_S = 312e12
 GPU_STEP_OVERHEAD_S = 1e-3
+# The cold-only (sequence) exchange's own work on a GPU, derived, not measured: per cold
+# lookup its vector is written once more than a pooled lookup's (the per-id output), read
+# and written by the exchange's permute, read again by the pooling after it, and the same
+# four passes for its gradient in backward: 8 passes over dim x 4 bytes, plus about 32
+# bytes of id, offset and permute indices, all at GPU_EMB_EFFICIENCY of HBM bandwidth; and
+# per step about 20 more kernel launches and a second variable-length exchange of sizes,
+# ~10 us each. An estimate until `benchmarks.gpu_probe` measures it on a GPU.
+GPU_SEQUENCE_PASSES = 8
+GPU_SEQUENCE_INDEX_BYTES = 32
+GPU_SEQUENCE_FIXED_S = 20 * 10e-6
 
 
 def datasheet_device_cost(device: RankDevice) -> DeviceCost:
+    hbm_bytes_per_s = device.hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY
     return DeviceCost(
-        emb_read_bytes_per_s=device.hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY,
+        emb_read_bytes_per_s=hbm_bytes_per_s,
         host_read_bytes_per_s=device.host_to_device_gbps * 1e9,
         emb_bwd_factor=GPU_BWD_FACTOR,
         dense_flops_per_s=device.speed * A100_DENSE_FLOPS_PER_S * GPU_DENSE_MFU,
         step_overhead_s=GPU_STEP_OVERHEAD_S,
+        sequence_s_per_lookup=GPU_SEQUENCE_INDEX_BYTES / hbm_bytes_per_s,
+        sequence_s_per_byte=GPU_SEQUENCE_PASSES / hbm_bytes_per_s,
+        sequence_s_fixed=GPU_SEQUENCE_FIXED_S,
     )
 
 

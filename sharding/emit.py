@@ -25,7 +25,8 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.distributed.types import ShardingPlan
 
 from sharding.cost_model import Tier
-from sharding.plan_eval import Plan, TablePlan, cold_part_rows, cold_suffixes
+from sharding.plan_eval import Plan, TablePlan
+from sharding.row_parts import cold_part_rows, cold_suffixes
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
 SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts, sequence_cold

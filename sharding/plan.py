@@ -20,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import register_configs
 from recsys.models.dlrm import feature_names
-from recsys.planning import PlanAppConfig, make_plan, plan_inputs, plan_json
+from recsys.planning import PlanAppConfig, make_plan, plan_inputs, plan_json, torchrec_plans
 from sharding.access_profile import AccessProfile
 from sharding.cluster import ClusterConfigError
 from sharding.emit import to_torchrec_plan
 from sharding.plan_eval import Plan, PlanDoesNotFitError
+from sharding.types import PlannerName
 
 
 def plan_table(plan: Plan) -> str:
@@ -97,8 +98,16 @@ def main(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
     try:
         profile = AccessProfile.load(typed.profile) if typed.profile else None
-        inputs = plan_inputs(typed, profile, typed.link)
-        plan = make_plan(typed, inputs)
+        inputs = plan_inputs(typed, profile, typed.link, profile_path=typed.profile or "")
+        note = ""
+        if typed.planner.name == PlannerName.torchrec:
+            tr = torchrec_plans(typed, inputs)
+            plan = tr.chosen
+            note = (f"TorchRec rated {tr.proposals} plans and chose the best under its own "
+                    f"estimate ({tr.own_estimate_ms:.2f} ms by its model); the fastest of them "
+                    f"under our cost model: {tr.best_ours.est_step_ms:.2f} ms")  # fmt: skip
+        else:
+            plan = make_plan(typed, inputs)
     except (PlanDoesNotFitError, ClusterConfigError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -111,6 +120,8 @@ def main(cfg: DictConfig) -> None:
     (out / "plan_torchrec.txt").write_text(text)
     plot(plan, out / "plan.png")
     print(plan_table(plan))
+    if note:
+        print(note)
     print(f"written: {out / 'plan.json'}, {out / 'plan_torchrec.txt'}, {out / 'plan.png'}")
 
 

@@ -13,8 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from sharding.bound import lower_bound_ms
 from sharding.cost_model import (
     FLOAT_BYTES,
     DeviceCost,
@@ -24,10 +23,10 @@ from sharding.cost_model import (
     Shard,
     TableStats,
     Tier,
-    exposed_exchange_passes,
     memory_bytes,
     step_cost,
 )
+from sharding.plan_check import check_plan
 from sharding.types import RankDevice
 
 
@@ -96,16 +95,6 @@ class TablePlan:
     cold_parts: int = 1  # > 1: the cold rows in that many row parts, one shard each
 
 
-def cold_suffixes(parts: int) -> list[str]:
-    """Names of a split table's cold part: `_cold` kept whole, else `_cold0` .. `_cold{k-1}`."""
-    return ["_cold"] if parts <= 1 else [f"_cold{j}" for j in range(parts)]
-
-
-def cold_part_rows(cold_rows: int, parts: int) -> list[int]:
-    """Rows of each row part of a cold part when cold row c goes to part c mod `parts`."""
-    return [(cold_rows - j + parts - 1) // parts for j in range(max(1, parts))]
-
-
 @dataclass
 class Plan:
     planner: str
@@ -119,70 +108,37 @@ class Plan:
     devices: list[dict] = field(default_factory=list)
     a2a_bytes_per_step: float = 0.0
     torchrec_text: str | None = None  # TorchRec's own plan text, for plans TorchRec made
+    # the train pipeline's schedule both est_step_ms and lower_bound_ms assume
+    schedule: str = Schedule.sparse_dist.value
+    micro_batches: int = 1
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]
 
 
-def equal_batch(global_batch: int, world: int) -> list[int]:
-    base, extra = divmod(global_batch, world)
-    return [base + (1 if r < extra else 0) for r in range(world)]
+def finish_table(tp: TablePlan) -> TablePlan:
+    """Sharding type, ranks, tier and rows in fast memory from a table's shards."""
+    cold = [s for s in tp.shards if not s.dp]
+    if not cold:
+        return tp  # replicated whole: data_parallel on every rank
+    kind = "column_wise" if len(cold) > 1 else "table_wise"
+    if tp.cold_parts > 1:
+        kind = f"table_wise_x{tp.cold_parts}"  # row parts, each its own table
+    tp.sharding_type = f"hot_replicated+{kind}" if tp.replicated_rows else kind
+    if not tp.replicated_rows:
+        tp.ranks = sorted({s.rank for s in cold})
+    tiers = {s.tier for s in cold}
+    tp.tier = next(t for t in (Tier.host, Tier.cached, Tier.hbm) if t in tiers)
+    fast = [s.rows if s.tier == Tier.hbm else s.cache_rows for s in cold]
+    # columns of a row sit on several ranks; row parts each hold their own rows
+    tp.hot_rows = tp.replicated_rows + (sum(fast) if tp.cold_parts > 1 else min(fast))
+    return tp
 
 
-def proportional_batch(global_batch: int, weights: list[float]) -> list[int]:
-    """Split the batch by weight, largest remainders first; every rank gets at least 1."""
-    w = np.asarray(weights, dtype=np.float64)
-    raw = global_batch * w / w.sum()
-    out = np.maximum(1, np.floor(raw)).astype(int)
-    for r in np.argsort(-(raw - np.floor(raw)))[: global_batch - int(out.sum())]:
-        out[r] += 1
-    while out.sum() > global_batch:  # the floor of 1 overshot: take from the largest
-        out[int(np.argmax(out))] -= 1
-    return out.tolist()
-
-
-def dense_s_per_sample(inputs: PlanInputs) -> np.ndarray:
-    """Per rank: seconds of dense work (MLPs and feature interaction) per sample."""
-    return np.array([
-        6.0 * inputs.dense_params / d.dense_flops_per_s
-        + inputs.interaction_flops_per_sample / (d.interaction_flops_per_s or d.dense_flops_per_s)
-        for d in inputs.devices
-    ])  # fmt: skip
-
-
-def capped_time(global_batch: int, sample_s: np.ndarray, caps: np.ndarray) -> np.ndarray:
-    """Per cap: the least T with sum_r min(cap, T / sample_s[r]) >= global_batch, i.e. the
-    dense stage of the best split that gives no rank more than `cap` samples (continuous)."""
-    caps = np.atleast_1d(np.asarray(caps, dtype=np.float64))
-    lo = np.full_like(caps, global_batch / np.sum(1.0 / sample_s))  # uncapped: proportional
-    hi = caps * sample_s.max()  # every rank at the cap (needs cap >= global_batch / world)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        enough = np.minimum(caps[:, None], mid[:, None] / sample_s[None, :]).sum(1) >= global_batch
-        hi, lo = np.where(enough, mid, hi), np.where(enough, lo, mid)
-    return hi
-
-
-def capped_batch(global_batch: int, sample_s: np.ndarray, cap: int) -> list[int]:
-    """Shares in proportion to speed (1 / sample_s), but none above `cap` samples: the rest
-    goes to the slower ranks, still in proportion (water-filling); integers summing up."""
-    cap = max(int(cap), math.ceil(global_batch / len(sample_s)))
-    t = float(capped_time(global_batch, sample_s, np.array([cap]))[0])
-    raw = np.minimum(cap, t / sample_s)
-    raw *= global_batch / raw.sum()
-    out = np.minimum(cap, np.maximum(1, np.floor(raw))).astype(int)
-    order = np.argsort(-(raw - np.floor(raw)))
-    while out.sum() < global_batch:  # largest remainders first, never past the cap
-        for r in order:
-            if out.sum() < global_batch and out[r] < cap:
-                out[r] += 1
-    while out.sum() > global_batch:
-        out[int(np.argmax(out))] -= 1
-    return out.tolist()
-
-
-def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
-    """Fill predicted times, memory per rank and the lower bound (in place; returns plan)."""
+def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
+    """Check the plan (`check_plan`), then fill its predicted times, memory per rank and (with
+    `bound`) the lower bound; in place, and returns the plan."""
+    check_plan(plan, inputs)
     shards = plan.shards()
     cost = step_cost(
         inputs.tables,
@@ -192,23 +148,26 @@ def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
         inputs.network,
         inputs.dense_params,
         inputs.interaction_flops_per_sample,
+        nodes=[r.node for r in inputs.ranks],
     )
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)
+    plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
-    plan.lower_bound_ms = lower_bound_ms(inputs)
+    if bound:
+        plan.lower_bound_ms = lower_bound_ms(inputs)
     plan.a2a_bytes_per_step = float(sum(cost.a2a_bytes))
     hbm_cap, host_cap = inputs.hbm_budget(), inputs.host_budget()
     plan.devices = []
     for r, rank in enumerate(inputs.ranks):
-        own = (
-            cost.lookup_fwd_s[r] + cost.lookup_bwd_s[r] + cost.ids_a2a_s[r]
-            + cost.emb_a2a_fwd_s[r] + cost.emb_a2a_bwd_s[r] + cost.dense_s[r]
-        )  # fmt: skip
+        lookup = cost.lookup_fwd_s[r] + cost.lookup_bwd_s[r]
+        exchange = cost.ids_a2a_s[r] + cost.emb_a2a_fwd_s[r] + cost.emb_a2a_bwd_s[r]
         plan.devices.append({
-            "rank": r, "kind": rank.kind,
+            "rank": r, "node": rank.node, "kind": rank.kind,
             "hbm_used_bytes": mem[r]["hbm"], "hbm_cap_bytes": int(hbm_cap[r]),
             "host_used_bytes": mem[r]["host"], "host_cap_bytes": int(host_cap[r]),
-            "est_ms": 1000 * own, "batch": plan.batch_per_rank[r],
+            "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]), "batch": plan.batch_per_rank[r],
+            "lookup_ms": 1000 * lookup, "exchange_ms": 1000 * exchange,
+            "dense_ms": 1000 * cost.dense_s[r],
         })  # fmt: skip
     plan.feasible = all(
         d["hbm_used_bytes"] <= d["hbm_cap_bytes"] + 1
@@ -216,68 +175,6 @@ def evaluate(plan: Plan, inputs: PlanInputs) -> Plan:
         for d in plan.devices
     )
     return plan
-
-
-def lower_bound_ms(inputs: PlanInputs) -> float:
-    """No plan under the cost model can step faster (every term below is at most what the
-    cost model charges any plan, whatever its placement, replication and batch split):
-    - lookups: every table's forward and backward, all from fast memory, spread perfectly
-      over the cluster's total embedding speed; batch assembly likewise;
-    - dense: the rank with the largest batch b runs at best at the fastest device's speed,
-      and no rank finishes before total work / total speed;
-    - exchange: on a rank with batch b, max(sent, recv) >= (b/B) sent + (1 - b/B) recv,
-      which is b (B - b) / B x (bytes of every exchanged shard's vectors per sample),
-      whatever it owns. Per table that volume is dim x (1 for TorchRec's pooled exchange;
-      lookups x (1 - coverage(h)) for a cold part exchanged alone; 0 replicated whole),
-      and replicating its hottest h rows costs their gradients' ring all-reduce: each
-      table takes its cheapest h (lookup shares are taken as consistent with the coverage
-      curve: h rows serve at most coverage(h) of the lookups);
-    - the dense all-reduce and the smallest fixed overhead.
-    The minimum over the largest batch b couples dense work and exchange. b and h are
-    searched on grids, each interval charged its cheapest end, so the bound stays valid."""
-    devs = inputs.devices
-    emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * FLOAT_BYTES
-                    for t in inputs.tables)  # fmt: skip
-    lookup = emb_bytes / sum(d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in devs)
-    per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in devs]
-    per_sample = 0.0
-    if all(c > 0 for c in per_sample_s):
-        per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
-    w, big_b = inputs.world, inputs.global_batch
-    allreduce = 0.0
-    if w > 1:
-        link = inputs.network.allreduce
-        ring_bytes = 2 * (w - 1) / w * inputs.dense_params * FLOAT_BYTES
-        allreduce = 2 * (w - 1) * link.latency_s + ring_bytes / link.bytes_per_s
-    overhead = min(d.step_overhead_s for d in devs)
-    # the largest batch b on a grid; on an interval [b_i, b_i+1] the dense stage is at
-    # least the fastest rank's at b_i and the best split capped at b_i+1 (capped_time)
-    sample_s = dense_s_per_sample(inputs)
-    b = np.unique(np.concatenate([np.geomspace(math.ceil(big_b / w), big_b, 200).round(),
-                                  [math.ceil(big_b / w), big_b]]))  # fmt: skip
-    b_hi = np.append(b[1:], b[-1])
-    dense_at = np.maximum(b * sample_s.min(), capped_time(big_b, sample_s, b_hi))
-    f = b * (big_b - b) / big_b  # concave: its minimum on an interval is at an end
-    f_min = np.minimum(f, b_hi * (big_b - b_hi) / big_b)
-    exchange = np.zeros_like(f_min)
-    if w > 1:
-        passes = exposed_exchange_passes(inputs.schedule, inputs.micro_batches)
-        a2a_s = passes * FLOAT_BYTES / inputs.network.alltoall.bytes_per_s
-        ar_s = 2 * (w - 1) / w * FLOAT_BYTES / inputs.network.allreduce.bytes_per_s
-        for t in inputs.tables:
-            h = np.unique(np.concatenate([[0], np.geomspace(1, t.rows, 120).round(), [t.rows]]))
-            cov = np.array([inputs.coverage[t.name](int(k)) for k in h])
-            share = np.minimum(1.0, t.lookups_per_sample * (1 - cov))
-            if not inputs.cold_only_exchange:
-                share = np.ones_like(cov)
-            share[h == t.rows] = 0.0  # replicated whole: nothing exchanged
-            # interval [h_i, h_i+1]: exchange at its hot end, all-reduce at its cold end
-            vol = np.minimum(share, np.append(share[1:], share[-1])) * t.dim  # per sample
-            ar = ar_s * h * t.dim
-            cost = f_min[:, None] * a2a_s * vol[None, :] + ar[None, :]
-            exchange += cost.min(axis=1)
-    dense_and_exchange = float(np.min(dense_at + exchange))
-    return 1000 * (lookup + dense_and_exchange + per_sample + allreduce + overhead)
 
 
 def check_fits(inputs: PlanInputs) -> None:

@@ -1,4 +1,14 @@
-"""Read a TorchRec ShardingPlan as cost-model shards (one per table part per rank)."""
+"""Read a TorchRec ShardingPlan as cost-model shards (one per table part per rank).
+
+What each sharding type costs is priced by what TorchRec does with it: table-wise,
+column-wise and table-column-wise shards send one pooled vector of their columns per
+sample of every other rank; row-wise shards send their partial sums the same way (a
+reduce-scatter); table-row-wise shards reduce their partial sums within their node first
+(`Shard.node_reduce`); data-parallel tables are looked up locally and all-reduce their
+gradients. UVM-caching shards keep all their rows in host memory and `load factor x rows`
+of them in an HBM cache that serves coverage(load factor x table rows) of the lookups
+(the hottest rows, from the access profile); plain UVM shards read host memory only.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +16,12 @@ from collections.abc import Mapping, Sequence
 
 from torchrec.distributed.types import ShardingPlan
 
-from sharding.cost_model import Shard, TableStats, Tier
+from sharding.batch_split import equal_batch
+from sharding.cost_model import ALL_RANKS, Shard, TableStats, Tier
+from sharding.plan_eval import Plan, PlanInputs, TablePlan, finish_table
 
 _KERNEL_TIER = {"fused_uvm": Tier.host, "fused_uvm_caching": Tier.cached}
+DEFAULT_CACHE_LOAD_FACTOR = 0.2  # TorchRec's and FBGEMM's when a plan names none
 
 
 def plan_layout(plan: ShardingPlan) -> list[dict]:
@@ -20,27 +33,78 @@ def plan_layout(plan: ShardingPlan) -> list[dict]:
                 {"rank": md.placement.rank(), "rows": md.shard_sizes[0], "cols": md.shard_sizes[1]}
                 for md in (ps.sharding_spec.shards if ps.sharding_spec is not None else [])
             ]
+            clf = ps.cache_params.load_factor if ps.cache_params is not None else None
             rows.append({"module": module, "table": name, "sharding_type": ps.sharding_type,
                          "compute_kernel": ps.compute_kernel, "ranks": ps.ranks,
-                         "shards": shards})  # fmt: skip
+                         "cache_load_factor": clf, "shards": shards})  # fmt: skip
     return rows
+
+
+def check_layout(layout: object) -> None:
+    """Raise ValueError unless `layout` is a list of plan_layout rows (see plan_layout)."""
+    if not isinstance(layout, list) or not layout:
+        raise ValueError("a layout is a non-empty JSON list of table rows")
+    for i, row in enumerate(layout):
+        keys = ("table", "sharding_type", "compute_kernel", "shards")
+        if not isinstance(row, dict) or any(k not in row for k in keys):
+            raise ValueError(f"row {i} needs the keys {', '.join(keys)}")
+        for s in row["shards"]:
+            if not isinstance(s, dict) or any(
+                not isinstance(s.get(k), int) or s[k] < 0 for k in ("rank", "rows", "cols")
+            ):
+                raise ValueError(f"row {i} ({row['table']}): a shard needs integer rank, rows "
+                                 f"and cols >= 0, got {s}")  # fmt: skip
 
 
 def shards_from_layout(
     layout: Sequence[dict],
     tables: Sequence[TableStats],
     world: int,
-    hit_rates: Mapping[str, float] | None = None,
+    coverage: Mapping | None = None,
 ) -> list[Shard]:
-    """`hit_rates`: per table, the HBM cache hit rate of cached (fused_uvm_caching) shards."""
+    """`coverage`: per table, hottest-k rows -> share of lookups (for UVM caches; without
+    it a cache is taken to hit every lookup)."""
     by_name = {t.name: t for t in tables}
     shards: list[Shard] = []
     for row in layout:
-        name, t = row["table"], by_name[row["table"]]
-        tier = _KERNEL_TIER.get(row["compute_kernel"], Tier.hbm)
-        hit = (hit_rates or {}).get(name, 1.0) if tier == Tier.cached else 1.0
+        name = row["table"]
+        if name not in by_name:
+            raise ValueError(f"the layout names table '{name}', which the model does not have; "
+                             f"its tables: {sorted(by_name)[:8]}")  # fmt: skip
+        t = by_name[name]
+        if any(not 0 <= s["rank"] < world for s in row["shards"]):
+            raise ValueError(f"the layout places table '{name}' on a rank outside 0..{world - 1}")
         if row["sharding_type"] == "data_parallel":
-            shards += [Shard(name, r, t.rows, t.dim, dp=True) for r in range(world)]
+            shards.append(Shard(name, ALL_RANKS, t.rows, t.dim, dp=True))
             continue
-        shards += [Shard(name, s["rank"], s["rows"], s["cols"], tier, hit) for s in row["shards"]]
+        tier = _KERNEL_TIER.get(row["compute_kernel"], Tier.hbm)
+        clf = row.get("cache_load_factor") or DEFAULT_CACHE_LOAD_FACTOR
+        hit = 1.0
+        if tier == Tier.cached and coverage is not None:
+            hit = coverage[name](int(clf * t.rows))
+        reduce = row["sharding_type"] == "table_row_wise"
+        for s in row["shards"]:
+            cache_rows = int(clf * s["rows"]) if tier == Tier.cached else 0
+            shards.append(Shard(name, s["rank"], s["rows"], s["cols"], tier, hit_rate=hit,
+                                cache_rows=cache_rows, node_reduce=reduce))  # fmt: skip
     return shards
+
+
+def plan_from_layout(name: str, layout: Sequence[dict], inputs: PlanInputs) -> Plan:
+    """A layout (TorchRec's plan as rows) as our Plan, equal batch shares as TorchRec uses,
+    so the cost model judges it like any other; each table keeps TorchRec's sharding type."""
+    shards = shards_from_layout(layout, inputs.tables, inputs.world, inputs.coverage)
+    kind = {row["table"]: row["sharding_type"] for row in layout}
+    tables = []
+    for t in inputs.tables:
+        own = [s for s in shards if s.table == t.name]
+        if not own:
+            raise ValueError(f"the layout does not place table '{t.name}'")
+        dp = all(s.dp for s in own)
+        tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
+                       hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
+                       shards=own)  # fmt: skip
+        tp = finish_table(tp)
+        tp.sharding_type = kind[t.name]
+        tables.append(tp)
+    return Plan(name, inputs.cluster, tables, equal_batch(inputs.global_batch, inputs.world))

@@ -21,12 +21,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import TrainConfig, register_configs
-from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import build_model
-from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
-from sharding.cluster import resolve_cluster
+from sharding.calibration import Calibration
 from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
-from sharding.plan_shards import plan_layout, shards_from_layout
+from sharding.plan_eval import PlanDoesNotFitError
+from sharding.plan_shards import check_layout, plan_layout, shards_from_layout
 
 
 @dataclass
@@ -41,31 +40,26 @@ def predict(
     link: str | None = None,
     cal: Calibration | None = None,
 ) -> dict:
-    """Predicted memory and step time of `cfg` (its plan: `layout`, else its planner's).
-    CPU clusters use `cal`, by default the calibration file."""
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
+    """Predicted memory and step time of `cfg` (its plan: `layout`, else TorchRec's plan
+    of it). CPU clusters use `cal`, by default the calibration file."""
+    from recsys.planning import plan_inputs
     from sharding.torchrec_planner import plan_with_torchrec
 
-    ranks = resolve_cluster(cfg.cluster)
+    inputs = plan_inputs(cfg, None, link, cal)
     if layout is None:
-        sharders = [EmbeddingBagCollectionSharder()]
         model = build_model(cfg.model, dense_device=torch.device("meta"))
-        plan = plan_with_torchrec(model, ranks, sharders, cfg.trainer.batch_size, cfg.planner)
-        layout = plan_layout(plan)
-    mc = model_cost(cfg.model)
-    tables = mc.tables
-    shards = shards_from_layout(layout, tables, len(ranks))
-    cpu = all(r.kind == "cpu" for r in ranks)
-    cal = cal or (load_calibration() if cpu else None)
+        layout = plan_layout(plan_with_torchrec(model, inputs, cfg.planner).plan)
+    check_layout(layout)
+    shards = shards_from_layout(layout, inputs.tables, inputs.world, inputs.coverage)
     cost: StepCost = step_cost(
-        tables,
+        inputs.tables,
         shards,
-        [cfg.trainer.batch_size] * len(ranks),
-        device_costs(ranks, cal),
-        network_cost(cfg.cluster, ranks, cal, link),
-        mc.dense_params,
-        mc.interaction_flops_per_sample,
+        [cfg.trainer.batch_size] * inputs.world,
+        inputs.devices,
+        inputs.network,
+        inputs.dense_params,
+        inputs.interaction_flops_per_sample,
+        nodes=[r.node for r in inputs.ranks],
     )
     schedule = schedule_of(cfg.pipeline.name.value)
     return {
@@ -73,7 +67,7 @@ def predict(
         "model": cfg.model.name,
         "pipeline": schedule.value,
         "batch_size_per_rank": cfg.trainer.batch_size,
-        "link": link or ("loopback" if cpu else "spec"),
+        "link": link or ("loopback" if inputs.cpu else "spec"),
         "step_ms": 1000 * cost.step_s(schedule, cfg.pipeline.micro_batches),
         "stages_ms": {
             "lookup_fwd": 1000 * max(cost.lookup_fwd_s),
@@ -83,8 +77,9 @@ def predict(
             "dense": 1000 * max(cost.dense_s),
             "allreduce": 1000 * cost.allreduce_s,
             "overhead_and_input": 1000 * (cost.overhead_s + cost.input_s),
+            "sequence": 1000 * max(cost.sequence_s, default=0.0),
         },
-        "memory_bytes": memory_bytes(shards, len(ranks)),
+        "memory_bytes": memory_bytes(shards, inputs.world),
         "a2a_bytes_per_rank": cost.a2a_bytes,
         "layout": layout,
     }
@@ -101,9 +96,18 @@ def main(cfg: DictConfig) -> None:
     quiet_library_noise()
     typed: PredictConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     try:
-        layout = json.loads(Path(typed.layout).read_text()) if typed.layout else None
+        layout = None
+        if typed.layout:
+            try:
+                layout = json.loads(Path(typed.layout).read_text())
+                check_layout(layout)
+            except (OSError, json.JSONDecodeError, ValueError) as e:
+                raise ValueError(
+                    f"layout={typed.layout} is not a plan_layout.json written by a training "
+                    f"run: {e}"
+                ) from e
         result = predict(typed, layout, typed.link)
-    except (FileNotFoundError, KeyError, ValueError) as e:
+    except (FileNotFoundError, KeyError, ValueError, PlanDoesNotFitError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     out = Path(HydraConfig.get().runtime.output_dir) / "predict.json"

@@ -1,77 +1,286 @@
-"""Plan with TorchRec's own EmbeddingShardingPlanner, fed the cluster's per-rank memory.
+"""TorchRec's own EmbeddingShardingPlanner, configured the way its best users would.
 
-TorchRec knows one speed and one bandwidth for all devices; what it can be told per rank
-is capacity (`CustomTopologyData`: hbm_cap, ddr_cap). On CPU ranks the tables live in the
-rank's host memory, so the rank's budget is passed as its ddr_cap.
+What it is told (`torchrec_topology`, `torchrec_constraints`):
+- per rank: capacity (`CustomTopologyData`: hbm_cap, ddr_cap; on CPU ranks the rank's
+  budget is its ddr_cap); per cluster: ranks per node, intra- and inter-node bandwidth,
+  HBM bandwidth and the host-device bandwidth of the cluster's devices (TorchRec takes one
+  number for each: the mean over ranks; it has no per-rank speed);
+- per table: every sharding type its sharder supports on the device (data-parallel,
+  table-wise, column-wise, table-column-wise, and on GPUs row-wise and table-row-wise;
+  `grid_shard` is left out: it combines column-wise with table-row-wise in a way our cost
+  model does not price), every compute kernel (on GPUs with host memory: fused, fused_uvm
+  and fused_uvm_caching), column pieces down to `min_partition`, the pooling factor, and for
+  UVM caching a load factor and cache statistics from the access profile;
+- its stock proposers (grid search, two greedy, uniform) and, where host memory exists,
+  its `EmbeddingOffloadScaleupProposer`, which sizes caches from those statistics.
+It keeps its best plan under its own estimate: that is what a TorchRec user gets. Every
+plan it rated is kept too (`TorchRecResult.proposals`) so that our cost model can price
+them all and show TorchRec's best under our model beside its own choice.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.proposers import (
+    EmbeddingOffloadScaleupProposer,
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
     CustomTopologyData,
+    HardwareConfig,
     KernelConfig,
     PlannerError,
+    ShardingOption,
     Topology,
     TopologyFactory,
     TrainerConfig,
 )
-from torchrec.distributed.types import ModuleSharder, ShardingPlan
+from torchrec.distributed.types import (
+    CacheParams,
+    CacheStatistics,
+    ModuleSharder,
+    ShardingPlan,
+    ShardingType,
+)
 
-from sharding.cluster import compute_device_type, local_world_size
-from sharding.plan_eval import PlanDoesNotFitError
-from sharding.types import PlannerConfig, RankDevice
+from sharding.cluster import local_world_size
+from sharding.plan_check import check_inputs
+from sharding.plan_eval import Coverage, Plan, PlanDoesNotFitError, PlanInputs, evaluate
+from sharding.plan_shards import plan_from_layout, plan_layout
+from sharding.types import PlannerConfig
+
+CACHE_HIT_TARGET = 0.9  # a UVM cache's starting size: the hottest rows with this hit rate
 
 
-def torchrec_topology(ranks: list[RankDevice]) -> Topology:
-    """TorchRec Topology with each rank's own capacity from the cluster layout."""
-    device = compute_device_type(ranks)
-    world = len(ranks)
-    if device == "cpu":
+def torchrec_topology(inputs: PlanInputs) -> Topology:
+    """TorchRec Topology with each rank's own capacity and the cluster's own bandwidths."""
+    ranks, world = inputs.ranks, inputs.world
+    device = "cpu" if inputs.cpu else "cuda"
+    if inputs.cpu:
         caps = {"hbm_cap": [0] * world, "ddr_cap": [r.hbm_bytes for r in ranks]}
     else:
         caps = {"hbm_cap": [r.hbm_bytes for r in ranks], "ddr_cap": [r.host_bytes for r in ranks]}
+    per_ms = 1e-3  # TorchRec's bandwidths are bytes per millisecond
+    net = inputs.network
+    mean = lambda xs: float(np.mean(xs))  # noqa: E731
+    hbm = mean([d.emb_read_bytes_per_s for d in inputs.devices]) if inputs.cpu else mean(
+        [r.hbm_gbps * 1e9 for r in ranks]
+    )  # fmt: skip
+    hardware = HardwareConfig(
+        intra_host_bw=net.intra_alltoall.bytes_per_s * per_ms,
+        inter_host_bw=min(net.alltoall.bytes_per_s, net.intra_alltoall.bytes_per_s) * per_ms,
+        hbm_mem_bw=hbm * per_ms,
+        ddr_mem_bw=hbm * per_ms if inputs.cpu else None,  # CPU ranks: their own memory
+        hbm_to_ddr_mem_bw=mean([r.host_to_device_gbps * 1e9 for r in ranks]) * per_ms,
+    )
     return TopologyFactory.create_topology(
         trainer_config=TrainerConfig(
             world_size=world,
             local_world_size=local_world_size(ranks),
             additional_params={"custom_topology_data": CustomTopologyData(caps, world)},
         ),
-        kernel_config=KernelConfig(compute_device=device),
+        hardware_config=hardware,
+        kernel_config=KernelConfig(compute_device=device, use_hardware_based_bandwidth=True),
     )
+
+
+class CoverageCacheStats(CacheStatistics):
+    """TorchRec's cache statistics from an access profile's coverage curve: a cache of the
+    hottest clf x rows rows misses 1 - coverage(clf x rows) of the lookups."""
+
+    def __init__(self, coverage: Coverage, rows: int, lookups_per_step: float) -> None:
+        self._coverage, self._rows = coverage, rows
+        self._lookups = float(min(rows, lookups_per_step))  # distinct ids: at most these
+        grid = np.linspace(0, 1, 65)
+        self._cacheability = float(np.trapezoid([self.expected_miss_rate(c) for c in grid], grid))
+
+    @property
+    def expected_lookups(self) -> float:
+        return self._lookups
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return 1.0 - self._coverage(int(clf * self._rows)) if clf < 1 else 0.0
+
+    @property
+    def cacheability(self) -> float:
+        return self._cacheability
+
+
+def cache_load_factor(coverage: Coverage, rows: int) -> float:
+    """The share of rows whose cache serves CACHE_HIT_TARGET of the lookups, in [0.01, 1)."""
+    for clf in np.geomspace(0.01, 0.99, 40):
+        if coverage(int(clf * rows)) >= CACHE_HIT_TARGET:
+            return float(clf)
+    return 0.99
+
+
+def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
+    """Per table: every sharding type and kernel TorchRec supports here (module docstring)."""
+    if inputs.cpu:
+        types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                 ShardingType.TABLE_COLUMN_WISE]  # fmt: skip
+        kernels = [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED]
+    else:
+        types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                 ShardingType.TABLE_COLUMN_WISE, ShardingType.ROW_WISE,
+                 ShardingType.TABLE_ROW_WISE]  # fmt: skip
+        kernels = [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED]
+        if max(inputs.host_budget()) > 0:
+            kernels += [EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING]
+    out = {}
+    for t in inputs.tables:
+        cov = inputs.coverage[t.name]
+        lookups = inputs.global_batch * t.lookups_per_sample
+        cache = CacheParams(load_factor=cache_load_factor(cov, t.rows),
+                            stats=CoverageCacheStats(cov, t.rows, lookups))  # fmt: skip
+        out[t.name] = ParameterConstraints(
+            sharding_types=[x.value for x in types],
+            compute_kernels=[k.value for k in kernels],
+            min_partition=max(4, min(t.dim, config.torchrec_min_partition)),
+            pooling_factors=[max(t.lookups_per_sample, 1e-3)],
+            cache_params=None if inputs.cpu else cache,
+        )
+    return out
+
+
+class _Recorder(NoopPerfModel):
+    """TorchRec's stock rating (the slowest rank's summed shard estimates, ms), and a copy of
+    every plan it rates as JSON-able layout rows (see sharding.plan_shards)."""
+
+    def __init__(self, topology: Topology) -> None:
+        super().__init__(topology)
+        self.rated: list[tuple[float, list[dict]]] = []
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        rating = super().rate(plan)
+        self.rated.append((rating, [_layout_row(so) for so in plan]))
+        return rating
+
+
+def _layout_row(so: ShardingOption) -> dict:
+    return {"table": so.name, "sharding_type": so.sharding_type,
+            "compute_kernel": so.compute_kernel, "cache_load_factor": so.cache_load_factor,
+            "ranks": [sh.rank for sh in so.shards],
+            "shards": [{"rank": sh.rank, "rows": sh.size[0], "cols": sh.size[1]}
+                       for sh in so.shards]}  # fmt: skip
+
+
+@dataclass
+class TorchRecResult:
+    plan: ShardingPlan  # TorchRec's choice: the best plan under its own estimate
+    own_estimate_ms: float  # ... and that estimate
+    proposals: list[tuple[float, list[dict]]] = field(default_factory=list)  # every rated one
+    planning_s: float = 0.0
+
+
+def _planner(
+    inputs: PlanInputs, config: PlannerConfig
+) -> tuple[EmbeddingShardingPlanner, _Recorder]:
+    topology = torchrec_topology(inputs)
+    recorder = _Recorder(topology)
+    proposers = [GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False),
+                 UniformProposer()]  # fmt: skip
+    if not inputs.cpu and max(inputs.host_budget()) > 0:
+        proposers.append(EmbeddingOffloadScaleupProposer())
+    timeout = config.torchrec_timeout_s
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=math.ceil(inputs.global_batch / inputs.world),
+        storage_reservation=HeuristicalStorageReservation(percentage=inputs.reserve),
+        proposer=proposers,
+        performance_model=recorder,
+        constraints=torchrec_constraints(inputs, config),
+        timeout_seconds=int(timeout) if timeout else None,
+    )
+    return planner, recorder
+
+
+def tables_module(inputs: PlanInputs) -> nn.Module:
+    """An EmbeddingBagCollection of the inputs' tables on the meta device (no memory)."""
+    configs = [
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                           feature_names=[f"f_{t.name}"])
+        for t in inputs.tables
+    ]  # fmt: skip
+    return EmbeddingBagCollection(configs, device=torch.device("meta"))
 
 
 def plan_with_torchrec(
     module: nn.Module,
-    ranks: list[RankDevice],
-    sharders: list[ModuleSharder[nn.Module]],
-    batch_size: int,
+    inputs: PlanInputs,
     config: PlannerConfig,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
     process_group: dist.ProcessGroup | None = None,
-) -> ShardingPlan:
-    """Run TorchRec's planner. With a process group, rank 0 plans and broadcasts the plan.
-
-    `module` may (and for large models should) be built on the meta device.
-    """
-    planner = EmbeddingShardingPlanner(
-        topology=torchrec_topology(ranks),
-        batch_size=batch_size,
-        storage_reservation=HeuristicalStorageReservation(percentage=config.storage_reservation),
-    )
+) -> TorchRecResult:
+    """Run TorchRec's planner on `module` (built on the meta device, or `tables_module`).
+    With a process group, rank 0 plans and broadcasts the plan."""
+    planner, recorder = _planner(inputs, config)
+    sharders = sharders or [EmbeddingBagCollectionSharder()]
+    start = time.perf_counter()
     try:
         if process_group is not None:
-            return planner.collective_plan(module, sharders, process_group)
-        return planner.plan(module, sharders)
+            plan = planner.collective_plan(module, sharders, process_group)
+        else:
+            plan = planner.plan(module, sharders)
     except PlannerError as e:
         budget = ", ".join(
-            f"rank {r.rank} ({r.kind}): {r.hbm_bytes / 2**30:.2f} GiB" for r in ranks
-        )
+            f"rank {r.rank} ({r.kind}): {r.hbm_bytes / 2**30:.2f} GiB" for r in inputs.ranks[:8]
+        ) + (" ..." if inputs.world > 8 else "")
         raise PlanDoesNotFitError(
             f"TorchRec's planner found no plan that fits: {e.error_type.name}. Per-rank memory: "
             f"{budget}. Fix: a cluster with more memory (cluster=..., or "
             f"cluster.nodes.0.devices.0.hbm_gb=...), fewer or smaller tables (model=...), or a "
             f"smaller planner.storage_reservation. TorchRec said: {str(e).splitlines()[0]}"
         ) from e
+    own = min((r for r, _ in recorder.rated), default=math.nan)
+    return TorchRecResult(plan, own, recorder.rated, time.perf_counter() - start)
+
+
+@dataclass
+class TorchRecPlans:
+    chosen: Plan  # TorchRec's own choice, priced by our cost model
+    best_ours: Plan  # of every plan TorchRec rated, the fastest feasible one under our model
+    own_estimate_ms: float  # TorchRec's estimate of its choice (its own units: ms)
+    proposals: int  # plans TorchRec rated
+    result: TorchRecResult
+
+
+def torchrec_plans(
+    inputs: PlanInputs, config: PlannerConfig, module: nn.Module | None = None
+) -> TorchRecPlans:
+    """Plan with TorchRec (on `module`, default `tables_module(inputs)`), then price its
+    choice and every plan it rated with our cost model (equal batch shares, as TorchRec)."""
+    check_inputs(inputs)
+    result = plan_with_torchrec(module or tables_module(inputs), inputs, config)
+    chosen = evaluate(plan_from_layout("torchrec", plan_layout(result.plan), inputs), inputs)
+    chosen.planning_s = result.planning_s
+    chosen.torchrec_text = str(result.plan)
+    best = chosen
+    seen = set()
+    for _, layout in result.proposals:
+        key = repr(layout)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = evaluate(plan_from_layout("torchrec", layout, inputs), inputs, bound=False)
+        if (plan.feasible, -plan.est_step_ms) > (best.feasible, -best.est_step_ms):
+            best = plan
+    if best is not chosen:
+        best.lower_bound_ms, best.planning_s = chosen.lower_bound_ms, chosen.planning_s
+        best.planner = "torchrec_best"
+    return TorchRecPlans(chosen, best, result.own_estimate_ms, len(result.proposals), result)

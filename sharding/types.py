@@ -68,7 +68,7 @@ class RankDevice:
 
 
 class PlannerName(str, Enum):
-    torchrec = "torchrec"  # TorchRec's EmbeddingShardingPlanner, given per-rank capacities
+    torchrec = "torchrec"  # TorchRec's EmbeddingShardingPlanner, fairly configured
     hybrid = "hybrid"  # ours: frequency- and speed-aware (sharding.planners)
     greedy_size = "greedy_size"  # largest table to the rank with most free memory
     round_robin = "round_robin"  # table i to rank i mod world
@@ -92,3 +92,9 @@ class PlannerConfig:
     # local CPU clusters: the calibrated link between ranks the plan assumes (loopback,
     # veth_1gbit; see sharding/calibration/local_cpu.json); GPU clusters use their spec
     link: str | None = None
+    # torchrec: the narrowest column-wise piece it may cut (TorchRec's own default is 128,
+    # which never cuts a 128-wide table)
+    torchrec_min_partition: int = 32
+    # torchrec: stop proposing after this many seconds and keep the best plan so far
+    # (TorchRec's own timeout; None: search until its proposers are done)
+    torchrec_timeout_s: float | None = None

@@ -11,6 +11,7 @@ from benchmarks.calibrate import _fit_comm, fit_line
 from sharding.calibration import DEFAULT_PATH, device_costs, load_calibration, network_cost
 from sharding.cluster import resolve_cluster
 from sharding.cost_model import (
+    ALL_RANKS,
     DeviceCost,
     LinkCost,
     NetworkCost,
@@ -84,7 +85,7 @@ def test_column_wise_row_wise_and_data_parallel_shards() -> None:
     cost = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=0)
     # a: 200 samples x 5 cols x 4 B; b: 200 x 2 lookups x half the rows x 10 x 4 B
     assert cost.lookup_fwd_s == pytest.approx([(4000 + 8000) / 1e9] * 2)
-    dp = [Shard("b", r, 500, 10, dp=True) for r in (0, 1)]
+    dp = [Shard("b", ALL_RANKS, 500, 10, dp=True)]
     dp_cost = step_cost(TABLES, dp, [100, 100], [DEV, DEV], NET, dense_params=0)
     assert dp_cost.emb_a2a_fwd_s == [0.0, 0.0]  # replicated: nothing to exchange
     assert dp_cost.lookup_fwd_s == pytest.approx([100 * 2 * 10 * 4 / 1e9] * 2)  # local batch
@@ -128,7 +129,7 @@ def test_plan_layout_becomes_shards() -> None:
     ]  # fmt: skip
     shards = shards_from_layout(layout, TABLES, world=2)
     assert [(s.table, s.rank, s.cols, s.dp) for s in shards] == [
-        ("a", 0, 5, False), ("a", 1, 5, False), ("b", 0, 10, True), ("b", 1, 10, True)]  # fmt: skip
+        ("a", 0, 5, False), ("a", 1, 5, False), ("b", ALL_RANKS, 10, True)]  # fmt: skip
 
 
 def test_fits_recover_known_lines() -> None:
@@ -203,3 +204,48 @@ def test_predict_matches_the_cost_model_for_a_local_run(typed_cfg) -> None:
     sparse = predict(cfg, plain["layout"])
     assert sparse["step_ms"] <= plain["step_ms"]
     assert plain["link"] == "loopback" and plain["step_ms"] > 0
+
+
+# 4 ranks on 2 nodes; within a node 1 GB/s, across nodes 100 MB/s with a longer latency
+NODES = [0, 0, 1, 1]
+TWO_LINKS = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
+                        intra=LinkCost(1e-5, 1e9))  # fmt: skip
+
+
+def test_exchange_within_a_node_uses_the_intra_node_link() -> None:
+    shards = [Shard("a", 0, 1000, 10)]  # table-wise on rank 0: 40 B a sample to the others
+    cost = step_cost(TABLES[:1], shards, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    # rank 0 sends 100 x 40 B to its node mate (intra) and 200 x 40 B across (inter); the
+    # links run at once, so the slower one sets its time, after the inter-node latency
+    assert cost.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 8000 / 1e8)
+    assert cost.emb_a2a_fwd_s[1] == pytest.approx(1e-5 + 4000 / 1e9)  # receives within
+    assert cost.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 4000 / 1e8)  # receives across
+
+
+def test_table_row_wise_reduces_within_its_node_before_crossing() -> None:
+    rows = [Shard("b", 0, 250, 10, node_reduce=True), Shard("b", 1, 250, 10, node_reduce=True)]
+    twrw = step_cost(TABLES[1:], rows, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    plain = [Shard("b", 0, 250, 10), Shard("b", 1, 250, 10)]  # row-wise: no node reduce
+    rw = step_cost(TABLES[1:], plain, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    # TWRW member: reduce-scatter of 400 samples' partial sums with its mate (half of them,
+    # 8000 B, within the node), then half of node 1's 200 samples across: 4000 B
+    assert twrw.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 4000 / 1e8)
+    assert twrw.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 100 * 40 / 1e8)  # one vector each
+    # row-wise: each shard sends its partial sum for every sample of node 1: 8000 B across
+    assert rw.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 8000 / 1e8)
+    assert rw.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 2 * 100 * 40 / 1e8)
+    assert twrw.lookup_fwd_s == pytest.approx(rw.lookup_fwd_s)  # the same rows looked up
+
+
+def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> None:
+    from sharding.cost_model import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
+
+    h100 = resolve_cluster(ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("h100_80g")])]))
+    cost = datasheet_device_cost(h100[0])
+    per_byte = GPU_SEQUENCE_PASSES / (3350e9 * GPU_EMB_EFFICIENCY)
+    assert cost.sequence_s_per_byte == pytest.approx(per_byte) and cost.sequence_s_fixed > 0
+    shards = [Shard("a", 0, 900, 10, lookup_share=0.5, sparse_exchange=True)]
+    seq = step_cost(TABLES[:1], shards, [100, 100], [cost, cost], NET, 0)
+    # rank 0 looks up 200 x 0.5 cold ids and pools its own 50; 40 B vectors each
+    expect = 150 * (cost.sequence_s_per_lookup + 40 * per_byte) + cost.sequence_s_fixed
+    assert seq.sequence_s[0] == pytest.approx(expect)

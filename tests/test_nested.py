@@ -126,7 +126,34 @@ ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=
 @pytest.mark.parametrize("world", [2, 3])
 def test_nested_equals_the_plain_loop(tmp_path: Path, optimizer, world) -> None:
     base = ["debug=tiny", f"cluster.nodes.0.devices.0.count={world}", *optimizer]
-    _equal_to_plain(tmp_path, base, world)
+    _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan)
+
+
+def _torchrec_default_plan(cfg):
+    """The plan TorchRec's planner makes with its default settings (capacities only):
+    mostly table-wise. Pinned: under dense Adagrad the residual of reordered sums grows
+    with the steps, and how far depends on the plan (see benchmarks.order_noise); this test
+    keeps comparing the pipelines on the same plan."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
+    from recsys.models.dlrm import build_model
+    from recsys.planning import plan_inputs
+    from sharding.plan_eval import evaluate
+    from sharding.plan_shards import plan_from_layout, plan_layout
+
+    inputs = plan_inputs(cfg, None, None)
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=inputs.world, ddr_cap_bytes=2**29),
+        kernel_config=KernelConfig(compute_device="cpu"),
+    )
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    plan = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.trainer.batch_size).plan(
+        model, [EmbeddingBagCollectionSharder()]
+    )
+    return evaluate(plan_from_layout("torchrec", plan_layout(plan), inputs), inputs)
 
 
 def _our_plan(cfg):

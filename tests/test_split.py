@@ -16,7 +16,7 @@ from recsys.models.split import (
     split_configs,
     split_weights,
 )
-from sharding.plan_eval import cold_part_rows, cold_suffixes
+from sharding.row_parts import cold_part_rows, cold_suffixes
 
 ROWS = [50, 40, 100, 30] + [20] * 22
 

@@ -104,7 +104,7 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     from dataclasses import replace
 
     from recsys.train import _rank_main
-    from sharding.plan_eval import cold_part_rows
+    from sharding.row_parts import cold_part_rows
 
     cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
                                    "trainer.max_steps=40", "trainer.batch_size=256"]))  # fmt: skip

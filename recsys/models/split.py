@@ -32,7 +32,7 @@ from torchrec import (
 from torchrec.models.dlrm import SparseArch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from sharding.plan_eval import cold_part_rows, cold_suffixes
+from sharding.row_parts import cold_part_rows, cold_suffixes
 
 HOT, COLD = "_hot", "_cold"
 _COLD_SUFFIX = re.compile(r"_cold\d*")

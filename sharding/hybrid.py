@@ -1,0 +1,354 @@
+"""`hybrid`, our planner: access frequency and each device's own speed and memory.
+
+1. Batch split: each rank's share of the global batch is proportional to its dense speed
+   (Whale's hardware-aware data parallelism), instead of equal shares; then also shares
+   capped where the largest-batch ranks' exchange costs more than the dense work it saves.
+2. Hot rows replicated (HugeCTR's hybrid embedding): for each table the hottest h rows
+   become a data-parallel part on every rank when the all-reduce of their gradients costs
+   less than the all-to-all they save on the largest-batch rank; the cold rest then
+   exchanges only its own lookups (a variable-length exchange). h comes from the table's
+   coverage curve; h = rows is a small table replicated whole.
+3. The rest is cut into pieces small enough to balance (column-wise; a cold part in row
+   parts, each its own table), and placed longest first where the slowest rank ends
+   fastest (`sharding.placer`): each rank's lookups, dense work, and the larger of the
+   bytes it sends and receives on each link, never over its memory.
+4. Memory: a piece too large for any rank is cut further (columns, then row parts), and
+   pieces that fit no device's fast memory go to host memory with an HBM cache of their
+   hottest rows (sized by the coverage curve and the free HBM); when placement still fails,
+   every piece is cut finer and the hot rows get less room, until it fits or cannot.
+The predicted step of the slowest rank is what this minimises, under each rank's capacity.
+`HybridOptions` switch ideas 1-3 off one by one: the gain decomposition of
+`benchmarks.planners` plans with each.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sharding.batch_split import (
+    capped_batch,
+    dense_s_per_sample,
+    equal_batch,
+    proportional_batch,
+)
+from sharding.bound import BoundGuide, bound_guides
+from sharding.cost_model import (
+    ALL_RANKS,
+    FLOAT_BYTES,
+    Shard,
+    TableStats,
+    Tier,
+    exposed_exchange_passes,
+    vectors_per_sample,
+)
+from sharding.placer import Piece, Placer
+from sharding.plan_check import check_inputs
+from sharding.plan_eval import (
+    Plan,
+    PlanDoesNotFitError,
+    PlanInputs,
+    TablePlan,
+    check_fits,
+    evaluate,
+    finish_table,
+)
+from sharding.row_parts import cold_part_rows
+
+MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
+MAX_REPLICATED_SHARE = 0.85  # of the smallest rank's fast memory, for all hot rows together
+MAX_FIT_TRIES = 24  # memory retries, each with pieces half as large
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """Which of hybrid's ideas it may use (all by default)."""
+
+    speed_aware: bool = True  # batch shares by device speed; False: equal shares
+    hot_rows: bool = True  # replicate a table's hottest rows; False: whole small tables only
+    row_parts: bool = True  # cut cold parts in row parts for balance (memory cuts stay)
+
+
+def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
+    """The cheapest under the cost model of these candidates:
+    - batch splits: in proportion to dense speed; capped where the exchange of the ranks
+      with the largest batch costs more than the dense work it saves; equal; the splits at
+      the lower bound's optima (`sharding.bound.bound_guides`: per node, or capped at one
+      rank's batch), and halfway between those and speed shares;
+    - for the best split, the same without row parts and without split tables (the
+      sequence exchange has a fixed cost per step that no single table's decision sees),
+      and with the hot rows the bound's optimum picks at its prices.
+    Without `options.speed_aware`, equal shares only."""
+    options = options or HybridOptions()
+    check_inputs(inputs)
+    check_fits(inputs)
+    equal = equal_batch(inputs.global_batch, inputs.world)
+    if not options.speed_aware:
+        return _variants(inputs, equal, options)
+    speed = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
+    best = evaluate(_hybrid(inputs, speed, options), inputs, bound=False)
+    guides = bound_guides(inputs)
+    batches = [_exchange_aware_batch(best, inputs), equal]
+    for guide in guides:
+        guided = _guided_batch(inputs, guide)
+        halfway = [(a + b) / 2 + 1e-9 for a, b in zip(speed, guided, strict=True)]
+        batches += [guided, proportional_batch(inputs.global_batch, halfway)]
+    tried = [speed]
+    for batch in batches:
+        if batch not in tried:
+            tried.append(batch)
+            plan = evaluate(_hybrid(inputs, batch, options), inputs, bound=False)
+            best = min(best, plan, key=_step_ms)
+    best = min(best, _variants(inputs, best.batch_per_rank, options), key=_step_ms)
+    if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
+        hot = guides[0].hot_rows()
+        plan = evaluate(_hybrid(inputs, best.batch_per_rank, options, hot), inputs, bound=False)
+        best = min(best, plan, key=_step_ms)
+    return best
+
+
+def _guided_batch(inputs: PlanInputs, guide: BoundGuide) -> list[int]:
+    """The batch split at the bound's optimum: its share per node (in proportion to speed
+    within the node), or on one node speed shares capped at its largest batch."""
+    sample_s = dense_s_per_sample(inputs)
+    big_b = inputs.global_batch
+    if not guide.node_shares:
+        return capped_batch(big_b, sample_s, int(math.ceil(guide.largest_batch)))
+    weights = np.zeros(inputs.world)
+    for r in inputs.ranks:
+        mates = [q.rank for q in inputs.ranks if q.node == r.node]
+        speed = 1.0 / sample_s[mates]
+        weights[r.rank] = guide.node_shares[r.node] * (1.0 / sample_s[r.rank]) / speed.sum()
+    return proportional_batch(big_b, list(np.maximum(weights, 1e-9)))
+
+
+def _variants(inputs: PlanInputs, batch: list[int], options: HybridOptions) -> Plan:
+    best = evaluate(_hybrid(inputs, batch, options), inputs, bound=False)
+    if options.row_parts and any(t.cold_parts > 1 and t.replicated_rows for t in best.tables):
+        plan = _hybrid(inputs, batch, replace(options, row_parts=False))
+        best = min(best, evaluate(plan, inputs, bound=False), key=_step_ms)
+    if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in best.tables):
+        plan = _hybrid(inputs, batch, replace(options, hot_rows=False, row_parts=False))
+        best = min(best, evaluate(plan, inputs, bound=False), key=_step_ms)
+    return best
+
+
+def _step_ms(plan: Plan) -> float:
+    return plan.est_step_ms
+
+
+def exchange_s_per_byte(inputs: PlanInputs, batch: list[int]) -> float:
+    """Seconds (forward + backward) that one byte per sample of a table's vectors adds to
+    the exchange when the exchange is balanced: the larger of the busiest node's share
+    across nodes, x (1 - x) B / (its ranks) at the inter-node rate (x: its batch share), and
+    the busiest rank's within its node, b (B_node - b) / B_node at the intra-node rate (see
+    sharding.bound: neither can be beaten, and a balanced placement gets close to both)."""
+    b = np.asarray(batch, dtype=np.float64)
+    node = np.array([r.node for r in inputs.ranks])
+    node_b = np.bincount(node, weights=b)
+    ranks = np.bincount(node)
+    big_b = b.sum()
+    net = inputs.network
+    inter = float(np.max(node_b * (big_b - node_b) / big_b / ranks)) / net.alltoall.bytes_per_s
+    intra = float(np.max(b * (node_b[node] - b) / node_b[node])) / net.intra_alltoall.bytes_per_s
+    return 2 * max(inter, intra)
+
+
+def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
+    """The cap on any rank's batch that minimises dense work + input work + exchange, the
+    exchange taken as balanced (`exchange_s_per_byte`)."""
+    big_b, w = inputs.global_batch, inputs.world
+    by_name = {t.name: t for t in inputs.tables}
+    volume = sum(s.cols * FLOAT_BYTES * vectors_per_sample(s, by_name[s.table])
+                 for s in plan.shards() if not s.dp)  # fmt: skip
+    sample_s = dense_s_per_sample(inputs)
+    input_s = np.array([d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices])
+    caps = np.unique(np.linspace(math.ceil(big_b / w), max(plan.batch_per_rank), 64).round())
+    passes = exposed_exchange_passes(inputs.schedule, inputs.micro_batches)
+    best_cap, best_s = None, math.inf
+    for cap in caps:
+        b = capped_batch(big_b, sample_s, int(cap))
+        exchange = passes / 2 * exchange_s_per_byte(inputs, b) * volume
+        s = np.max(b * sample_s) + np.max(b * input_s) + exchange
+        if s < best_s:
+            best_cap, best_s = int(cap), s
+    return capped_batch(big_b, sample_s, best_cap) if best_cap else plan.batch_per_rank
+
+
+def _hybrid(
+    inputs: PlanInputs, batch: list[int], options: HybridOptions, hot: dict | None = None
+) -> Plan:
+    """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides);
+    on a memory failure, again with pieces half as large and half the room for hot rows,
+    until it fits (or pieces cannot get smaller)."""
+    limit, share = math.inf, MAX_REPLICATED_SHARE
+    for _ in range(MAX_FIT_TRIES):
+        try:
+            return _place(inputs, batch, options, limit, share, hot)
+        except _TooLarge as e:
+            if e.need <= 1:
+                break
+            limit, share = e.need / 2, share / 2
+    raise PlanDoesNotFitError(
+        f"cluster '{inputs.cluster}': every table fits in total, but no cut of the pieces "
+        f"found places them all within each device's and host's memory; the largest device "
+        f"offers {max(inputs.hbm_budget()) / 2**30:.2f} GiB and host "
+        f"{max(inputs.host_budget()) / 2**30:.2f} GiB after the reserve. Fix: fewer or smaller "
+        f"tables, more devices, or a smaller planner.storage_reservation"
+    )
+
+
+class _TooLarge(Exception):
+    def __init__(self, need: float) -> None:
+        self.need = need  # bytes of the piece that found no room
+
+
+def _place(
+    inputs: PlanInputs,
+    batch: list[int],
+    options: HybridOptions,
+    limit: float,
+    share: float,
+    hot: dict | None,
+) -> Plan:
+    placer = Placer(inputs, batch, speed_aware=True)
+    budget = share * min(inputs.hbm_budget())
+    plans: dict[str, TablePlan] = {}
+    pieces: list[tuple[float, int, Piece]] = []
+    # hottest-per-byte tables claim the replication budget first
+    order = sorted(inputs.tables, key=lambda t: -inputs.coverage[t.name](1) / t.dim)
+    prices = _Prices.of(inputs, batch)
+    for t in order:
+        if hot is None:
+            h = _replicated_rows(inputs, t, budget, prices, options.hot_rows)
+        else:  # as many of the given rows as the budget holds
+            h = min(hot.get(t.name, 0), int(max(0.0, budget) // inputs.row_bytes(t.dim)))
+        budget -= h * inputs.row_bytes(t.dim)
+        placer.free_hbm -= h * inputs.row_bytes(t.dim)  # a copy on every rank
+        cov_h = inputs.coverage[t.name](h) if h else 0.0
+        everyone = list(range(inputs.world)) if h else []
+        shards = [Shard(t.name, ALL_RANKS, h, t.dim, dp=True, lookup_share=cov_h)] if h else []
+        kind = "data_parallel" if h == t.rows else ""
+        plans[t.name] = TablePlan(t.name, t.rows, t.dim, kind, everyone, Tier.hbm,
+                                  hot_rows=h, replicated_rows=h, shards=shards)  # fmt: skip
+        if h < t.rows:
+            sparse = h > 0 and inputs.cold_only_exchange
+            whole = Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse, hot=h)
+            pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
+    total = sum(c for c, _, _ in pieces)
+    target = total / (2 * inputs.world) if pieces else 0.0
+    # a piece larger than any rank's room is cut whatever its cost
+    limit = min(limit, float(max(placer.free_hbm.max(), placer.free_host.max(), 1.0)))
+    split: list[tuple[float, int, Piece]] = []
+    for cost, _, p in pieces:
+        cut = _cut(p, cost, target, inputs, options.row_parts, limit)
+        for q in cut:
+            heapq.heappush(split, (-cost / len(cut), len(split), q))
+        plans[p.table.name].cold_parts = len(cut) if cut[0].cols == p.cols else 1
+    placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
+    placer.expect([q for _, _, q in split])
+    while split:
+        _, _, p = heapq.heappop(split)
+        if not placer.fits_somewhere(p):
+            raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
+        placer.place(p, inputs.coverage[p.table.name])
+    placer.improve(max_moves=2 * len(placer.placed))
+    for p, shard in placer.placed:
+        placed[p.table.name].append((p.part, shard))
+    for name, shards in placed.items():  # row parts in part order, column pieces as placed
+        plans[name].shards += [s for _, s in sorted(shards, key=lambda x: x[0])]
+    tables = [finish_table(plans[t.name]) for t in inputs.tables]
+    return Plan("hybrid", inputs.cluster, tables, batch)
+
+
+@dataclass(frozen=True)
+class _Prices:
+    """What replicating a table's rows trades, per byte, for one batch split."""
+
+    exchange_s: float  # seconds a byte per sample of vectors adds to the exchange
+    seq_lookup: np.ndarray  # per rank: sequence work per cold lookup ...
+    seq_byte: np.ndarray  # ... and per byte of its vector
+    batch: np.ndarray
+
+    @staticmethod
+    def of(inputs: PlanInputs, batch: list[int]) -> _Prices:
+        devs = inputs.devices
+        return _Prices(exchange_s_per_byte(inputs, batch),
+                       np.array([d.sequence_s_per_lookup for d in devs]),
+                       np.array([d.sequence_s_per_byte for d in devs]),
+                       np.asarray(batch, dtype=np.float64))  # fmt: skip
+
+
+def _replicated_rows(
+    inputs: PlanInputs, t: TableStats, budget_bytes: float, prices: _Prices, hot_rows: bool
+) -> int:
+    """Hottest rows worth replicating: maximise all-to-all saved - all-reduce added (and
+    the cold part's sequence work). Without `hot_rows`: the whole table or nothing."""
+    w = inputs.world
+    if w < 2 or budget_bytes <= 0:
+        return 0
+    cov = inputs.coverage[t.name]
+    ar = inputs.network.allreduce
+    exchange_s = prices.exchange_s * t.dim * FLOAT_BYTES
+    # the cold part's sequence work per cold lookup: its owner's (the placer favours fast
+    # owners: the fastest's) for every sample, and each rank's for its own samples
+    seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
+    seq_s = seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
+    split = hot_rows and inputs.cold_only_exchange
+    best_h, best_gain = 0, 0.0
+    candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
+    for h in candidates if split else [t.rows]:
+        if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
+            break
+        allreduce_s = 2 * (w - 1) / w * h * t.dim * FLOAT_BYTES / ar.bytes_per_s
+        # with the pooled exchange a cold part still sends a vector per sample: only
+        # replicating the whole table saves the exchange
+        saved = cov(h) if split else float(h == t.rows)
+        gain = saved * exchange_s - allreduce_s
+        if split and h < t.rows:  # the owner looks up every sample's cold ids as
+            # sequences, each rank pools its own
+            gain -= (1 - cov(h)) * t.lookups_per_sample * seq_s
+        if gain > best_gain:
+            best_h, best_gain = h, gain
+    return best_h
+
+
+def _cut(
+    p: Piece, cost: float, target: float, inputs: PlanInputs, row_parts: bool, limit: float
+) -> list[Piece]:
+    """A piece cut until each costs about `target` (at most one a rank) and needs at most
+    `limit` bytes, in powers of two. A cold part exchanged as sequences is cut in row parts
+    (an EmbeddingCollection shards table-wise here, and row parts keep every cold lookup
+    one vector, where column pieces would each send one); other pieces column-wise (dims
+    multiples of MIN_COLS), and in row parts only when even the narrowest columns are too
+    large (each row part then sends a whole vector per sample)."""
+    t, world = p.table, inputs.world
+
+    def need(rows: int, cols: int) -> float:
+        return rows * inputs.row_bytes(cols)
+
+    def rows_cut(k: int) -> list[Piece]:
+        while need(math.ceil(p.rows / k), p.cols) > limit and 2 * k <= p.rows:
+            k *= 2
+        rows = cold_part_rows(p.rows, k)
+        return [Piece(t, rows[j], p.cols, p.lookup_share * rows[j] / p.rows, p.sparse_exchange,
+                      part=j, hot=p.hot) for j in range(k)]  # fmt: skip
+
+    if p.sparse_exchange:
+        k = 1
+        while row_parts and cost / k > target and 2 * k <= min(world, p.rows):
+            k *= 2
+        return rows_cut(k)
+    k = 1
+    while (
+        t.dim % (2 * k) == 0
+        and t.dim // (2 * k) >= MIN_COLS
+        and ((cost / k > target and 2 * k <= world) or need(p.rows, t.dim // k) > limit)
+    ):
+        k *= 2
+    if need(p.rows, t.dim // k) > limit:  # the narrowest columns are still too large
+        return rows_cut(2)
+    return [Piece(t, p.rows, t.dim // k, p.lookup_share, False, hot=p.hot) for _ in range(k)]

@@ -1,0 +1,254 @@
+"""Longest-first placement of table pieces on ranks, each rank with its own speed and memory.
+
+A piece is a table's rows x columns (a whole table, a column piece, a cold part or one of
+its row parts). The placer keeps, per rank, the seconds of work placed so far (dense work
+of its batch, lookups) and the bytes it sends and receives in the embedding all-to-all,
+within its node and across nodes, as the cost model counts them (`sharding.cost_model`).
+Each piece goes where the slowest rank then ends fastest, never over a rank's memory:
+device memory first; on GPU clusters host memory with an HBM cache of the piece's hottest
+rows (hit rate from the coverage curve) where no device has room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sharding.cost_model import FLOAT_BYTES, Shard, TableStats, Tier
+from sharding.plan_eval import PlanDoesNotFitError, PlanInputs
+
+
+@dataclass
+class Piece:
+    table: TableStats
+    rows: int
+    cols: int
+    lookup_share: float  # share of the table's lookups (1 - coverage of the hot part)
+    sparse_exchange: bool
+    part: int = 0  # a row part's index (row c in part c mod k)
+    hot: int = 0  # the table's hottest rows replicated elsewhere (a cold part's offset)
+
+    def cache_hit(self, coverage: Callable[[int], float], cache_rows: int) -> float:
+        """Share of the piece's lookups a cache of its `cache_rows` hottest rows serves: its
+        rows are a 1 / k sample of the table's rows after the hot ones, so the cache holds
+        about the table's next cache_rows x k hottest."""
+        if cache_rows <= 0:
+            return 0.0
+        k = (self.table.rows - self.hot) / self.rows
+        base = coverage(self.hot) if self.hot else 0.0
+        return min(1.0, (coverage(self.hot + int(cache_rows * k)) - base) / max(1e-12, 1 - base))
+
+    def volume(self) -> float:
+        """Bytes the piece's owner exchanges per sample of another rank (one way)."""
+        t = self.table
+        vectors = t.lookups_per_sample * self.lookup_share if self.sparse_exchange else 1.0
+        return vectors * self.cols * FLOAT_BYTES
+
+    def looked_up_bytes(self, samples: float) -> float:
+        return samples * self.table.lookups_per_sample * self.lookup_share * self.cols * FLOAT_BYTES
+
+
+class Placer:
+    """Places pieces one at a time (`place`); `expect` first announces all of them."""
+
+    def __init__(self, inputs: PlanInputs, batch: list[int], speed_aware: bool) -> None:
+        self.inputs = inputs
+        self.free_hbm = np.array(inputs.hbm_budget(), dtype=np.float64)
+        self.free_host = np.array(inputs.host_budget(), dtype=np.float64)
+        devs = inputs.devices
+        # seconds per byte looked up (forward + backward) on each rank, fast and host memory
+        self.per_byte = np.array([(1 + d.emb_bwd_factor) / d.emb_read_bytes_per_s for d in devs])
+        self.per_byte_host = np.array(
+            [(1 + d.emb_bwd_factor) / d.host_read_bytes_per_s for d in devs]
+        )
+        # a cold part's sequence work on its owner, per lookup and per byte of its vector
+        self.seq_lookup = np.array([d.sequence_s_per_lookup for d in devs])
+        self.seq_byte = np.array([d.sequence_s_per_byte for d in devs])
+        flops = 6.0 * inputs.dense_params + inputs.interaction_flops_per_sample
+        self.b = np.asarray(batch, dtype=np.float64)
+        self.load = self.b * flops / np.array([d.dense_flops_per_s for d in devs])
+        if not speed_aware:  # a speed-blind planner sees every rank as rank 0
+            self.per_byte[:] = self.per_byte[0]
+            self.per_byte_host[:] = self.per_byte_host[0]
+            self.load[:] = 0.0
+        net = inputs.network  # forward + backward
+        self.intra_per_byte = 2.0 / net.intra_alltoall.bytes_per_s
+        self.inter_per_byte = 2.0 / net.alltoall.bytes_per_s
+        self.node = np.array([r.node for r in inputs.ranks])
+        self.node_batch = np.bincount(self.node, weights=self.b)[self.node]  # per rank
+        self.total = float(self.b.sum())
+        w = len(batch)
+        self.sent_intra, self.sent_inter = np.zeros(w), np.zeros(w)
+        self.recv_intra, self.recv_inter = np.zeros(w), np.zeros(w)
+        self.placed: list[tuple[Piece, Shard]] = []  # in placement order (`improve` moves)
+
+    def expect(self, pieces: list[Piece]) -> None:
+        """Pieces still to place: until placed, every rank receives their vectors (counted
+        as if from other nodes; placing moves a node's share to the intra-node link)."""
+        self.recv_inter = self.b * sum(p.volume() for p in pieces)
+
+    def cost(self, p: Piece) -> np.ndarray:
+        """Seconds the piece adds to each rank if placed there (fast memory), its sending
+        counted in full: the piece's size, for ordering and cutting."""
+        v = p.volume()
+        return p.looked_up_bytes(self.total) * self.per_byte + (
+            (self.node_batch - self.b) * v * self.intra_per_byte
+            + (self.total - self.node_batch) * v * self.inter_per_byte
+        )
+
+    def _exchange_s(self, si, ri, se, re) -> np.ndarray:
+        return np.maximum(np.maximum(si, ri) * self.intra_per_byte,
+                          np.maximum(se, re) * self.inter_per_byte)  # fmt: skip
+
+    def now(self) -> np.ndarray:
+        """Each rank's predicted time so far."""
+        return self.load + self._exchange_s(
+            self.sent_intra, self.recv_intra, self.sent_inter, self.recv_inter
+        )
+
+    def _finish(self, p: Piece, lookup_s: np.ndarray) -> np.ndarray:
+        """Each rank's predicted time with the piece placed there: its work so far, the
+        piece's lookups, and the larger of what it would send and receive on each link."""
+        v = p.volume()
+        si = self.sent_intra + (self.node_batch - self.b) * v
+        se = self.sent_inter + (self.total - self.node_batch) * v
+        re = self.recv_inter - self.b * v  # its own samples' vectors stay home
+        return self.load + lookup_s + self._exchange_s(si, self.recv_intra, se, re)
+
+    def _commit(self, r: int, p: Piece, lookup_s: float, sign: float = 1.0) -> None:
+        """Account for the piece on rank r (sign -1: take it away again)."""
+        v = sign * p.volume()
+        self.load[r] += sign * lookup_s
+        self.sent_intra[r] += (self.node_batch[r] - self.b[r]) * v
+        self.sent_inter[r] += (self.total - self.node_batch[r]) * v
+        mates = self.node == self.node[r]  # they now receive it within the node
+        self.recv_inter[mates] -= self.b[mates] * v
+        mates[r] = False
+        self.recv_intra[mates] += self.b[mates] * v
+
+    def _best(self, p: Piece, finish: np.ndarray, allowed: np.ndarray) -> int:
+        """The rank that leaves the slowest rank fastest: the candidate's own time, its node
+        mates' (they now get the piece's vectors within the node, not across) and every
+        other node's, unchanged. Among equals, the rank whose own time grows least (a rank
+        that receives more than it sends gets faster by holding the piece)."""
+        v = p.volume()
+        now = self.now()
+        mates = self.load + self._exchange_s(
+            self.sent_intra,
+            self.recv_intra + self.b * v,
+            self.sent_inter,
+            self.recv_inter - self.b * v,
+        )
+        nodes = int(self.node.max()) + 1
+        node_now = np.full(nodes, -np.inf)
+        np.maximum.at(node_now, self.node, now)
+        # per node, the largest and second largest time of a mate, and who has the largest
+        order = np.lexsort((-mates, self.node))
+        first = np.searchsorted(self.node[order], np.arange(nodes))
+        top1 = mates[order[first]]
+        who = order[first]
+        nxt = np.minimum(first + 1, len(order) - 1)
+        top2 = np.where(self.node[order[nxt]] == np.arange(nodes), mates[order[nxt]], -np.inf)
+        mate_max = np.where(who[self.node] == np.arange(len(now)), top2[self.node],
+                            top1[self.node])  # fmt: skip
+        ranked = np.argsort(-node_now)
+        outside = np.where(ranked[0] == self.node, node_now[ranked[1]] if nodes > 1 else -np.inf,
+                           node_now[ranked[0]])  # fmt: skip
+        slowest = np.maximum(np.maximum(finish, mate_max), outside)
+        slowest = np.where(allowed, slowest, np.inf)
+        return int(np.lexsort((finish - now, slowest))[0])
+
+    def fits_somewhere(self, p: Piece) -> bool:
+        need = p.rows * self.inputs.row_bytes(p.cols)
+        return bool((self.free_hbm >= need).any() or (self.free_host >= need).any())
+
+    def _sequence_s(self, p: Piece) -> np.ndarray:
+        """The owner's sequence work for a cold part on each rank (0 for pooled pieces)."""
+        if not p.sparse_exchange:
+            return np.zeros_like(self.b)
+        lookups = self.total * p.table.lookups_per_sample * p.lookup_share
+        return lookups * (self.seq_lookup + p.cols * FLOAT_BYTES * self.seq_byte)
+
+    def place(self, p: Piece, coverage: Callable[[int], float]) -> Shard:
+        need = p.rows * self.inputs.row_bytes(p.cols)
+        looked = p.looked_up_bytes(self.total)
+        sequence_s = self._sequence_s(p)
+        lookup_s = looked * self.per_byte + sequence_s
+        fits = self.free_hbm >= need
+        if fits.any():
+            r = self._best(p, self._finish(p, lookup_s), fits)
+            self.free_hbm[r] -= need
+            self._commit(r, p, lookup_s[r])
+            shard = Shard(
+                p.table.name, r, p.rows, p.cols,
+                lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
+            )  # fmt: skip
+            self.placed.append((p, shard))
+            return shard
+        host_fits = self.free_host >= need
+        if self.inputs.cpu or not host_fits.any():
+            where = "any rank's memory" if self.inputs.cpu else "device or host memory anywhere"
+            raise PlanDoesNotFitError(
+                f"table {p.table.name}: a piece of {p.rows:,} x {p.cols} "
+                f"({need / 2**30:.2f} GiB) fits no {where} (largest free: device "
+                f"{self.free_hbm.max() / 2**30:.2f} GiB, host "
+                f"{self.free_host.max() / 2**30:.2f} GiB)"
+            )
+        row_bytes = p.cols * FLOAT_BYTES
+        cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
+        hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
+        # misses read at host bandwidth, hits at HBM bandwidth
+        lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host) + sequence_s
+        r = self._best(p, self._finish(p, lookup_s), host_fits)
+        self.free_host[r] -= need
+        self.free_hbm[r] -= cache_rows[r] * row_bytes
+        self._commit(r, p, lookup_s[r])
+        tier = Tier.cached if cache_rows[r] > 0 else Tier.host
+        shard = Shard(p.table.name, r, p.rows, p.cols, tier, hit_rate=float(hit[r]),
+                      lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
+                      cache_rows=int(cache_rows[r]))  # fmt: skip
+        self.placed.append((p, shard))
+        return shard
+
+    def improve(self, max_moves: int) -> int:
+        """Local search after the greedy pass: move a piece in device memory to the rank
+        where the slowest rank ends fastest, when that keeps the slowest rank's time and
+        lowers the sum of squared times (so several ranks tied at the top drain one by one,
+        and no move is ever undone). Candidates: the pieces of the slowest rank, then the
+        largest others (a rank slow from receiving gets faster by holding a piece).
+        Returns the moves made."""
+        moves = 0
+        by_size = sorted(range(len(self.placed)), key=lambda i: -self.placed[i][0].volume())
+        while moves < max_moves:
+            now = self.now()
+            worst, slowest = float(now.max()), int(np.argmax(now))
+            spread = float(np.sum(now**2))
+            mine = [i for i in by_size if self.placed[i][1].rank == slowest]
+            moved = False
+            for i in mine + [i for i in by_size[:64] if i not in mine]:
+                p, shard = self.placed[i]
+                if shard.tier != Tier.hbm:
+                    continue
+                lookup_s = p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
+                need = p.rows * self.inputs.row_bytes(p.cols)
+                a = shard.rank
+                self._commit(a, p, lookup_s[a], sign=-1.0)
+                self.free_hbm[a] += need
+                fits = self.free_hbm >= need
+                r = self._best(p, self._finish(p, lookup_s), fits)
+                self._commit(r, p, lookup_s[r])
+                after = self.now()
+                if (r != a and after.max() <= worst * (1 + 1e-12)
+                        and np.sum(after**2) < spread * (1 - 1e-9)):  # fmt: skip
+                    self.free_hbm[r] -= need
+                    self.placed[i] = (p, replace(shard, rank=r))
+                    moves, moved = moves + 1, True
+                    break
+                self._commit(r, p, lookup_s[r], sign=-1.0)  # no better: put it back
+                self._commit(a, p, lookup_s[a])
+                self.free_hbm[a] -= need
+            if not moved:
+                break
+        return moves

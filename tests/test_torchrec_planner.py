@@ -1,0 +1,144 @@
+"""TorchRec's planner as a fair baseline: told the cluster's capacities and bandwidths,
+offered every sharding type and kernel, its plans priced by our cost model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_planners import inputs_for
+
+from recsys.models.dlrm import build_model
+from sharding.cost_model import TableStats, Tier
+from sharding.plan_eval import PlanDoesNotFitError
+from sharding.plan_shards import plan_from_layout
+from sharding.torchrec_planner import (
+    CoverageCacheStats,
+    cache_load_factor,
+    plan_with_torchrec,
+    tables_module,
+    torchrec_constraints,
+    torchrec_plans,
+    torchrec_topology,
+)
+from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup, PlannerConfig
+
+TWO_NODES = ClusterSpec(
+    name="two_nodes",
+    nodes=[NodeGroup(count=2, host_memory_gb=64, devices=[DeviceGroup("a100_40g", 2),
+                                                           DeviceGroup("t4_16g", 2, hbm_gb=8)])],
+    network=NetworkSpec(intra_node_gbps=300, inter_node_gbps=50, latency_us=5),
+)  # fmt: skip
+
+
+def test_topology_gets_capacities_bandwidths_and_ranks_per_node() -> None:
+    inputs = inputs_for(TWO_NODES, [TableStats("t", 1000, 16)])
+    topo = torchrec_topology(inputs)
+    assert [d.storage.hbm for d in topo.devices] == [r.hbm_bytes for r in inputs.ranks]
+    assert [d.storage.ddr for d in topo.devices] == [r.host_bytes for r in inputs.ranks]
+    assert topo.local_world_size == 4
+    # bytes per millisecond, the cluster's own: 300 and 50 Gbit/s, not TorchRec's defaults
+    assert topo.intra_host_bw == pytest.approx(300e9 / 8 / 1000)
+    assert topo.inter_host_bw == pytest.approx(50e9 / 8 / 1000)
+    mean_hbm = sum(r.hbm_gbps for r in inputs.ranks) / inputs.world
+    assert topo.hbm_mem_bw == pytest.approx(mean_hbm * 1e9 / 1000)
+
+
+def test_every_sharding_type_and_kernel_is_offered() -> None:
+    inputs = inputs_for(TWO_NODES, [TableStats("wide", 10_000, 128), TableStats("narrow", 50, 16)])
+    gpu = torchrec_constraints(inputs, PlannerConfig())
+    assert set(gpu["wide"].sharding_types) == {
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "table_column_wise",
+        "row_wise",
+        "table_row_wise",
+    }
+    assert {"fused", "fused_uvm", "fused_uvm_caching", "dense"} == set(gpu["wide"].compute_kernels)
+    assert gpu["wide"].min_partition == 32 and gpu["narrow"].min_partition == 16
+    assert gpu["wide"].cache_params.load_factor == pytest.approx(
+        cache_load_factor(inputs.coverage["wide"], 10_000)
+    )
+    inputs.cpu = True
+    cpu = torchrec_constraints(inputs, PlannerConfig())
+    assert "row_wise" not in cpu["wide"].sharding_types
+    assert set(cpu["wide"].compute_kernels) == {"fused", "dense"}  # fmt: skip
+
+
+def test_cache_statistics_come_from_the_coverage_curve() -> None:
+    cov = lambda k: min(k, 1000) / 1000  # noqa: E731  # uniform access over 1000 rows
+    stats = CoverageCacheStats(cov, 1000, lookups_per_step=5000)
+    assert stats.expected_miss_rate(0.25) == pytest.approx(0.75)
+    assert stats.expected_miss_rate(1.0) == 0.0
+    assert stats.cacheability == pytest.approx(0.5, abs=0.01)  # area under 1 - clf
+    assert stats.expected_lookups == 1000  # at most the table's rows are distinct
+    skewed = lambda k: 0.95 if k >= 10 else 0.0  # noqa: E731
+    assert cache_load_factor(skewed, 1000) <= 0.011  # 1% of rows serve 95%
+
+
+def test_every_plan_torchrec_rated_is_priced_and_its_choice_kept() -> None:
+    tables = [TableStats(f"t{i}", 2_000_000 if i < 4 else 5000, 64, 2.0) for i in range(8)]
+    inputs = inputs_for(TWO_NODES, tables)
+    plans = torchrec_plans(inputs, PlannerConfig())
+    assert plans.proposals > 5 and plans.own_estimate_ms > 0
+    assert plans.chosen.feasible and plans.chosen.planner == "torchrec"
+    assert plans.best_ours.est_step_ms <= plans.chosen.est_step_ms
+    assert plans.chosen.batch_per_rank == [1024] * 8  # TorchRec splits the batch equally
+    kinds = {t.sharding_type for t in plans.chosen.tables}
+    assert kinds <= {"data_parallel", "table_wise", "column_wise", "table_column_wise",
+                     "row_wise", "table_row_wise"}  # fmt: skip
+    # each rated plan is a layout that our cost model reads back and checks
+    for _, layout in plans.result.proposals[:20]:
+        plan = plan_from_layout("torchrec", layout, inputs)
+        assert {t.name for t in plan.tables} == {t.name for t in tables}
+
+
+def test_uvm_caching_shards_hold_their_cache_in_hbm_and_miss_at_host_speed() -> None:
+    inputs = inputs_for(TWO_NODES, [TableStats("t", 1_000_000, 64)])
+    layout = [
+        {
+            "table": "t",
+            "sharding_type": "table_wise",
+            "compute_kernel": "fused_uvm_caching",
+            "cache_load_factor": 0.01,
+            "shards": [{"rank": 0, "rows": 1_000_000, "cols": 64}],
+        }
+    ]
+    plan = plan_from_layout("torchrec", layout, inputs)
+    (shard,) = plan.tables[0].shards
+    assert shard.tier == Tier.cached and shard.cache_rows == 10_000
+    assert shard.hit_rate == pytest.approx(inputs.coverage["t"](10_000))
+    from sharding.plan_eval import evaluate
+
+    evaluate(plan, inputs)
+    rank0 = plan.devices[0]
+    assert rank0["hbm_used_bytes"] == 10_000 * 64 * 4  # the cache only
+    assert rank0["host_used_bytes"] >= 1_000_000 * 64 * 4  # the whole table
+
+
+def test_plan_that_cannot_fit_names_every_rank_and_the_fix(typed_cfg) -> None:
+    from recsys.planning import plan_inputs
+
+    cfg = typed_cfg(["model=dcnv2_mlperf"])  # 2 CPU ranks of 0.5 GiB: ~97 GiB of tables
+    inputs = plan_inputs(cfg, None, None)
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    with pytest.raises(PlanDoesNotFitError) as e:
+        plan_with_torchrec(model, inputs, PlannerConfig())
+    msg = str(e.value)
+    assert "rank 0 (cpu): 0.50 GiB" in msg and "rank 1 (cpu)" in msg
+    assert "cluster=" in msg and "model=" in msg
+
+
+def test_mlperf_tables_plan_on_meta_for_a_gpu_node(typed_cfg) -> None:
+    from recsys.planning import plan_inputs
+
+    cfg = typed_cfg(["experiment=mlperf_plan_a100"])
+    inputs = plan_inputs(cfg, None, None)
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    plan = plan_with_torchrec(model, inputs, cfg.planner).plan
+    sharding = plan.plan["model.sparse_arch.embedding_bag_collection"]
+    assert len(sharding) == 26
+    used = {r for ps in sharding.values() for r in (ps.ranks or [])}
+    assert used <= set(range(8)) and len(used) > 1
+    bare = plan_with_torchrec(tables_module(inputs), inputs, cfg.planner).plan
+    assert sorted(bare.plan[""]) == sorted(sharding)  # the same tables, planned alike
