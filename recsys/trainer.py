@@ -223,11 +223,18 @@ def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank
         return model, plan, sharders, None
     hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
                 if 0 < t.replicated_rows < t.rows}  # fmt: skip
-    cold_parts = {t.name: t.cold_parts for t in our_plan.tables if t.name in hot_rows}
+    # row parts: of a split table's cold part, or of a table too large for one device
+    cold_parts = {
+        t.name: t.cold_parts
+        for t in our_plan.tables
+        if t.name in hot_rows or (t.replicated_rows == 0 and t.cold_parts > 1)
+    }
     remap = None
-    if hot_rows:
+    if cold_parts:
         rows = {t.name: t.rows for t in our_plan.tables}
         hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
+        hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
+                    for t in cold_parts if t not in hot_rows}  # fmt: skip
         remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
     sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
     model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold,

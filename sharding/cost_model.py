@@ -29,7 +29,6 @@ Each stage ends in a collective, so the step is the sum over stages of the slowe
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -241,7 +240,11 @@ def step_cost(
     seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
     ex = _Exchange(b, node)
     dp_bytes = 0
-    groups = Counter((s.table, int(node[s.rank])) for s in shards if s.node_reduce and not s.dp)
+    groups: dict[tuple[str, int], list[float]] = {}  # table-row-wise: [ranks, their batch]
+    for s in shards:
+        if s.node_reduce and not s.dp:
+            g = groups.setdefault((s.table, int(node[s.rank])), [0, 0.0])
+            g[0], g[1] = g[0] + 1, g[1] + b[s.rank]
     read_s = np.array([1 / d.emb_read_bytes_per_s for d in devices])
     host_s = np.array([1 / d.host_read_bytes_per_s for d in devices])
     local = 0.0  # bytes per sample every rank looks up in its own data-parallel copies
@@ -262,8 +265,9 @@ def step_cost(
             seq_bytes[s.rank] += ex.total * cold * s.cols * FLOAT_BYTES
             seq_bytes += b * cold * s.cols * FLOAT_BYTES
         vec = vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
-        group = groups[(s.table, int(node[s.rank]))] if s.node_reduce else 0
-        ex.add(s.rank, vec, t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES, group)
+        group, members_batch = groups[(s.table, int(node[s.rank]))] if s.node_reduce else (0, 0)
+        ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
+        ex.add(s.rank, vec, ids, group, members_batch)
     lookup += b * local * read_s
     emb, ids, sent = ex.times(network)
     dense = []
@@ -305,8 +309,10 @@ class _Exchange:
 
     A shard on rank o sends, per sample of rank r != o, `vec` bytes forward (gradients the
     same back) and receives `ids` bytes of ids; a table-row-wise group of g ranks on a node
-    instead reduce-scatters its partial sums for all samples within the node ((g-1)/g of
-    them leave each member) and sends 1/g of the other nodes' samples' vectors from each."""
+    instead reduce-scatters its partial sums for all samples within the group ((g-1)/g of
+    them leave each member) and each member sends 1/g of the vectors for the samples of
+    every other rank: across nodes, and to ranks of its node outside the group (TorchRec's
+    groups span `local_world_size` ranks, which need not match our nodes)."""
 
     def __init__(self, batch: np.ndarray, node: np.ndarray) -> None:
         self.b, self.node = batch, node
@@ -318,18 +324,22 @@ class _Exchange:
             zeros() for _ in "1234"
         )
         self.vec_own, self.ids_own, self.cross_own = zeros(), zeros(), zeros()
+        self.member_vec = zeros()  # per rank: vectors of the groups it belongs to
 
-    def add(self, owner: int, vec: float, ids: float, group: int) -> None:
+    def add(self, owner: int, vec: float, ids: float, group: int = 0, members_batch=0.0) -> None:
+        """A shard on `owner`; `group` > 0: one of that many table-row-wise shards of a
+        table on the owner's node, whose ranks hold `members_batch` samples."""
         n = self.node[owner]
         local = self.node_batch[n] - self.b[owner]  # samples of the owner's node's others
         remote = self.total - self.node_batch[n]
         self.ids_own[owner] += ids
-        if group:  # table-row-wise: reduce-scatter in the node, then 1/g of the crossing
+        if group:  # table-row-wise: reduce-scatter in the group, then 1/g of the rest
             scatter = vec * self.total * (group - 1) / group
-            self.sent_intra[owner] += scatter
+            self.sent_intra[owner] += scatter + vec * (self.node_batch[n] - members_batch) / group
             self.recv_intra[owner] += scatter
             self.sent_inter[owner] += vec * remote / group
             self.cross_own[owner] += vec / group
+            self.member_vec[owner] += vec
             return
         self.vec_own[owner] += vec
         self.sent_intra[owner] += vec * local
@@ -349,6 +359,7 @@ class _Exchange:
         recv_intra = self.recv_intra + b * (vec_node[node] - self.vec_own)
         recv_inter = self.recv_inter + b * (vec_node.sum() - vec_node[node])
         recv_inter += b * (cross_node.sum() - cross_node[node])
+        recv_intra += b * (cross_node[node] - self.member_vec)  # from a group it is not in
         # ids go the other way: from every rank to each owner, for the sender's samples
         ids_sent_intra = b * (ids_node[node] - self.ids_own)
         ids_sent_inter = b * (ids_node.sum() - ids_node[node])

@@ -2,7 +2,9 @@
 
 A table whose hottest rows are replicated becomes two tables, `<name>_hot` (data parallel)
 and `<name>_cold` (sharded), so that no row-wise shard is ever uneven (TorchRec routes
-training ids by ceil(rows / world)); the data path remaps ids into them. The plan is for an
+training ids by ceil(rows / world)); the data path remaps ids into them. Row parts (of a
+cold part, or of a table too large for one device) are tables `<name>_cold<j>`, each
+table-wise on its rank. UVM-cached shards carry the cache size the plan sized. The plan is for an
 EmbeddingBagCollection built from `split_table_configs`, on the meta device.
 """
 
@@ -22,7 +24,7 @@ from torchrec.distributed.sharding_plan import (
     data_parallel,
     table_wise,
 )
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import CacheParams, ShardingPlan
 
 from sharding.cost_model import Tier
 from sharding.plan_eval import Plan, TablePlan
@@ -45,12 +47,14 @@ def split_table_configs(plan: Plan, feature_of: dict[str, str]) -> list[Embeddin
 
 
 def _parts(t: TablePlan) -> list[tuple[str, int]]:
-    """The table, or its hot part then its cold part(s) in row-part order."""
-    if t.replicated_rows in (0, t.rows):
+    """The table, or its hot part then its cold part(s) in row-part order, or (no hot part)
+    its row parts only."""
+    h = t.replicated_rows
+    if h == t.rows or (h == 0 and t.cold_parts <= 1):
         return [(t.name, t.rows)]
-    cold = cold_part_rows(t.rows - t.replicated_rows, t.cold_parts)
+    cold = cold_part_rows(t.rows - h, t.cold_parts)
     names = [t.name + suffix for suffix in cold_suffixes(t.cold_parts)]
-    return [(f"{t.name}_hot", t.replicated_rows), *zip(names, cold, strict=True)]
+    return ([(f"{t.name}_hot", h)] if h else []) + list(zip(names, cold, strict=True))
 
 
 def to_torchrec_plan(
@@ -59,26 +63,38 @@ def to_torchrec_plan(
     """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
     recsys.models.split), planned as a second module; they must be table-wise."""
     configs = split_table_configs(plan, feature_of)
-    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]
+    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]  # row parts only: pooled
     cold_names = {name for t in split for name, _ in _parts(t)[1:]} if sequence_cold else set()
     meta = torch.device("meta")
     ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
     per_param = {}
+    caches: dict[str, float] = {}  # UVM-cached tables: their cache load factor
+
+    def kernel(tier: Tier, name: str, cache_share: float) -> str:
+        if device_type == "cpu":
+            return "fused"
+        if tier == Tier.cached:
+            caches[name] = min(0.99, max(0.01, cache_share))
+        return _KERNEL[tier]
+
     for t in plan.tables:
         cold = [s for s in t.shards if not s.dp]
-        kernel = "fused" if device_type == "cpu" else _KERNEL[t.tier]
         for name, _ in _parts(t):
             if name.endswith("_hot") or not cold:
                 per_param[name] = data_parallel()
             elif t.cold_parts > 1:  # row part j: its own table on its shard's rank
-                j = int(name.rsplit("_cold", 1)[1])
-                per_param[name] = table_wise(rank=cold[j].rank, compute_kernel=kernel)
+                s = cold[int(name.rsplit("_cold", 1)[1])]
+                k = kernel(s.tier, name, s.cache_rows / s.rows)
+                per_param[name] = table_wise(rank=s.rank, compute_kernel=k)
             elif len(cold) == 1:
-                per_param[name] = table_wise(rank=cold[0].rank, compute_kernel=kernel)
-            else:
+                s = cold[0]
+                k = kernel(s.tier, name, s.cache_rows / s.rows)
+                per_param[name] = table_wise(rank=s.rank, compute_kernel=k)
+            else:  # column pieces share one kernel: the slowest tier any of them is in
+                k = kernel(t.tier, name, min(s.cache_rows / s.rows for s in cold))
                 per_param[name] = column_wise(ranks=[s.rank for s in cold],
                                               size_per_rank=[s.cols for s in cold],
-                                              compute_kernel=kernel)  # fmt: skip
+                                              compute_kernel=k)  # fmt: skip
     world = len(plan.batch_per_rank)
     bag_params = {n: g for n, g in per_param.items() if n not in cold_names}
     plans = {MODULE: construct_module_sharding_plan(
@@ -93,4 +109,8 @@ def to_torchrec_plan(
             local_size=world, world_size=world,
             device_type=device_type, sharder=EmbeddingCollectionSharder(),
         )  # fmt: skip
+    for module_plan in plans.values():  # the cache the plan sized, not TorchRec's default
+        for name, ps in module_plan.items():
+            if name in caches:
+                ps.cache_params = CacheParams(load_factor=caches[name])
     return ShardingPlan(plans)

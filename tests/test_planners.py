@@ -27,7 +27,7 @@ from sharding.plan_eval import (
 )
 from sharding.planners import PLANNERS
 from sharding.row_parts import cold_part_rows
-from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup
+from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup, PlannerConfig
 
 KINDS = ["h100_80g", "a100_40g", "v100_16g", "t4_16g", "l4_24g"]
 
@@ -146,16 +146,12 @@ def _random_table_plan(t: TableStats, inputs: PlanInputs, data, cold_only: bool)
         k = data.draw(st.integers(1, min(w, cold_rows)))
         rows = [cold_rows // k + (1 if j < cold_rows % k else 0) for j in range(k)]
         tp.shards += [shard(data.draw(rank), n, t.dim, None) for n in rows]
-    else:  # table-row-wise: every rank of one node, partial sums reduced in the node
-        node = data.draw(st.sampled_from(sorted({r.node for r in inputs.ranks})))
-        mine = [r.rank for r in inputs.ranks if r.node == node]
-        k = min(len(mine), cold_rows)
-        if k < len(mine):
-            return _random_table_plan(t, inputs, data, cold_only)  # too few rows to spread
+    else:  # table-row-wise: row pieces on distinct ranks, partial sums reduced per node
+        mine = data.draw(st.lists(rank, min_size=1, max_size=min(w, cold_rows), unique=True))
+        k = len(mine)
         rows = [cold_rows // k + (1 if j < cold_rows % k else 0) for j in range(k)]
-        tp.shards += [
-            shard(r, n, t.dim, None, node_reduce=True) for r, n in zip(mine, rows, strict=True)
-        ]
+        tp.shards += [shard(r, n, t.dim, None, node_reduce=True)
+                      for r, n in zip(mine, rows, strict=True)]  # fmt: skip
     return tp
 
 
@@ -346,3 +342,81 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
     assert "model.sparse_arch.embedding_bag_collection" in text  # a real TorchRec plan
     assert all(t["name"] in text for t in plan["tables"])  # every table (or its parts)
     assert "lower bound" in proc.stdout
+
+
+# memory binds: small devices, little host memory, tables up to several GiB, narrow ones too
+tight_clusters = st.builds(
+    lambda groups, host: ClusterSpec(
+        name="tight",
+        nodes=[
+            NodeGroup(count=c, host_memory_gb=host, devices=[DeviceGroup(k, n, hbm_gb=m)])
+            for c, k, n, m in groups
+        ],
+    ),  # fmt: skip
+    st.lists(
+        st.tuples(
+            st.integers(1, 2), st.sampled_from(KINDS), st.integers(1, 4), st.floats(0.01, 1.0)
+        ),
+        min_size=1,
+        max_size=3,
+    ),  # fmt: skip
+    st.sampled_from([0.001, 0.05, 1.0, 8.0]),
+)
+tight_tables = st.lists(
+    st.tuples(st.integers(1, 30_000_000), st.sampled_from([4, 8, 16, 64, 128])),
+    min_size=1,
+    max_size=12,
+).map(lambda ts: [TableStats(f"t{i}", r, d) for i, (r, d) in enumerate(ts)])
+
+
+def _feasible(name: str, inputs: PlanInputs) -> bool:
+    try:
+        return evaluate(PLANNERS[name](inputs), inputs).feasible
+    except PlanDoesNotFitError:
+        return False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=tight_clusters, tables=tight_tables, cpu=st.booleans())
+def test_hybrid_finds_a_plan_wherever_a_simple_baseline_does(spec, tables, cpu) -> None:
+    """Where greedy_size or round_robin fit the tables, hybrid does too: it cuts pieces by
+    memory as well as by cost (columns, row parts, host memory with an HBM cache)."""
+    inputs = inputs_for(spec, tables)
+    inputs.cpu = cpu  # CPU ranks: one memory tier, no host tier to fall back on
+    if not any(_feasible(name, inputs) for name in ("greedy_size", "round_robin")):
+        return
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert plan.feasible
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=tight_clusters, tables=tight_tables)
+def test_hybrid_finds_a_plan_wherever_torchrec_does(spec, tables) -> None:
+    from sharding.torchrec_planner import torchrec_plans
+
+    inputs = inputs_for(spec, tables)
+    try:
+        torchrec = torchrec_plans(inputs, PlannerConfig()).chosen
+    except PlanDoesNotFitError:
+        return
+    if torchrec.feasible:
+        assert evaluate(PLANNERS["hybrid"](inputs), inputs).feasible
+
+
+def test_a_table_larger_than_any_device_is_cut_in_row_parts_when_columns_run_out() -> None:
+    """4-wide rows cannot be cut by columns: the table goes in row parts, each its own
+    table on a rank with room, and the TorchRec plan places each part table-wise."""
+    node = NodeGroup(host_memory_gb=0.001, devices=[DeviceGroup("t4_16g", 4, hbm_gb=0.05)])
+    spec = ClusterSpec(name="small", nodes=[node])
+    inputs = inputs_for(spec, [TableStats("wide", 4_000_000, 4), TableStats("t1", 1000, 4)])
+    inputs.cpu = True
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    wide = plan.tables[0]
+    assert plan.feasible and wide.replicated_rows == 0 and wide.cold_parts >= 2
+    assert [s.rows for s in wide.shards] == cold_part_rows(4_000_000, wide.cold_parts)
+    sharded = to_torchrec_plan(plan, {"wide": "f0", "t1": "f1"}, "cpu").plan
+    params = sharded["model.sparse_arch.embedding_bag_collection"]
+    assert [params[f"wide_cold{j}"].ranks for j in range(wide.cold_parts)] == [
+        [s.rank for s in wide.shards[j : j + 1]] for j in range(wide.cold_parts)
+    ]

@@ -34,8 +34,9 @@ def models(
     hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
     configs = split_configs(tables, hot_rows, {f"t_{f}": k for f, k in parts.items()})
     ec = None
-    if sequence_cold:
-        configs, cold = sequence_cold_configs(configs)
+    if sequence_cold:  # row parts of a table without hot rows stay pooled, as in training
+        pooled = frozenset(f"t_{f}" for f, ids in hot.items() if not len(ids))
+        configs, cold = sequence_cold_configs(configs, pooled)
         ec = EmbeddingCollection(cold)
     split_ebc = EmbeddingBagCollection(configs)
     split = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
@@ -48,7 +49,8 @@ def models(
         if feature in hot:
             k = parts.get(feature, 1)
             h, cold = split_weights(bag.weight.data, hot[feature], k)
-            new_bags[name + "_hot"].weight.data.copy_(h)
+            if len(hot[feature]):
+                new_bags[name + "_hot"].weight.data.copy_(h)
             for suffix, c in zip(cold_suffixes(k), cold, strict=True):
                 new_bags[name + suffix].weight.data.copy_(c)
         else:
@@ -94,13 +96,24 @@ def test_cold_row_parts_take_every_cold_id_once() -> None:
         assert int(p.values().max()) < cold_part_rows(100 - 3, 3)[j]
 
 
-PARTS = [{}, {"cat_0": 2, "cat_2": 3}]
+def test_a_table_in_row_parts_only_keeps_every_id() -> None:
+    b = batch(0)
+    out = SplitRemap({"cat_1": torch.zeros(0, dtype=torch.int64)}, {"cat_1": 3})(b.sparse_features)
+    assert "cat_1_hot" not in out.keys() and "cat_1" not in out.keys()
+    ids = b.sparse_features["cat_1"].values()
+    for j in range(3):  # part j holds row r = 3 * row + j of the whole table, in order
+        assert torch.equal(out[f"cat_1_cold{j}"].values() * 3 + j, ids[ids % 3 == j])
+
+
+# cold parts in row parts; and cat_1, a table with no hot rows, in row parts only
+PARTS = [{}, {"cat_0": 2, "cat_2": 3}, {"cat_1": 2}]
+WHOLE = {"cat_1": torch.zeros(0, dtype=torch.int64)}
 
 
 @pytest.mark.parametrize("sequence_cold", [False, True])
 @pytest.mark.parametrize("parts", PARTS)
 def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> None:
-    plain, split, remap = models(HOT, sequence_cold, parts)
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
     for index in range(3):
         b = batch(index)
         loss_p, (_, logits_p, _) = plain(b)
@@ -113,7 +126,7 @@ def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> N
 @pytest.mark.parametrize("sequence_cold", [False, True])
 @pytest.mark.parametrize("parts", PARTS)
 def test_split_model_trains_the_same_with_sgd(sequence_cold: bool, parts) -> None:
-    plain, split, remap = models(HOT, sequence_cold, parts)
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
     for index in range(5):

@@ -91,8 +91,8 @@ def build_model(
     """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards.
 
     `hot_rows`: tables split into `<name>_hot` / `<name>_cold` (see `recsys.models.split`),
-    `cold_parts`: cold parts in row parts `<name>_cold0`...; the batches must then go
-    through the matching `SplitRemap`.
+    `cold_parts`: cold parts (or whole tables without hot rows) in row parts
+    `<name>_cold0`...; the batches must then go through the matching `SplitRemap`.
     """
     validate_model_config(cfg)
     ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta"))
@@ -109,8 +109,15 @@ def build_model(
         )
     else:
         model = DLRM(**common)
-    if hot_rows and any(0 < h < t.num_embeddings for t in table_configs(cfg)
-                        for h in [hot_rows.get(t.name, 0)]):  # fmt: skip
+    hot_rows, cold_parts = hot_rows or {}, cold_parts or {}
+    from recsys.models.split import is_split
+
+    splits = [
+        t.name
+        for t in table_configs(cfg)
+        if is_split(t.num_embeddings, hot_rows.get(t.name, 0), cold_parts.get(t.name, 1))
+    ]
+    if splits:  # fmt: skip
         from torchrec import EmbeddingCollection
 
         from recsys.models.split import SplitSparseArch, sequence_cold_configs, split_configs
@@ -118,9 +125,10 @@ def build_model(
         meta = torch.device("meta")
         split = split_configs(table_configs(cfg), hot_rows, cold_parts)
         ec = None
-        if sequence_cold:  # cold parts exchange only their own lookups
-            split, cold = sequence_cold_configs(split)
-            ec = EmbeddingCollection(tables=cold, device=meta)
+        if sequence_cold:  # cold parts of hot/cold splits exchange only their own lookups
+            pooled = frozenset(n for n in splits if not hot_rows.get(n, 0))
+            split, cold = sequence_cold_configs(split, pooled)
+            ec = EmbeddingCollection(tables=cold, device=meta) if cold else None
         split_ebc = EmbeddingBagCollection(tables=split, device=meta)
         model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)
     return DLRMTrain(model)

@@ -13,7 +13,9 @@ cold lookup only, where the pooled exchange carries one per sample, empty bag or
 
 A large cold part can itself be split in `k` row parts `<name>_cold0` .. `<name>_cold{k-1}`
 (cold row c in part c mod k, row c // k), each table-wise on its own rank, so that no one
-rank sends all of a hot table's cold lookups (`cold_parts`).
+rank sends all of a hot table's cold lookups (`cold_parts`). A table too large for any one
+device is cut the same way with no hot part: its row parts stay pooled bags (each sends one
+vector per sample, like TorchRec's row-wise shards, but each on the rank that has room).
 
 Shapes: B = batch size, N = ids of one feature in the batch.
 """
@@ -42,23 +44,30 @@ def is_cold(name: str) -> bool:
     return re.search(r"_cold\d*$", name) is not None
 
 
+def is_split(rows: int, hot: int, parts: int) -> bool:
+    """A table is split into parts when it keeps a hot part apart, or its rows are cut into
+    row parts (a table too large for any one device: `hot` 0, `parts` > 1)."""
+    return 0 < hot < rows or (hot == 0 and parts > 1)
+
+
 def split_configs(
     tables: list[EmbeddingBagConfig],
     hot_rows: dict[str, int],
     cold_parts: dict[str, int] | None = None,
 ) -> list[EmbeddingBagConfig]:
     """Tables with `0 < hot_rows[name] < rows` become `<name>_hot` and their cold part(s)
-    (`cold_suffixes`), serving features `<feature>_hot` and `<feature>_cold[j]`."""
+    (`cold_suffixes`), serving features `<feature>_hot` and `<feature>_cold[j]`; a table
+    with no hot rows but `cold_parts[name]` > 1 becomes its row parts only."""
     out = []
     for t in tables:
         h = hot_rows.get(t.name, 0)
-        if not 0 < h < t.num_embeddings:
+        k = (cold_parts or {}).get(t.name, 1)
+        if not is_split(t.num_embeddings, h, k):
             out.append(t)
             continue
         (feature,) = t.feature_names
-        k = (cold_parts or {}).get(t.name, 1)
         cold = zip(cold_suffixes(k), cold_part_rows(t.num_embeddings - h, k), strict=True)
-        parts = [(HOT, h), *cold]
+        parts = ([(HOT, h)] if h else []) + list(cold)
         for suffix, rows in parts:
             out.append(EmbeddingBagConfig(name=t.name + suffix, embedding_dim=t.embedding_dim,
                                           num_embeddings=rows, feature_names=[feature + suffix],
@@ -67,15 +76,21 @@ def split_configs(
 
 
 def sequence_cold_configs(
-    configs: list[EmbeddingBagConfig],
+    configs: list[EmbeddingBagConfig], pooled: frozenset[str] = frozenset()
 ) -> tuple[list[EmbeddingBagConfig], list[EmbeddingConfig]]:
-    """Split configs with the cold parts as sequence tables (for an EmbeddingCollection)."""
-    bags = [c for c in configs if not is_cold(c.name)]
+    """Split configs with the cold parts as sequence tables (for an EmbeddingCollection),
+    but for tables named in `pooled` (row parts of a table with no hot part: each part
+    then sends one pooled vector per sample, as a whole table would)."""
+
+    def sequence(name: str) -> bool:
+        return is_cold(name) and _COLD_SUFFIX.sub("", name) not in pooled
+
+    bags = [c for c in configs if not sequence(c.name)]
     cold = [
         EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
                         feature_names=c.feature_names, init_fn=c.init_fn)
         for c in configs
-        if is_cold(c.name)
+        if sequence(c.name)
     ]  # fmt: skip
     return bags, cold
 
@@ -93,38 +108,38 @@ class SplitSparseArch(SparseArch):
     ) -> None:
         super().__init__(ebc)
         self.embedding_collection = ec
-        present = set(self._sparse_feature_names)
+        bags = set(self._sparse_feature_names)
+        sequences = set()
         if ec is not None:
-            present |= {f for c in ec.embedding_configs() for f in c.feature_names}
-        self._split = [f for f in feature_names if f + HOT in present]
+            sequences = {f for c in ec.embedding_configs() for f in c.feature_names}
+        present = bags | sequences
+        self._split = [f for f in feature_names if f not in present]
+        self._hot = {f: f + HOT in present for f in self._split}
         # each split feature's cold features, in part order (constant: fx tracing follows)
         self._cold = {f: sorted((c for c in present if _COLD_SUFFIX.fullmatch(c[len(f):])
                                  and c.startswith(f)), key=lambda c: int(c[len(f + COLD):] or 0))
                       for f in self._split}  # fmt: skip
-        self._sequence = ec is not None
+        self._sequences = sorted(sequences)
         self._sparse_feature_names = list(feature_names)
         self.F = len(feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         pooled = self.embedding_bag_collection(features).to_dict()
-        cold = {}  # a plain dict and constant keys: the pipelines' fx tracing can follow
-        if self._sequence:
+        if self._sequences:  # cold parts looked up as sequences, pooled here
             sequences = self.embedding_collection(features)
-            for f in self._split:
-                for c in self._cold[f]:
-                    jt = sequences[c]
-                    cold[c] = _sum_bags(jt.values(), jt.lengths(), self.D)
-        else:
-            cold = pooled
+            for c in self._sequences:
+                jt = sequences[c]
+                pooled[c] = _sum_bags(jt.values(), jt.lengths(), self.D)
         values = []
         for f in self._sparse_feature_names:
             if f not in self._split:
                 values.append(pooled[f])
-            else:
-                v = pooled[f + HOT]
-                for c in self._cold[f]:
-                    v = v + cold[c]
-                values.append(v)
+                continue
+            parts = ([f + HOT] if self._hot[f] else []) + self._cold[f]
+            v = pooled[parts[0]]
+            for c in parts[1:]:
+                v = v + pooled[c]
+            values.append(v)
         return torch.cat(values, dim=1).reshape(-1, self.F, self.D)
 
 
@@ -143,7 +158,8 @@ class SplitRemap:
     `hot_ids[feature]` is the sorted array of the feature's hot ids. An id equal to the k-th
     hot id becomes row k of the hot table; any other id x becomes cold row
     c = x - (hot ids below x): row c of the cold table, or with `cold_parts[feature]` = k > 1
-    row c // k of part c mod k. Per-sample order and bag lengths are kept.
+    row c // k of part c mod k. A feature with no hot ids (an empty array) and k > 1 parts
+    is a table in row parts only. Per-sample order and bag lengths are kept.
     """
 
     def __init__(
@@ -164,13 +180,18 @@ class SplitRemap:
                 values.append(ids_N)
                 lengths.append(len_B)
                 continue
-            pos_N = torch.searchsorted(hot, ids_N)
-            is_hot_N = hot[pos_N.clamp(max=len(hot) - 1)] == ids_N
             sample_N = torch.repeat_interleave(torch.arange(len(len_B)), len_B.long())
-            hot_len = torch.bincount(sample_N[is_hot_N], minlength=len(len_B)).to(len_B.dtype)
-            keys.append(f + HOT)
-            values.append(pos_N[is_hot_N])
-            lengths.append(hot_len)
+            if len(hot):
+                pos_N = torch.searchsorted(hot, ids_N)
+                is_hot_N = hot[pos_N.clamp(max=len(hot) - 1)] == ids_N
+                hot_len = torch.bincount(sample_N[is_hot_N], minlength=len(len_B)).to(len_B.dtype)
+                keys.append(f + HOT)
+                values.append(pos_N[is_hot_N])
+                lengths.append(hot_len)
+            else:  # row parts only: every id is cold
+                pos_N = torch.zeros_like(ids_N)
+                is_hot_N = torch.zeros_like(ids_N, dtype=torch.bool)
+                hot_len = torch.zeros_like(len_B)
             k = self.cold_parts[f]
             cold_N, cold_sample_N = (ids_N - pos_N)[~is_hot_N], sample_N[~is_hot_N]
             if k == 1:
