@@ -35,10 +35,18 @@ def save(
     written = []
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{json_name or name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        text = json.dumps(result, indent=2, default=_plain)
+        (d / f"{json_name or name}.json").write_text(text + "\n")
         (d / f"{name}.md").write_text(table + "\n")
         written.append(d / f"{name}.md")
     return written
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as plain numbers for JSON."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def start(cfg: Any) -> Any:

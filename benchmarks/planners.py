@@ -1,11 +1,15 @@
-"""`python -m benchmarks.planners`: the four planners side by side, judged by one cost model.
+"""`python -m benchmarks.planners`: the planners side by side, judged by one cost model.
 
-For each mixed cluster preset: predicted step time of hybrid / torchrec / greedy_size /
-round_robin plans of the MLPerf DLRM-DCNv2 tables, each plan's gap to the lower bound, its
-all-to-all bytes and its planning time; then planning speed at scale (the MLPerf tables on
-hetero_64, and 1,000 tables on 1,536 devices). Access frequencies: a power law
-(`zipf_exponent`), as `sharding.plan` assumes without a profile. These are predictions of
-the cost model, not measurements of training (GPU clusters cannot be run here).
+1. Presets: the MLPerf DLRM-DCNv2 tables on each mixed and homogeneous cluster preset, planned
+   by hybrid, by TorchRec's planner configured fairly (`sharding.torchrec_planner`: its own
+   choice, and the fastest under our cost model of every plan it rated), greedy_size and
+   round_robin; each plan's gap to the lower bound; and where hybrid's gain comes from:
+   TorchRec -> TorchRec's placement with speed-aware batch shares -> hybrid with whole-table
+   replication only -> + speed-aware shares -> + hot-row replication -> + row parts.
+2. The grid (`benchmarks.planner_grid`): many workloads x clusters x planners.
+3. At scale (`at_scale=true`): hybrid's planning time for 1,000 tables on 1,536 devices.
+All figures are predictions of the cost model (GPU clusters cannot be run here). Writes
+summary.json (`presets`, `grid`, `scale`), planners.md, grid.csv and grid.png.
 """
 
 from __future__ import annotations
@@ -17,12 +21,25 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
+from benchmarks.planner_grid import GridConfig, named_workloads, plot, run_grid, write_csv
+from benchmarks.planner_grid import table as grid_table
 from sharding.cost_model import TableStats
+from sharding.suites import Workload
 
 REPO = Path(__file__).resolve().parents[1]
+# the gain decomposition: each step adds one of hybrid's ideas to the one before
+STEPS = [
+    ("torchrec", "TorchRec's best plan (fair topology)"),
+    ("torchrec+speed_shares", "TorchRec's placement, speed-aware batch shares"),
+    ("hybrid_whole_tables", "hybrid: whole-table replication only, equal shares"),
+    ("+speed_shares", "+ speed-aware batch shares"),
+    ("+hot_rows", "+ hot-row replication (cold parts exchanged alone)"),
+    ("+row_parts", "+ cold parts in row parts (= hybrid)"),
+]
 
 
 @dataclass
@@ -30,13 +47,12 @@ class PlannerBenchConfig:
     clusters: list[str] = field(
         default_factory=lambda: ["hetero_3node", "hetero_64", "2x8_h100", "1x8_a100_80g"]
     )
-    planners: list[str] = field(
-        default_factory=lambda: ["hybrid", "torchrec", "greedy_size", "round_robin"]
-    )
     model: str = "dcnv2_mlperf"
     batch_size: int = 2048  # per rank
+    at_scale: bool = True
     scale_tables: int = 1000
     scale_devices: int = 1536  # 192 nodes x 8
+    grid: GridConfig = field(default_factory=GridConfig)
     results_dir: str = str(REPO / "benchmarks" / "results" / "planners")
 
 
@@ -46,32 +62,90 @@ def _compose(overrides: list[str]):
     return to_typed(hydra.compose(config_name="plan", overrides=overrides))
 
 
-def compare(cfg: PlannerBenchConfig) -> list[dict]:
+def _base(cfg: PlannerBenchConfig, cluster: str | None = None) -> list[str]:
+    return [f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"] + (
+        [f"cluster={cluster}"] if cluster else []
+    )
+
+
+def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
+    """Every planner on one preset, and the gain decomposition."""
+    import recsys.planning as cli
+    from sharding.hybrid import HybridOptions, hybrid, with_speed_aware_batch
+    from sharding.plan_eval import evaluate
+    from sharding.planners import PLANNERS
+
+    typed = _compose(_base(cfg, cluster))
+    inputs = cli.plan_inputs(typed, None, None)
+    planners = {}
+
+    def timed(name: str, make) -> None:
+        begin = time.perf_counter()
+        plan = make()
+        seconds = time.perf_counter() - begin
+        plan = evaluate(plan, inputs)
+        planners[name] = {"est_step_ms": plan.est_step_ms, "lower_bound_ms": plan.lower_bound_ms,
+                          "planning_s": seconds, "a2a_bytes_per_step": plan.a2a_bytes_per_step,
+                          "feasible": plan.feasible,
+                          "batch_range": [min(plan.batch_per_rank), max(plan.batch_per_rank)]}  # fmt: skip
+        print(f"{cluster:14} {name:14} {plan.est_step_ms:9.2f} ms (bound {plan.lower_bound_ms:.2f})"
+              f"  {seconds:.2f} s", flush=True)  # fmt: skip
+
+    begin = time.perf_counter()
+    tr = cli.torchrec_plans(typed, inputs)
+    tr_s = time.perf_counter() - begin
+    timed("hybrid", lambda: PLANNERS["hybrid"](inputs))
+    timed("torchrec", lambda: tr.best_ours)
+    timed("torchrec_own", lambda: tr.chosen)
+    for name in ("greedy_size", "round_robin"):
+        timed(name, lambda name=name: PLANNERS[name](inputs))
+    for name in ("torchrec", "torchrec_own"):
+        planners[name]["planning_s"] = tr_s
+    steps = {
+        "torchrec": tr.best_ours,
+        "torchrec+speed_shares": with_speed_aware_batch(tr.best_ours, inputs),
+        "hybrid_whole_tables": hybrid(inputs, HybridOptions(False, False, False)),
+        "+speed_shares": hybrid(inputs, HybridOptions(True, False, False)),
+        "+hot_rows": hybrid(inputs, HybridOptions(True, True, False)),
+        "+row_parts": hybrid(inputs, HybridOptions(True, True, True)),
+    }
+    decomposition = [{"step": key, "what": what,
+                      "ms": evaluate(steps[key], inputs, bound=False).est_step_ms}
+                     for key, what in STEPS]  # fmt: skip
+    return {
+        "torchrec_ms": planners["torchrec"]["est_step_ms"],
+        "torchrec_own_best_ms": planners["torchrec_own"]["est_step_ms"],
+        "torchrec_own_estimate_ms": tr.own_estimate_ms,
+        "torchrec_proposals": tr.proposals,
+        "hybrid_ms": planners["hybrid"]["est_step_ms"],
+        "lower_bound_ms": planners["hybrid"]["lower_bound_ms"],
+        "schedule": inputs.schedule.value,
+        "decomposition": decomposition,
+        "planners": planners,
+    }
+
+
+def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
     import recsys.planning as cli
 
-    rows = []
-    for cluster in cfg.clusters:
-        base = [f"cluster={cluster}", f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"]
-        inputs = cli.plan_inputs(_compose(base), None, None)
-        variants = [(p, []) for p in cfg.planners]
-        if "hybrid" in cfg.planners:  # hybrid with TorchRec's pooled exchange for cold parts
-            variants.append(("hybrid+pooled", ["planner.cold_only_exchange=false"]))
-        for planner, extra in variants:
-            name = planner.split("+")[0]
-            inputs.cold_only_exchange = not extra
-            plan = cli.make_plan(_compose(base + [f"planner={name}", *extra]), inputs)
-            rows.append({"cluster": cluster, "planner": planner, "est_step_ms": plan.est_step_ms,
-                         "lower_bound_ms": plan.lower_bound_ms, "planning_s": plan.planning_s,
-                         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
-                         "feasible": plan.feasible})  # fmt: skip
-            line = f"{cluster:14} {planner:12} {plan.est_step_ms:9.2f} ms"
-            print(f"{line}  (bound {plan.lower_bound_ms:.2f})  {plan.planning_s:.2f} s", flush=True)
-    return rows
+    inputs = cli.plan_inputs(_compose(_base(cfg, "1x8_a100_80g")), None, None)
+    return Workload("mlperf_dcnv2", inputs.tables, inputs.coverage, inputs.dense_params,
+                    inputs.interaction_flops_per_sample,
+                    {"model": cfg.model, "profile": "power law, exponent 1.1"})  # fmt: skip
+
+
+def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
+    import recsys.planning as cli
+
+    clusters = {c: cli.plan_inputs(_compose(_base(cfg, c)), None, None) for c in cfg.grid.clusters}
+    named = named_workloads(cfg.grid, mlperf_workload(cfg), out_dir)
+    return run_grid(cfg.grid, clusters, named)
 
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:
     """Hybrid planning time: 1,000 tables (Criteo-like sizes) on 1,536 mixed devices."""
     import recsys.planning as cli
+    from sharding.plan_eval import evaluate, power_law_coverage
     from sharding.planners import hybrid
     from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
 
@@ -84,19 +158,17 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
                       devices=[DeviceGroup("a100_40g", 4), DeviceGroup("v100_32g", 4)]),
         ],
     )  # fmt: skip
-    base = _compose([f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"])
+    base = _compose(_base(cfg))
     base.cluster = spec
     inputs = cli.plan_inputs(base, None, None)
     rng = np.random.default_rng(0)
     sizes = rng.choice([10, 1_000, 100_000, 1_000_000, 10_000_000], cfg.scale_tables,
                        p=[0.2, 0.3, 0.3, 0.15, 0.05])  # fmt: skip
     inputs.tables = [TableStats(f"t{i}", int(r), 128) for i, r in enumerate(sizes)]
-    from sharding.plan_eval import evaluate, power_law_coverage
-
     inputs.coverage = {t.name: power_law_coverage(t.rows, 1.1) for t in inputs.tables}
-    start = time.perf_counter()
+    begin = time.perf_counter()
     plan = hybrid(inputs)
-    planning_s = time.perf_counter() - start
+    planning_s = time.perf_counter() - begin
     evaluate(plan, inputs)
     return {"tables": cfg.scale_tables, "devices": inputs.world, "planning_s": planning_s,
             "feasible": plan.feasible, "est_step_ms": plan.est_step_ms,
@@ -107,20 +179,30 @@ def table(r: dict) -> str:
     env = r["environment"]
     lines = [f"# Planners side by side ({env['date']}, torch {env['torch']}, torchrec "
              f"{env['torchrec']}; predictions of the cost model, model {r['config']['model']}, "
-             f"batch {r['config']['batch_size']} per rank, power-law access)",
-             "", "| cluster | planner | predicted ms/step | speedup vs torchrec | / lower bound | "
+             f"batch {r['config']['batch_size']} per rank)", "",
+             "`torchrec`: the fastest under our cost model of every plan TorchRec's planner rated "
+             "(fair topology); `torchrec_own`: the plan it picks by its own estimate.", "",
+             "| cluster | planner | predicted ms/step | speedup vs torchrec | / lower bound | "
              "a2a MB/step | planning s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    by = {(x["cluster"], x["planner"]): x for x in r["compare"]}
-    for x in r["compare"]:
-        tr = by.get((x["cluster"], "torchrec"))
-        ratio = f"{tr['est_step_ms'] / x['est_step_ms']:.2f}x" if tr else "-"
-        lines.append(f"| {x['cluster']} | {x['planner']} | {x['est_step_ms']:.2f} | {ratio} | "
-                     f"{x['est_step_ms'] / x['lower_bound_ms']:.2f}x | "
-                     f"{x['a2a_bytes_per_step'] / 1e6:.1f} | {x['planning_s']:.2f} |")  # fmt: skip
-    s = r["scale"]
-    lines += ["", f"Hybrid at scale: {s['tables']:,} tables on {s['devices']:,} devices planned in "
-              f"{s['planning_s']:.1f} s (goal 60 s), {s['est_step_ms'] / s['lower_bound_ms']:.2f}x "
-              f"the lower bound."]  # fmt: skip
+    for cluster, p in r["presets"].items():
+        for name, x in p["planners"].items():
+            lines.append(f"| {cluster} | {name} | {x['est_step_ms']:.2f} | "
+                         f"{p['torchrec_ms'] / x['est_step_ms']:.2f}x | "
+                         f"{x['est_step_ms'] / p['lower_bound_ms']:.2f}x | "
+                         f"{x['a2a_bytes_per_step'] / 1e6:.1f} | {x['planning_s']:.2f} |")  # fmt: skip
+    lines += ["", "## Where hybrid's gain comes from (predicted ms/step)", "",
+              "| step | " + " | ".join(r["presets"]) + " |",
+              "|---|" + "---|" * len(r["presets"])]  # fmt: skip
+    for i, (key, what) in enumerate(STEPS):
+        cells = [f"{p['decomposition'][i]['ms']:.2f}" for p in r["presets"].values()]
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    if r.get("grid"):
+        lines += grid_table(r["grid"])
+    s = r.get("scale")
+    if s:
+        lines += ["", f"Hybrid at scale: {s['tables']:,} tables on {s['devices']:,} devices "
+                  f"planned in {s['planning_s']:.1f} s, {s['est_step_ms'] / s['lower_bound_ms']:.2f}x "
+                  f"the lower bound."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -130,9 +212,18 @@ ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_planners")
 def main(cfg: DictConfig) -> None:
     typed: PlannerBenchConfig = start(cfg)
+    out = Path(HydraConfig.get().runtime.output_dir)
     result = {"config": OmegaConf.to_container(cfg), "environment": environment(),
-              "compare": compare(typed), "scale": at_scale(typed)}  # fmt: skip
-    finish(result, table(result), "planners", typed.results_dir)
+              "presets": {c: preset(typed, c) for c in typed.clusters}}  # fmt: skip
+    if typed.grid.enabled:
+        result["grid"] = grid(typed, Path(typed.results_dir))
+        for d in {out, Path(typed.results_dir)}:
+            d.mkdir(parents=True, exist_ok=True)
+            write_csv(result["grid"]["cells"], d / "grid.csv")
+            plot(result["grid"], d / "grid.png")
+    if typed.at_scale:
+        result["scale"] = at_scale(typed)
+    finish(result, table(result), "planners", typed.results_dir, json_name="summary")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from torchrec.distributed.sharding_plan import (
     column_wise,
     construct_module_sharding_plan,
     data_parallel,
+    table_row_wise,
     table_wise,
 )
 from torchrec.distributed.types import CacheParams, ShardingPlan
@@ -69,6 +70,7 @@ def to_torchrec_plan(
     ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
     per_param = {}
     caches: dict[str, float] = {}  # UVM-cached tables: their cache load factor
+    row_kernels: dict[str, str] = {}  # table-row-wise tables: their kernel
 
     def kernel(tier: Tier, name: str, cache_share: float) -> str:
         if device_type == "cpu":
@@ -86,6 +88,9 @@ def to_torchrec_plan(
                 s = cold[int(name.rsplit("_cold", 1)[1])]
                 k = kernel(s.tier, name, s.cache_rows / s.rows)
                 per_param[name] = table_wise(rank=s.rank, compute_kernel=k)
+            elif cold[0].node_reduce:  # table-row-wise over the node its ranks make up
+                row_kernels[name] = kernel(t.tier, name, 1.0)
+                per_param[name] = table_row_wise(host_index=cold[0].rank // len(cold))
             elif len(cold) == 1:
                 s = cold[0]
                 k = kernel(s.tier, name, s.cache_rows / s.rows)
@@ -96,9 +101,11 @@ def to_torchrec_plan(
                                               size_per_rank=[s.cols for s in cold],
                                               compute_kernel=k)  # fmt: skip
     world = len(plan.batch_per_rank)
+    nodes = [d["node"] for d in plan.devices] or [0] * world  # ranks per node: TWRW's hosts
+    local = max(nodes.count(n) for n in set(nodes))
     bag_params = {n: g for n, g in per_param.items() if n not in cold_names}
     plans = {MODULE: construct_module_sharding_plan(
-        ebc, bag_params, local_size=world, world_size=world, device_type=device_type)}  # fmt: skip
+        ebc, bag_params, local_size=local, world_size=world, device_type=device_type)}  # fmt: skip
     if cold_names:
         ec = EmbeddingCollection(
             [EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim,
@@ -106,11 +113,13 @@ def to_torchrec_plan(
              for c in configs if c.name in cold_names], device=meta)  # fmt: skip
         plans[SEQUENCE_MODULE] = construct_module_sharding_plan(
             ec, {c.name: per_param[c.name] for c in configs if c.name in cold_names},
-            local_size=world, world_size=world,
+            local_size=local, world_size=world,
             device_type=device_type, sharder=EmbeddingCollectionSharder(),
         )  # fmt: skip
     for module_plan in plans.values():  # the cache the plan sized, not TorchRec's default
         for name, ps in module_plan.items():
             if name in caches:
                 ps.cache_params = CacheParams(load_factor=caches[name])
+            if name in row_kernels:
+                ps.compute_kernel = row_kernels[name]
     return ShardingPlan(plans)

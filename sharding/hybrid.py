@@ -31,6 +31,7 @@ import numpy as np
 
 from sharding.batch_split import (
     capped_batch,
+    capped_time,
     dense_s_per_sample,
     equal_batch,
     proportional_batch,
@@ -61,6 +62,7 @@ from sharding.row_parts import cold_part_rows
 MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
 MAX_REPLICATED_SHARE = 0.85  # of the smallest rank's fast memory, for all hot rows together
 MAX_FIT_TRIES = 24  # memory retries, each with pieces half as large
+BALANCE_PIECES = 4  # pieces are cut to about 1 / (this x ranks) of all pieces' cost
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,7 @@ class HybridOptions:
 
 def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     """The cheapest under the cost model of these candidates:
-    - batch splits: in proportion to dense speed; capped where the exchange of the ranks
-      with the largest batch costs more than the dense work it saves; equal; the splits at
-      the lower bound's optima (`sharding.bound.bound_guides`: per node, or capped at one
-      rank's batch), and halfway between those and speed shares;
+    - batch splits (`batch_candidates`), each placed with every idea allowed;
     - for the best split, the same without row parts and without split tables (the
       sequence exchange has a fixed cost per step that no single table's decision sees),
       and with the hot rows the bound's optimum picks at its prices.
@@ -85,28 +84,143 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     options = options or HybridOptions()
     check_inputs(inputs)
     check_fits(inputs)
-    equal = equal_batch(inputs.global_batch, inputs.world)
     if not options.speed_aware:
-        return _variants(inputs, equal, options)
-    speed = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
-    best = evaluate(_hybrid(inputs, speed, options), inputs, bound=False)
+        return _variants(inputs, equal_batch(inputs.global_batch, inputs.world), options)[0]
     guides = bound_guides(inputs)
-    batches = [_exchange_aware_batch(best, inputs), equal]
+    # batch splits ranked on the speed shares' placement; the two most promising placed
+    # anew (greedy), the best of those then polished
+    best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs, False)
+    ranked = sorted(
+        other_batches(inputs, guides, best),
+        key=lambda batch: (
+            evaluate(
+                replace(best, batch_per_rank=batch, devices=[]), inputs, bound=False
+            ).est_step_ms
+        ),
+    )
+    for batch in ranked[:BATCHES_PLACED]:
+        plan = evaluate(_hybrid(inputs, batch, options, polish=False), inputs, bound=False)
+        best = min(best, plan, key=_step_ms)
+    finals = [_variants(inputs, best.batch_per_rank, options, guides)]
+    if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
+        recipe = _Recipe(best.batch_per_rank, options, hot=guides[0].hot_rows())
+        finals.append((recipe.plan(inputs), recipe))
+    plan, recipe = min(finals, key=lambda x: x[0].est_step_ms)
+    plan, recipe = _tune_replication(inputs, plan, recipe)
+    # the final placement with whichever batch split suits it best
+    return with_speed_aware_batch(plan, inputs, guides)
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """How a candidate plan is made (`_hybrid`'s arguments), to make it again with changes."""
+
+    batch: list[int]
+    options: HybridOptions
+    hot: dict | None = None
+    uncut: bool = False
+    groups: bool = False
+
+    def plan(self, inputs: PlanInputs, polish: bool = True) -> Plan:
+        made = _hybrid(inputs, self.batch, self.options, self.hot, polish, self.uncut,
+                       self.groups)  # fmt: skip
+        return evaluate(made, inputs, bound=False)
+
+
+REPLICATION_TRIALS = (8, 4)  # tables tried: on up to 32 ranks, on more (planning time)
+BATCHES_PLACED = 2  # batch splits besides speed shares placed anew
+TUNE_MAX_SIZE = 20_000  # tables x ranks above which the replication search is skipped
+
+
+def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[Plan, _Recipe]:
+    """Hill-climbing on whole-table replication, judged by the cost model itself (each
+    table's own estimate in `_replicated_rows` cannot see which rank's exchange sets the
+    step): replicate the smallest exchanged tables, or stop replicating the largest
+    replicated ones, first in bulk (the smallest half, quarter, eighth; the largest half,
+    quarter), then one table at a time, keeping a change when the whole plan steps faster."""
+    if len(inputs.tables) * inputs.world > TUNE_MAX_SIZE or inputs.world < 2:
+        return plan, recipe
+    hot = {t.name: t.replicated_rows for t in plan.tables}
+    rows = {t.name: t.rows for t in plan.tables}
+    size = {t.name: t.rows * t.dim for t in plan.tables}
+    add = sorted((n for n, h in hot.items() if h == 0), key=size.get)
+    drop = sorted((n for n, h in hot.items() if h == rows[n]), key=lambda n: -size[n])
+    moves = [{n: rows[n] for n in add[: len(add) // k]} for k in (2, 4, 8)]
+    moves += [{n: 0 for n in drop[: len(drop) // k]} for k in (2, 4)]
+    singles = [x for pair in zip(drop, add, strict=False) for x in pair]
+    moves += [{n: 0 if hot[n] else rows[n]} for n in singles + drop[len(add) :] + add[len(drop) :]]
+    moves = [m for m in moves if m][: REPLICATION_TRIALS[inputs.world > 32]]
+    # trials compared on greedy placements, the one kept then polished
+    current = replace(recipe, hot=hot).plan(inputs, polish=False)
+    kept = None
+    for move in moves:
+        trial = replace(recipe, hot=hot | move)
+        candidate = trial.plan(inputs, polish=False)
+        if candidate.est_step_ms < current.est_step_ms * (1 - 1e-9):
+            current, kept, hot = candidate, trial, trial.hot
+    if kept is not None:
+        polished = kept.plan(inputs)
+        if polished.est_step_ms < plan.est_step_ms:
+            return polished, kept
+    return plan, recipe
+    whole = [t for t in plan.tables if t.replicated_rows == t.rows]
+    apart = [t for t in plan.tables if t.replicated_rows == 0]
+    drop = sorted(whole, key=lambda t: -t.rows * t.dim)
+    add = sorted(apart, key=lambda t: t.rows * t.dim)
+    order = (
+        [x for pair in zip(drop, add, strict=False) for x in pair]
+        + drop[len(add) :]
+        + add[len(drop) :]
+    )
+    hot = {t.name: t.replicated_rows for t in plan.tables}
+    # trials compared on greedy placements, the one kept then polished
+    current = replace(recipe, hot=hot).plan(inputs, polish=False)
+    kept = None
+    for t in order[: REPLICATION_TRIALS[inputs.world > 32]]:
+        trial = replace(recipe, hot=hot | {t.name: 0 if hot[t.name] else t.rows})
+        candidate = trial.plan(inputs, polish=False)
+        if candidate.est_step_ms < current.est_step_ms * (1 - 1e-9):
+            current, kept, hot = candidate, trial, trial.hot
+    if kept is not None:
+        polished = kept.plan(inputs)
+        if polished.est_step_ms < plan.est_step_ms:
+            return polished, kept
+    return plan, recipe
+
+
+def speed_batch(inputs: PlanInputs) -> list[int]:
+    """Shares of the global batch in proportion to each rank's dense speed."""
+    return proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
+
+
+def other_batches(inputs: PlanInputs, guides: list[BoundGuide], plan: Plan) -> list[list[int]]:
+    """Batch splits worth trying besides speed shares, without repeats: capped where the
+    exchange of the ranks with the largest batch costs more than the dense work it saves
+    (for `plan`); equal; the splits at the lower bound's optima (`bound_guides`: per node,
+    or capped at one rank's batch), and halfway between those and speed shares."""
+    speed = speed_batch(inputs)
+    out = [_exchange_aware_batch(plan, inputs), equal_batch(inputs.global_batch, inputs.world)]
     for guide in guides:
         guided = _guided_batch(inputs, guide)
         halfway = [(a + b) / 2 + 1e-9 for a, b in zip(speed, guided, strict=True)]
-        batches += [guided, proportional_batch(inputs.global_batch, halfway)]
-    tried = [speed]
-    for batch in batches:
-        if batch not in tried:
-            tried.append(batch)
-            plan = evaluate(_hybrid(inputs, batch, options), inputs, bound=False)
-            best = min(best, plan, key=_step_ms)
-    best = min(best, _variants(inputs, best.batch_per_rank, options), key=_step_ms)
-    if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
-        hot = guides[0].hot_rows()
-        plan = evaluate(_hybrid(inputs, best.batch_per_rank, options, hot), inputs, bound=False)
-        best = min(best, plan, key=_step_ms)
+        out += [guided, proportional_batch(inputs.global_batch, halfway)]
+    unique: list[list[int]] = []
+    for batch in out:
+        if batch not in unique and batch != speed and batch != plan.batch_per_rank:
+            unique.append(batch)
+    return unique
+
+
+def with_speed_aware_batch(
+    plan: Plan, inputs: PlanInputs, guides: list[BoundGuide] | None = None
+) -> Plan:
+    """The plan's placement with the best of hybrid's batch splits, judged by the cost
+    model: what speed-aware shares alone add to another planner's plan."""
+    best = evaluate(plan, inputs, bound=False)
+    guides = guides or bound_guides(inputs)
+    for batch in [speed_batch(inputs), *other_batches(inputs, guides, best)]:
+        moved = replace(plan, batch_per_rank=batch, devices=[])
+        best = min(best, evaluate(moved, inputs, bound=False), key=_step_ms)
     return best
 
 
@@ -125,15 +239,47 @@ def _guided_batch(inputs: PlanInputs, guide: BoundGuide) -> list[int]:
     return proportional_batch(big_b, list(np.maximum(weights, 1e-9)))
 
 
-def _variants(inputs: PlanInputs, batch: list[int], options: HybridOptions) -> Plan:
-    best = evaluate(_hybrid(inputs, batch, options), inputs, bound=False)
-    if options.row_parts and any(t.cold_parts > 1 and t.replicated_rows for t in best.tables):
-        plan = _hybrid(inputs, batch, replace(options, row_parts=False))
-        best = min(best, evaluate(plan, inputs, bound=False), key=_step_ms)
-    if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in best.tables):
-        plan = _hybrid(inputs, batch, replace(options, hot_rows=False, row_parts=False))
-        best = min(best, evaluate(plan, inputs, bound=False), key=_step_ms)
+def _variants(
+    inputs: PlanInputs, batch: list[int], options: HybridOptions, guides: list | None = None
+) -> tuple[Plan, _Recipe]:
+    """The best of: the placement with every idea allowed, without row parts, without
+    split tables, with pieces cut for memory only (fewer, larger pieces send fewer ids),
+    and with large pooled tables as table-row-wise groups; each of the last two with its
+    best batch split when `guides` are given."""
+    recipe = _Recipe(batch, options)
+    best = (recipe.plan(inputs), recipe)
+    tables = best[0].tables
+    tries = []
+    if options.row_parts and any(t.cold_parts > 1 and t.replicated_rows for t in tables):
+        tries.append(replace(recipe, options=replace(options, row_parts=False)))
+    if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in tables):
+        tries.append(replace(recipe, options=replace(options, hot_rows=False, row_parts=False)))
+    for trial in tries:
+        best = min(best, (trial.plan(inputs), trial), key=lambda x: x[0].est_step_ms)
+    lean = replace(recipe, options=best_options(best[0], options))
+    others = [replace(lean, uncut=True)]
+    if group_ready(inputs):  # large pooled tables TorchRec's table-row-wise way instead
+        others.append(replace(lean, groups=True))
+    for trial in others:
+        plan = trial.plan(inputs)
+        if guides is not None:
+            plan = with_speed_aware_batch(plan, inputs, guides)
+            trial = replace(trial, batch=plan.batch_per_rank)
+        best = min(best, (plan, trial), key=lambda x: x[0].est_step_ms)
     return best
+
+
+def group_ready(inputs: PlanInputs) -> bool:
+    """Table-row-wise groups need GPUs (TorchRec has no such sharding on CPU) and nodes of
+    equal size (TorchRec's groups are `local_world_size` consecutive ranks)."""
+    sizes = np.bincount([r.node for r in inputs.ranks])
+    return not inputs.cpu and len(set(sizes.tolist())) == 1 and sizes[0] > 1
+
+
+def best_options(plan: Plan, options: HybridOptions) -> HybridOptions:
+    """The options a plan needed: hot rows only if it split a table."""
+    split = any(0 < t.replicated_rows < t.rows for t in plan.tables)
+    return options if split else replace(options, hot_rows=False, row_parts=False)
 
 
 def _step_ms(plan: Plan) -> float:
@@ -168,26 +314,33 @@ def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
     input_s = np.array([d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices])
     caps = np.unique(np.linspace(math.ceil(big_b / w), max(plan.batch_per_rank), 64).round())
     passes = exposed_exchange_passes(inputs.schedule, inputs.micro_batches)
-    best_cap, best_s = None, math.inf
-    for cap in caps:
-        b = capped_batch(big_b, sample_s, int(cap))
-        exchange = passes / 2 * exchange_s_per_byte(inputs, b) * volume
-        s = np.max(b * sample_s) + np.max(b * input_s) + exchange
-        if s < best_s:
-            best_cap, best_s = int(cap), s
-    return capped_batch(big_b, sample_s, best_cap) if best_cap else plan.batch_per_rank
+    # every cap's split at once, continuous (the integer split rounds it)
+    level = capped_time(big_b, sample_s, caps)
+    shares = np.minimum(caps[:, None], level[:, None] / sample_s[None, :])
+    shares *= big_b / shares.sum(axis=1, keepdims=True)
+    cost = [np.max(b * sample_s) + np.max(b * input_s)
+            + passes / 2 * exchange_s_per_byte(inputs, b) * volume for b in shares]  # fmt: skip
+    return capped_batch(big_b, sample_s, int(caps[int(np.argmin(cost))]))
 
 
 def _hybrid(
-    inputs: PlanInputs, batch: list[int], options: HybridOptions, hot: dict | None = None
+    inputs: PlanInputs,
+    batch: list[int],
+    options: HybridOptions,
+    hot: dict | None = None,
+    polish: bool = True,
+    uncut: bool = False,
+    groups: bool = False,
 ) -> Plan:
-    """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides);
-    on a memory failure, again with pieces half as large and half the room for hot rows,
-    until it fits (or pieces cannot get smaller)."""
+    """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides;
+    `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
+    for memory; `groups`: whole tables TorchRec's table-row-wise way, `group_ready`); on a
+    memory failure, again with pieces half as large and half the room
+    for hot rows, until it fits (or pieces cannot get smaller)."""
     limit, share = math.inf, MAX_REPLICATED_SHARE
     for _ in range(MAX_FIT_TRIES):
         try:
-            return _place(inputs, batch, options, limit, share, hot)
+            return _place(inputs, batch, options, limit, share, hot, polish, uncut, groups)
         except _TooLarge as e:
             if e.need <= 1:
                 break
@@ -213,6 +366,9 @@ def _place(
     limit: float,
     share: float,
     hot: dict | None,
+    polish: bool,
+    uncut: bool,
+    groups: bool,
 ) -> Plan:
     placer = Placer(inputs, batch, speed_aware=True)
     budget = share * min(inputs.hbm_budget())
@@ -239,12 +395,14 @@ def _place(
             whole = Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse, hot=h)
             pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
     total = sum(c for c, _, _ in pieces)
-    target = total / (2 * inputs.world) if pieces else 0.0
+    target = total / (BALANCE_PIECES * inputs.world) if pieces and not uncut else math.inf
     # a piece larger than any rank's room is cut whatever its cost
     limit = min(limit, float(max(placer.free_hbm.max(), placer.free_host.max(), 1.0)))
     split: list[tuple[float, int, Piece]] = []
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
+        if groups and not p.sparse_exchange and not p.hot and p.rows >= inputs.world:
+            cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
         for q in cut:
             heapq.heappush(split, (-cost / len(cut), len(split), q))
         plans[p.table.name].cold_parts = len(cut) if cut[0].cols == p.cols else 1
@@ -252,10 +410,14 @@ def _place(
     placer.expect([q for _, _, q in split])
     while split:
         _, _, p = heapq.heappop(split)
+        if p.group and placer.place_group(p) is not None:
+            continue
+        p = replace(p, group=False)
         if not placer.fits_somewhere(p):
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
         placer.place(p, inputs.coverage[p.table.name])
-    placer.improve(max_moves=2 * len(placer.placed))
+    if polish:
+        placer.improve(max_moves=2 * len(placer.placed))
     for p, shard in placer.placed:
         placed[p.table.name].append((p.part, shard))
     for name, shards in placed.items():  # row parts in part order, column pieces as placed

@@ -29,6 +29,7 @@ class Piece:
     sparse_exchange: bool
     part: int = 0  # a row part's index (row c in part c mod k)
     hot: int = 0  # the table's hottest rows replicated elsewhere (a cold part's offset)
+    group: bool = False  # placed as a table-row-wise group on one whole node (`place_group`)
 
     def cache_hit(self, coverage: Callable[[int], float], cache_rows: int) -> float:
         """Share of the piece's lookups a cache of its `cache_rows` hottest rows serves: its
@@ -77,6 +78,11 @@ class Placer:
         self.intra_per_byte = 2.0 / net.intra_alltoall.bytes_per_s
         self.inter_per_byte = 2.0 / net.alltoall.bytes_per_s
         self.node = np.array([r.node for r in inputs.ranks])
+        if np.any(np.diff(self.node) < 0):
+            raise ValueError("ranks must be numbered node by node (as resolve_cluster does)")
+        self.node = np.unique(self.node, return_inverse=True)[1]  # 0, 1, ... in order
+        self.starts = np.flatnonzero(np.diff(self.node, prepend=-1))  # each node's first rank
+        self.index = np.arange(len(self.node))
         self.node_batch = np.bincount(self.node, weights=self.b)[self.node]  # per rank
         self.total = float(self.b.sum())
         w = len(batch)
@@ -141,21 +147,20 @@ class Placer:
             self.sent_inter,
             self.recv_inter - self.b * v,
         )
-        nodes = int(self.node.max()) + 1
-        node_now = np.full(nodes, -np.inf)
-        np.maximum.at(node_now, self.node, now)
+        starts, idx = self.starts, self.index
+        node_now = np.maximum.reduceat(now, starts)
         # per node, the largest and second largest time of a mate, and who has the largest
-        order = np.lexsort((-mates, self.node))
-        first = np.searchsorted(self.node[order], np.arange(nodes))
-        top1 = mates[order[first]]
-        who = order[first]
-        nxt = np.minimum(first + 1, len(order) - 1)
-        top2 = np.where(self.node[order[nxt]] == np.arange(nodes), mates[order[nxt]], -np.inf)
-        mate_max = np.where(who[self.node] == np.arange(len(now)), top2[self.node],
-                            top1[self.node])  # fmt: skip
-        ranked = np.argsort(-node_now)
-        outside = np.where(ranked[0] == self.node, node_now[ranked[1]] if nodes > 1 else -np.inf,
-                           node_now[ranked[0]])  # fmt: skip
+        top1 = np.maximum.reduceat(mates, starts)
+        who = np.minimum.reduceat(np.where(mates == top1[self.node], idx, len(idx)), starts)
+        masked = mates.copy()
+        masked[who] = -np.inf
+        top2 = np.maximum.reduceat(masked, starts)
+        mate_max = np.where(who[self.node] == idx, top2[self.node], top1[self.node])
+        if len(starts) > 1:
+            first, second = np.argsort(-node_now)[:2]
+            outside = np.where(self.node == first, node_now[second], node_now[first])
+        else:
+            outside = np.full(len(idx), -np.inf)
         slowest = np.maximum(np.maximum(finish, mate_max), outside)
         slowest = np.where(allowed, slowest, np.inf)
         return int(np.lexsort((finish - now, slowest))[0])
@@ -212,6 +217,51 @@ class Placer:
         self.placed.append((p, shard))
         return shard
 
+    def place_group(self, p: Piece) -> list[Shard] | None:
+        """The piece as TorchRec's table-row-wise: its rows in even blocks over every rank
+        of one node (ceil(rows / ranks) each, as TorchRec cuts them), partial sums reduced
+        within the node, one vector per other node's sample sent across by the node's ranks
+        together. On the node whose slowest rank then ends soonest (groups come longest
+        first, so this balances them over the nodes); None if no node's ranks all have room
+        in device memory."""
+        v = p.volume()
+        best, best_key = None, None
+        for n in np.unique(self.node):
+            members = np.flatnonzero(self.node == n)
+            size = len(members)
+            block = -(-p.rows // size)
+            rows = np.array([max(0, min(block, p.rows - j * block)) for j in range(size)])
+            need = rows * self.inputs.row_bytes(p.cols)
+            if (self.free_hbm[members] < need).any():
+                continue
+            lookup_s = p.looked_up_bytes(self.total) * rows / p.rows * self.per_byte[members]
+            scatter = v * self.total * (size - 1) / size
+            remote = (self.total - self.node_batch[members]) * v / size
+            times = self.load[members] + lookup_s + self._exchange_s(
+                self.sent_intra[members] + scatter, self.recv_intra[members] + scatter,
+                self.sent_inter[members] + remote, self.recv_inter[members] - self.b[members] * v,
+            )  # fmt: skip
+            key = (float(times.max()), float(times.sum()))  # longest first, least loaded node
+            if best_key is None or key < best_key:
+                best, best_key = (members, rows, need, lookup_s, scatter, remote), key
+        if best is None:
+            return None
+        members, rows, need, lookup_s, scatter, remote = best
+        self.free_hbm[members] -= need
+        self.load[members] += lookup_s
+        self.sent_intra[members] += scatter
+        self.recv_intra[members] += scatter
+        self.sent_inter[members] += remote
+        self.recv_inter[members] -= self.b[members] * v
+        shards = []
+        for r, n_rows in zip(members, rows, strict=True):
+            share = float(p.lookup_share * n_rows / p.rows)
+            shard = Shard(p.table.name, int(r), int(n_rows), p.cols, lookup_share=share,
+                          node_reduce=True)  # fmt: skip
+            self.placed.append((p, shard))
+            shards.append(shard)
+        return shards
+
     def improve(self, max_moves: int) -> int:
         """Local search after the greedy pass: move a piece in device memory to the rank
         where the slowest rank ends fastest, when that keeps the slowest rank's time and
@@ -229,7 +279,7 @@ class Placer:
             moved = False
             for i in mine + [i for i in by_size[:64] if i not in mine]:
                 p, shard = self.placed[i]
-                if shard.tier != Tier.hbm:
+                if shard.tier != Tier.hbm or shard.node_reduce:  # groups move whole
                     continue
                 lookup_s = p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
                 need = p.rows * self.inputs.row_bytes(p.cols)

@@ -122,7 +122,9 @@ def finish_table(tp: TablePlan) -> TablePlan:
     if not cold:
         return tp  # replicated whole: data_parallel on every rank
     kind = "column_wise" if len(cold) > 1 else "table_wise"
-    if tp.cold_parts > 1:
+    if any(s.node_reduce for s in cold):
+        kind = "table_row_wise"  # row blocks over one node's ranks, reduced in the node
+    elif tp.cold_parts > 1:
         kind = f"table_wise_x{tp.cold_parts}"  # row parts, each its own table
     tp.sharding_type = f"hot_replicated+{kind}" if tp.replicated_rows else kind
     if not tp.replicated_rows:
@@ -130,8 +132,9 @@ def finish_table(tp: TablePlan) -> TablePlan:
     tiers = {s.tier for s in cold}
     tp.tier = next(t for t in (Tier.host, Tier.cached, Tier.hbm) if t in tiers)
     fast = [s.rows if s.tier == Tier.hbm else s.cache_rows for s in cold]
-    # columns of a row sit on several ranks; row parts each hold their own rows
-    tp.hot_rows = tp.replicated_rows + (sum(fast) if tp.cold_parts > 1 else min(fast))
+    # columns of a row sit on several ranks; row parts and row blocks hold their own rows
+    rows_apart = tp.cold_parts > 1 or any(s.node_reduce for s in cold)
+    tp.hot_rows = tp.replicated_rows + (sum(fast) if rows_apart else min(fast))
     return tp
 
 
