@@ -102,8 +102,10 @@ def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Wo
     measured = replace(
         mlperf,
         name="mlperf_dcnv2_profiled",
-        tables=[replace(t, lookups_per_sample=profile.table(t.name).lookups_per_sample)
-                for t in mlperf.tables],  # fmt: skip
+        tables=[
+            replace(t, lookups_per_sample=profile.table(t.name).lookups_per_sample)
+            for t in mlperf.tables
+        ],  # fmt: skip
         coverage={t.name: profile.table(t.name).hit_rate for t in mlperf.tables},
         source={"profile": str(path), **profile.source},
     )
@@ -144,7 +146,7 @@ def run_grid(cfg: GridConfig, clusters: dict[str, PlanInputs], named: list[Workl
             ratio = _ratio(t, h)
             print(f"[{done}/{len(jobs)}] {h['cluster']:14} {h['suite']:22} tables {h['tables']:4} "
                   f"hybrid {_ms(h)} torchrec {_ms(t)} "
-                  f"({'%.2fx' % ratio if ratio else '-'}) {time.perf_counter() - start:.0f} s",
+                  f"({f'{ratio:.2f}x' if ratio else '-'}) {time.perf_counter() - start:.0f} s",
                   flush=True)  # fmt: skip
     order = {(w.name, c): k for k, (w, c) in enumerate((workloads[i], c) for i, c in jobs)}
     rows.sort(key=lambda r: (order[(r["suite"], r["cluster"])], GRID_PLANNERS.index(r["planner"])))
@@ -181,14 +183,17 @@ def summarize(rows: list[dict]) -> dict:
                 wins[p] += ms <= best * (1 + TIE)
         h = by["hybrid"]
         for p, r in by.items():
-            if p != "hybrid" and r["feasible"] and (
-                not h["feasible"] or r["est_step_ms"] < h["est_step_ms"] * (1 - TIE)
+            if (
+                p != "hybrid"
+                and r["feasible"]
+                and (not h["feasible"] or r["est_step_ms"] < h["est_step_ms"] * (1 - TIE))
             ):
+                hybrid_ms = h["est_step_ms"] if h["feasible"] else None
                 losses.append({"suite": suite, "cluster": cluster, "planner": p,
-                               "planner_ms": r["est_step_ms"],
-                               "hybrid_ms": h["est_step_ms"] if h["feasible"] else None})  # fmt: skip
+                               "planner_ms": r["est_step_ms"], "hybrid_ms": hybrid_ms})  # fmt: skip
         c = clusters.setdefault(cluster, {"cells": 0, "speedups": [], "hybrid_feasible": 0,
-                                          "torchrec_feasible": 0, "only_hybrid_fits": 0})  # fmt: skip
+                                          "torchrec_feasible": 0,
+                                          "only_hybrid_fits": 0})  # fmt: skip
         c["cells"] += 1
         c["hybrid_feasible"] += h["feasible"]
         c["torchrec_feasible"] += by["torchrec"]["feasible"]
@@ -267,14 +272,18 @@ def table(grid: dict) -> list[str]:
              "", "| cluster | cells | hybrid fits | TorchRec fits | only hybrid fits | "
              "median speedup vs TorchRec | min |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, c in grid["clusters"].items():
-        med, low = c["median_speedup_vs_torchrec"], c["min_speedup_vs_torchrec"]
+        med, low = (
+            f"{x:.2f}x" if x else "-"
+            for x in (c["median_speedup_vs_torchrec"], c["min_speedup_vs_torchrec"])
+        )
         lines.append(f"| {name} | {c['cells']} | {c['hybrid_feasible']} | "
-                     f"{c['torchrec_feasible']} | {c['only_hybrid_fits']} | "
-                     f"{f'{med:.2f}x' if med else '-'} | {f'{low:.2f}x' if low else '-'} |")  # fmt: skip
+                     f"{c['torchrec_feasible']} | {c['only_hybrid_fits']} | {med} | "
+                     f"{low} |")  # fmt: skip
     wins = ", ".join(f"{p} {n}" for p, n in grid["wins"].items())
     worst = grid["worst_vs_torchrec"]
+    losses = len(grid["hybrid_losses"])
     lines += ["", f"Wins (fastest feasible plan of a cell, ties to each): {wins}.",
-              f"Cells where another planner beats hybrid: {len(grid['hybrid_losses'])}."]  # fmt: skip
+              f"Cells where another planner beats hybrid: {losses}."]  # fmt: skip
     if worst:
         lines.append(f"Worst cell against TorchRec: {worst['suite']} on {worst['cluster']}, "
                      f"{worst['speedup_vs_torchrec']:.2f}x ({worst['hybrid_ms']:.2f} ms vs "
