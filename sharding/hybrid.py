@@ -40,6 +40,7 @@ from sharding.bound import BoundGuide, bound_guides
 from sharding.cost_model import (
     ALL_RANKS,
     FLOAT_BYTES,
+    ID_BYTES,
     Shard,
     TableStats,
     Tier,
@@ -269,6 +270,18 @@ def _variants(
     return best
 
 
+def _group_worth(p: Piece, inputs: PlanInputs) -> bool:
+    """A pooled whole table goes table-row-wise when its ids outweigh its vectors: column
+    pieces each receive every id (8 bytes a lookup), while the group reduce-scatters whole
+    vectors within the node; by memory too, when even narrow columns are large."""
+    if p.sparse_exchange or p.hot or p.rows < inputs.world:
+        return False
+    ids = p.table.lookups_per_sample * ID_BYTES
+    return ids >= p.cols * FLOAT_BYTES or p.rows * inputs.row_bytes(MIN_COLS) > min(
+        inputs.hbm_budget()
+    )
+
+
 def group_ready(inputs: PlanInputs) -> bool:
     """Table-row-wise groups need GPUs (TorchRec has no such sharding on CPU) and nodes of
     equal size (TorchRec's groups are `local_world_size` consecutive ranks)."""
@@ -401,7 +414,7 @@ def _place(
     split: list[tuple[float, int, Piece]] = []
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
-        if groups and not p.sparse_exchange and not p.hot and p.rows >= inputs.world:
+        if groups and _group_worth(p, inputs):
             cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
         for q in cut:
             heapq.heappush(split, (-cost / len(cut), len(split), q))
