@@ -432,7 +432,7 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
 
     spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
-    tables = [TableStats(f"t{i}", 1_000_003, 64, 20.0) for i in range(3)]
+    tables = [TableStats(f"t{i}", 1_000_003, 64, 40.0) for i in range(3)]  # ids outweigh vectors
     inputs = inputs_for(spec, tables)
     plan = evaluate(_hybrid(inputs, [1024] * 8, HybridOptions(True, False, False), groups=True),
                     inputs)  # fmt: skip
