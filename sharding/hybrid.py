@@ -270,16 +270,17 @@ def _variants(
     return best
 
 
-def _group_worth(p: Piece, inputs: PlanInputs) -> bool:
-    """A pooled whole table goes table-row-wise when its ids outweigh its vectors: column
-    pieces each receive every id (8 bytes a lookup), while the group reduce-scatters whole
-    vectors within the node; by memory too, when even narrow columns are large."""
+def _group_worth(p: Piece, pieces: int, inputs: PlanInputs) -> bool:
+    """A pooled whole table goes table-row-wise when the ids its `pieces` column pieces
+    would add outweigh a vector: each column piece receives every id (8 bytes a lookup),
+    while the group receives each id once and reduce-scatters whole vectors within the
+    node; by memory too, when even narrow columns are large."""
     if p.sparse_exchange or p.hot or p.rows < inputs.world:
         return False
     ids = p.table.lookups_per_sample * ID_BYTES
-    return ids >= p.cols * FLOAT_BYTES or p.rows * inputs.row_bytes(MIN_COLS) > min(
-        inputs.hbm_budget()
-    )
+    return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or p.rows * inputs.row_bytes(
+        MIN_COLS
+    ) > min(inputs.hbm_budget())
 
 
 def group_ready(inputs: PlanInputs) -> bool:
@@ -414,7 +415,7 @@ def _place(
     split: list[tuple[float, int, Piece]] = []
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
-        if groups and _group_worth(p, inputs):
+        if groups and _group_worth(p, len(cut), inputs):
             cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
         for q in cut:
             heapq.heappush(split, (-cost / len(cut), len(split), q))
