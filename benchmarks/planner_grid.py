@@ -168,7 +168,8 @@ def _ratio(other: dict, hybrid: dict) -> float | None:
 
 def summarize(rows: list[dict]) -> dict:
     """`wins` per planner (fastest feasible plan of a cell, ties to each), the cells where
-    another planner beats hybrid (with the fastest such planner), the worst cell against TorchRec, and per-cluster figures."""
+    another planner beats hybrid (with the fastest such planner), the worst cell against
+    TorchRec, and per-cluster figures."""
     cells: dict[tuple[str, str], dict[str, dict]] = {}
     for r in rows:
         cells.setdefault((r["suite"], r["cluster"]), {})[r["planner"]] = r

@@ -278,9 +278,8 @@ def _group_worth(p: Piece, pieces: int, inputs: PlanInputs) -> bool:
     if p.sparse_exchange or p.hot or p.rows < inputs.world:
         return False
     ids = p.table.lookups_per_sample * ID_BYTES
-    return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or p.rows * inputs.row_bytes(
-        MIN_COLS
-    ) > min(inputs.hbm_budget())
+    narrowest = p.rows * inputs.row_bytes(MIN_COLS)
+    return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or narrowest > min(inputs.hbm_budget())
 
 
 def group_ready(inputs: PlanInputs) -> bool:
