@@ -115,13 +115,15 @@ def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Wo
 def _measure_profile(path: Path, batches: int) -> None:
     import subprocess
     import sys
+    import tempfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "sharding.profile", "model=dcnv2_mlperf", f"batches={batches}",
-         f"output={path.parent}", f"hydra.run.dir={path.parent / 'profile_run'}"],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as run_dir:  # the profile run's own logs
+        subprocess.run(
+            [sys.executable, "-m", "sharding.profile", "model=dcnv2_mlperf",
+             f"batches={batches}", f"output={path.parent}", f"hydra.run.dir={run_dir}"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
     (path.parent / "profile.json").rename(path)
 
 
@@ -223,11 +225,12 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 def plot(grid: dict, path: Path) -> None:
     """Per cluster: hybrid's speed-up over TorchRec's best plan in each cell, against the
-    suite's table count; cells where only hybrid finds a plan marked at the top."""
+    suite's table count; cells where TorchRec finds no plan and hybrid does marked at the top."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     cells: dict[tuple[str, str], dict[str, dict]] = {}
     for r in grid["cells"]:
@@ -249,10 +252,13 @@ def plot(grid: dict, path: Path) -> None:
         top = max(ys, default=2.0) * 1.15
         if only:
             ax.scatter(only, [top] * len(only), marker="^", color="tab:green", s=18,
-                       label="only hybrid fits")  # fmt: skip
+                       label="TorchRec finds no plan")  # fmt: skip
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1fx"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1fx"))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_title(cluster, fontsize=9)
         ax.set_xlabel("tables in the suite")
         ax.grid(True, which="both", alpha=0.3)

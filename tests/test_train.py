@@ -176,8 +176,9 @@ def test_a_rank_that_hangs_fails_the_others_within_the_timeout(tmp_path: Path) -
     start = time.monotonic()
     job = spawn_ranks(rank_jobs.train_rank_hangs, 2, args=(cfg, str(tmp_path)), grace_s=10)
     assert time.monotonic() - start < 90
-    assert "failed in a collective" in job.errors[0] and "dist_timeout_s=5" in job.errors[0]
-    assert "killed" in job.errors[1]
+    assert "failed in a collective" in job.errors[0], job.errors
+    assert "dist_timeout_s=5" in job.errors[0], job.errors
+    assert "killed" in job.errors[1], job.errors
 
 
 def test_dry_run_plans_the_mlperf_model_without_training(tmp_path: Path) -> None:
