@@ -47,7 +47,15 @@ class PipelineBenchConfig:
         "trainer.lr=0.1"])  # fmt: skip
     steps: int = 60
     link_rate: str = "1200mbit"
+    # tbf's burst: netns.HONEST_BURST gives chunked transfers no credit (see benchmarks.netns)
+    link_burst: str = netns.HONEST_BURST
+    # the probe's chunk: nested4's share of this config's exchange (2048 samples x 13
+    # tables x 16 floats a rank, in 4 micro-batches)
+    probe_chunk_bytes: int = 2048 * 13 * 16 * 4 // 4
     fast_rate: str = "20gbit"
+    # the headline's sensitivity to the burst: these pipelines at each burst
+    burst_sensitivity: list[str] = field(default_factory=lambda: ["24kb", "64kb", "256kb"])
+    sensitivity_pipelines: list[str] = field(default_factory=lambda: ["sparse_dist", "nested4"])
     cluster_batches: int = 20  # batches for the distinct-ids-per-micro-batch measurement
     results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
 
@@ -83,16 +91,37 @@ def _max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
 
 
-def _train_all(cfg: PipelineBenchConfig, rate: str, tmp: Path) -> dict[str, dict]:
+def _train_all(
+    cfg: PipelineBenchConfig, rate: str, burst: str, tmp: Path, pipelines: list[str]
+) -> dict[str, dict]:
     out = {}
-    with netns.veth_link(rate) as link:
-        for label in cfg.pipelines:
-            run_dir = tmp / f"{rate}_{label}"
+    with netns.veth_link(rate, burst=burst) as link:
+        for label in pipelines:
+            run_dir = tmp / f"{rate}_{burst}_{label}"
             overrides = [*cfg.overrides, *pipeline_overrides(label)]
             sent, summary = netns.train_pair(link, overrides, cfg.steps, run_dir)
             out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir)}
-            print(f"{rate} {label}: {summary['samples_per_s']:,.0f} samples/s", flush=True)
+            print(f"{rate} burst {burst} {label}: {summary['samples_per_s']:,.0f} samples/s",
+                  flush=True)  # fmt: skip
     return out
+
+
+def burst_bytes(burst: str) -> int:
+    """tc's size syntax in bytes: '24kb' -> 24576."""
+    units = {"kb": 1024, "mb": 1024**2, "b": 1}
+    for unit, scale in units.items():
+        if burst.endswith(unit):
+            return int(float(burst[: -len(unit)]) * scale)
+    raise ValueError(f"burst '{burst}': use tc's units, e.g. 24kb")
+
+
+def link_report(cfg: PipelineBenchConfig, burst: str) -> dict:
+    """The link as the runs see it: the rate a chunked transfer with idle gaps achieves
+    (chunks the size nested4 sends) over the nominal rate."""
+    with netns.veth_link(cfg.link_rate, burst=burst) as link:
+        achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
+    return {"rate_mbit": netns.rate_bits(cfg.link_rate) / 1e6, "burst_bytes": burst_bytes(burst),
+            "chunked_rate_ratio": achieved / netns.rate_bits(cfg.link_rate)}  # fmt: skip
 
 
 def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
@@ -131,9 +160,23 @@ def run(cfg: PipelineBenchConfig) -> dict:
     why_not = netns.available()
     if why_not:
         raise SystemExit(f"benchmarks.pipeline {why_not}")
+    if cfg.burst_sensitivity and "sparse_dist" not in cfg.sensitivity_pipelines:
+        raise SystemExit("benchmarks.pipeline: sensitivity_pipelines must include sparse_dist "
+                         "(the speed-ups are against it), or set burst_sensitivity=[]")  # fmt: skip
+    sensitivity = {}
     with tempfile.TemporaryDirectory() as tmp:
-        slow = _train_all(cfg, cfg.link_rate, Path(tmp))
-        fast = _train_all(cfg, cfg.fast_rate, Path(tmp))
+        link = link_report(cfg, cfg.link_burst)
+        slow = _train_all(cfg, cfg.link_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
+        fast = _train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
+        for burst in cfg.burst_sensitivity:
+            runs = _train_all(cfg, cfg.link_rate, burst, Path(tmp), cfg.sensitivity_pipelines)
+            base = runs["sparse_dist"]["summary"]["samples_per_s"]
+            sensitivity[str(burst_bytes(burst))] = {
+                "chunked_rate_ratio": link_report(cfg, burst)["chunked_rate_ratio"],
+                "speedup_vs_sparse_dist": {
+                    p: r["summary"]["samples_per_s"] / base for p, r in runs.items()
+                },
+            }
     plain_losses = slow["plain"]["losses"] if "plain" in slow else None
     rows = []
     for label in cfg.pipelines:
@@ -162,6 +205,8 @@ def run(cfg: PipelineBenchConfig) -> dict:
         if "plain" in by
         else None,
         "rows": rows,
+        "link": link,
+        "burst_sensitivity": sensitivity,
         "clustering": clustering_stats(cfg),
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
@@ -175,6 +220,10 @@ def table(r: dict) -> str:
     lines = [f"# Train pipelines across a {c['link_rate']} veth link, 2 ranks ({env['date']}, "
              f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
              f"{c['steps']} steps)", "",
+             f"Link: tbf at {r['link']['rate_mbit']:,.0f} Mbit/s with a "
+             f"{r['link']['burst_bytes'] / 1024:,.0f} KB burst; a chunked transfer with idle "
+             f"gaps ({c['probe_chunk_bytes'] / 1024:,.0f} KB chunks) achieves "
+             f"{r['link']['chunked_rate_ratio']:.2f}x the rate.", "",
              f"The plain loop spends {share:.0%} of its step on the link (its step time here "
              f"minus over a {c['fast_rate']} link)." if share is not None else "", "",
              "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
@@ -187,6 +236,16 @@ def table(r: dict) -> str:
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
                      f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
                      f"{'yes' if x['equal_to_plain'] else 'no'} ({diff:.1e}) |")  # fmt: skip
+    if r.get("burst_sensitivity"):
+        names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
+        lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",
+                  "| burst | chunked transfer / rate | " + " | ".join(
+                      f"{p} vs sparse_dist" for p in names) + " |",
+                  "|---|---|" + "---|" * len(names)]  # fmt: skip
+        for b, x in r["burst_sensitivity"].items():
+            speeds = " | ".join(f"{x['speedup_vs_sparse_dist'][p]:.2f}x" for p in names)
+            lines.append(f"| {int(b) / 1024:,.0f} KB | {x['chunked_rate_ratio']:.2f}x | "
+                         f"{speeds} |")  # fmt: skip
     lines += ["", "Per micro-batch of rank 0's batches of the same data: distinct (feature, id), "
               "and the embedding bytes they take, pooled (one vector per sample and feature) "
               "or as unique rows (dedup), with and without key-centric clustering:", "",
