@@ -102,6 +102,15 @@ def rate_bits(rate: str) -> float:
     raise ValueError(f"link rate '{rate}': use tc's units, e.g. 400mbit or 1gbit")
 
 
+def size_bytes(size: str) -> int:
+    """tc's size syntax in bytes: '24kb' -> 24576."""
+    units = {"kb": 1024, "mb": 1024**2, "b": 1}
+    for unit, scale in units.items():
+        if size.endswith(unit):
+            return int(float(size[: -len(unit)]) * scale)
+    raise ValueError(f"size '{size}': use tc's units, e.g. 24kb")
+
+
 def chunked_rate(link: VethLink, chunk_bytes: int, gap_s: float = 0.005, chunks: int = 16) -> float:
     """The rate (bits/s) a chunked TCP transfer with `gap_s` idle between chunks achieves
     from side 1 to side 0, over the chunks' transfer times only."""

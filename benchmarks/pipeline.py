@@ -106,22 +106,14 @@ def _train_all(
     return out
 
 
-def burst_bytes(burst: str) -> int:
-    """tc's size syntax in bytes: '24kb' -> 24576."""
-    units = {"kb": 1024, "mb": 1024**2, "b": 1}
-    for unit, scale in units.items():
-        if burst.endswith(unit):
-            return int(float(burst[: -len(unit)]) * scale)
-    raise ValueError(f"burst '{burst}': use tc's units, e.g. 24kb")
-
-
 def link_report(cfg: PipelineBenchConfig, burst: str) -> dict:
     """The link as the runs see it: the rate a chunked transfer with idle gaps achieves
     (chunks the size nested4 sends) over the nominal rate."""
     with netns.veth_link(cfg.link_rate, burst=burst) as link:
         achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
-    return {"rate_mbit": netns.rate_bits(cfg.link_rate) / 1e6, "burst_bytes": burst_bytes(burst),
-            "chunked_rate_ratio": achieved / netns.rate_bits(cfg.link_rate)}  # fmt: skip
+    rate = netns.rate_bits(cfg.link_rate)
+    return {"rate_mbit": rate / 1e6, "burst_bytes": netns.size_bytes(burst),
+            "chunked_rate_ratio": achieved / rate}  # fmt: skip
 
 
 def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
@@ -171,7 +163,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
         for burst in cfg.burst_sensitivity:
             runs = _train_all(cfg, cfg.link_rate, burst, Path(tmp), cfg.sensitivity_pipelines)
             base = runs["sparse_dist"]["summary"]["samples_per_s"]
-            sensitivity[str(burst_bytes(burst))] = {
+            sensitivity[str(netns.size_bytes(burst))] = {
                 "chunked_rate_ratio": link_report(cfg, burst)["chunked_rate_ratio"],
                 "speedup_vs_sparse_dist": {
                     p: r["summary"]["samples_per_s"] / base for p, r in runs.items()

@@ -31,11 +31,9 @@ def test_the_legacy_burst_lets_small_chunks_run_above_the_rate() -> None:
 
 
 def test_rate_and_burst_units() -> None:
-    from benchmarks.pipeline import burst_bytes
-
     assert netns.rate_bits("1200mbit") == 1.2e9 and netns.rate_bits("1gbit") == 1e9
-    assert burst_bytes("24kb") == 24 * 1024 and burst_bytes("1mb") == 2**20
+    assert netns.size_bytes("24kb") == 24 * 1024 and netns.size_bytes("1mb") == 2**20
     with pytest.raises(ValueError, match="tc's units"):
         netns.rate_bits("fast")
     with pytest.raises(ValueError, match="tc's units"):
-        burst_bytes("big")
+        netns.size_bytes("big")
