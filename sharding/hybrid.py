@@ -164,29 +164,6 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
         if polished.est_step_ms < plan.est_step_ms:
             return polished, kept
     return plan, recipe
-    whole = [t for t in plan.tables if t.replicated_rows == t.rows]
-    apart = [t for t in plan.tables if t.replicated_rows == 0]
-    drop = sorted(whole, key=lambda t: -t.rows * t.dim)
-    add = sorted(apart, key=lambda t: t.rows * t.dim)
-    order = (
-        [x for pair in zip(drop, add, strict=False) for x in pair]
-        + drop[len(add) :]
-        + add[len(drop) :]
-    )
-    hot = {t.name: t.replicated_rows for t in plan.tables}
-    # trials compared on greedy placements, the one kept then polished
-    current = replace(recipe, hot=hot).plan(inputs, polish=False)
-    kept = None
-    for t in order[: REPLICATION_TRIALS[inputs.world > 32]]:
-        trial = replace(recipe, hot=hot | {t.name: 0 if hot[t.name] else t.rows})
-        candidate = trial.plan(inputs, polish=False)
-        if candidate.est_step_ms < current.est_step_ms * (1 - 1e-9):
-            current, kept, hot = candidate, trial, trial.hot
-    if kept is not None:
-        polished = kept.plan(inputs)
-        if polished.est_step_ms < plan.est_step_ms:
-            return polished, kept
-    return plan, recipe
 
 
 def speed_batch(inputs: PlanInputs) -> list[int]:
