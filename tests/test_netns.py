@@ -1,5 +1,5 @@
-"""The emulated slow link: tbf's burst credit, measured by a chunked transfer with idle gaps.
-Needs root and iproute2 (skipped otherwise)."""
+"""The emulated slow link: tbf's burst credit, measured by a chunked transfer with idle gaps
+(those tests need root and iproute2, skipped otherwise), and tc's units."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import pytest
 
 from benchmarks import netns
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(netns.available() is not None, reason=str(netns.available())),
-]
+needs_root = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 RATE = "1200mbit"
 
 
+@pytest.mark.slow
+@needs_root
 @pytest.mark.parametrize("chunk_bytes", [212 * 1024, 1024 * 1024])
 def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
     with netns.veth_link(RATE, tag="hon", burst=netns.HONEST_BURST) as link:
@@ -23,6 +22,8 @@ def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: in
     assert 0.6 <= chunked <= 1.05
 
 
+@pytest.mark.slow
+@needs_root
 def test_the_legacy_burst_lets_small_chunks_run_above_the_rate() -> None:
     """What the probe exists to catch: a 256 KB bucket, refilled in every gap."""
     with netns.veth_link(RATE, tag="leg", burst=netns.LEGACY_BURST) as link:
