@@ -23,7 +23,10 @@ def build_pipeline(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     device: torch.device,
+    per_tensor_reduce: bool = False,
 ) -> TrainPipeline[Any, Any]:
+    """`per_tensor_reduce`: dense gradients are averaged one tensor at a time (the model's
+    DDP has `dense_step.per_tensor_comm_hook`); the nested pipeline does the same."""
     name = PipelineName(cfg.name)
     if name == PipelineName.plain:
         return PlainPipeline(model, optimizer, device)
@@ -39,7 +42,7 @@ def build_pipeline(
     if name == PipelineName.nested:
         return NestedPipeline(
             model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead,
-            cfg.dedup,
+            cfg.dedup, per_tensor_reduce,
         )  # fmt: skip
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"

@@ -20,23 +20,29 @@ import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 
 
-def micro_sizes(batch: int, n: int) -> list[int]:
-    """`batch` samples in `n` micro-batches as equal as can be (earlier ones one larger)."""
-    return [batch // n + (1 if k < batch % n else 0) for k in range(n)]
+def micro_sizes(batch: int, n: int, align: int = 1) -> list[int]:
+    """`batch` samples in `n` micro-batches as equal as can be in whole units of `align`
+    samples (earlier ones one unit larger); the last also takes the `batch % align` rest.
+    So every boundary falls on a multiple of `align` (`dense_step.alignment`)."""
+    units, rest = divmod(batch, align)
+    sizes = [(units // n + (1 if k < units % n else 0)) * align for k in range(n)]
+    sizes[-1] += rest
+    return sizes
 
 
 @dataclass
 class ChunkPlan:
     """Which samples of every rank's batch micro-batch `k` holds, the same on all ranks:
     consecutive ones, or with `orders` (each rank's sample order, from clustering) the
-    k-th slice of that order."""
+    k-th slice of that order; sizes from `micro_sizes(batch, n, align)`."""
 
     batch_per_rank: list[int]
     n: int
     orders: list[torch.Tensor] | None = None
+    align: int = 1  # micro-batch boundaries on multiples of this many samples
 
     def __post_init__(self) -> None:
-        self.sizes = [micro_sizes(b, self.n) for b in self.batch_per_rank]  # [rank][k]
+        self.sizes = [micro_sizes(b, self.n, self.align) for b in self.batch_per_rank]  # [rank][k]
         self.rank_offset = [0]
         for b in self.batch_per_rank[:-1]:
             self.rank_offset.append(self.rank_offset[-1] + b)

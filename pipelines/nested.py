@@ -62,7 +62,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order
 from pipelines.dedup import DedupBatch, DedupExchange, route_distinct
-from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending, micro_sizes
+from pipelines.dense_step import (
+    DeferredGrads,
+    alignment,
+    batch_loss_fn,
+    loss_seed,
+    reduce_per_tensor,
+)
+from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
               ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
@@ -161,6 +168,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         cluster: bool = False,
         lookahead: bool = False,
         dedup: bool = False,
+        per_tensor_reduce: bool = False,
     ) -> None:
         super().__init__()
         if micro_batches < 1:
@@ -178,11 +186,16 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0}
         self._modules = self._find_modules(dedup)  # after stats: dedup exchanges count there
         # everything not updated inside the TBE backward: dense layers, data-parallel tables
-        self._dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
-        self._sum_loss = getattr(self._model, "loss_reduction", "mean") == "sum"
-        dense = {id(p) for p in self._dense}
-        self._linears = [m for m in self._model.modules() if type(m) is torch.nn.Linear
-                         and id(m.weight) in dense]  # fmt: skip
+        # the dense layers: their gradients once per batch, averaged over ranks here as the
+        # model's DDP does (data-parallel tables: inside their lookups' own DDP)
+        tables = {id(p) for m in self._modules for p in m.module.parameters()}
+        dense = {n: p for n, p in in_backward_optimizer_filter(self._model.named_parameters())
+                 if id(p) not in tables}  # fmt: skip
+        self._dense = list(dense.values())
+        self._deferred = DeferredGrads(dense)
+        self._per_tensor = per_tensor_reduce
+        self._loss_fn = batch_loss_fn(self._model)
+        self._align = 1  # samples; set from the dense features' dtype
         self._next: _Step | None = None
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
 
@@ -218,6 +231,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             # micro-batches take its samples in this order (the update sums as plain does)
             order = cluster_order(batch.sparse_features, self._n).to(self._device)
         batch = batch.to(self._device, non_blocking=True)
+        self._align = alignment(batch.dense_features.dtype)
         steps = []
         for m in self._modules:
             ctx = EmbeddingBagCollectionContext()
@@ -232,7 +246,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         kjt = batch.sparse_features
         if not any(g.dedup is not None for g in m.groups):
             return kjt, states
-        own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order])
+        own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order],
+                        self._align)  # fmt: skip
         samples = [own.samples(0, k) for k in range(self._n)]
         distinct: dict[str, list[torch.Tensor]] = {}
         for g, group in enumerate(m.groups):
@@ -282,8 +297,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         """Per module: which samples of every rank's batch each micro-batch takes."""
         if step.plans is None:
             size, orders = step.batch.dense_features.shape[0], self._orders(step)
-            step.plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders)
-                          for ms in step.modules]  # fmt: skip
+            step.plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders,
+                                    self._align) for ms in step.modules]  # fmt: skip
         return step.plans
 
     # stage 4: the local lookups (graph kept: their backward is the fused update)
@@ -405,9 +420,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             ])  # fmt: skip
         grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
         backs: list[Pending] = []
-        losses, logits, labels = [], [], []
-        deferred = _DeferredWeightGrads(self._linears)
-        for k, b in enumerate(micro_sizes(size, self._n)):
+        logits = []
+        deferred = self._deferred
+        for k, b in enumerate(plans[0].sizes[rank]):
             if b == 0:  # none of my samples, but other ranks' chunk k still moves
                 self._empty_micro_batch(step, k, plans, sends, grads, backs)
                 continue
@@ -425,22 +440,18 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 names, dims = m.module._embedding_names, m.module._embedding_dims
                 m.module.forward = _returns(construct_output_kt(leaf, names, dims))
             try:
-                micro = Batch(
-                    # requires grad so that every layer's output gradient is computed
-                    dense_features=batch.dense_features[mine].requires_grad_(),
-                    sparse_features=_placeholder(batch.sparse_features, b),
-                    labels=batch.labels[mine],
-                )
                 with deferred:
-                    loss, (_, logit, label) = self._model(micro)
-                    weight = 1.0 if self._sum_loss else b / size
-                    (loss * weight).backward()
+                    deferred.start_micro_batch()
+                    # requires grad so that every layer's output gradient is computed
+                    dense = batch.dense_features[mine].requires_grad_()
+                    sparse = _placeholder(batch.sparse_features, b)
+                    logit = self._model.model(dense, sparse).squeeze(-1)
+                    label = batch.labels[mine].float()
+                    logit.backward(loss_seed(self._model, logit, label, size))
             finally:
                 for m in self._modules:
                     del m.module.forward
-            losses.append(loss.detach() * weight)
-            logits.append(logit)
-            labels.append(label)
+            logits.append(logit.detach())
             for mi, (m, leaf) in enumerate(zip(self._modules, leaves, strict=True)):
                 for g, group in enumerate(m.groups):
                     if group.exchange is None:
@@ -459,11 +470,12 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         for pending in backs:
             pending.wait()
         step.grads = grads
-        loss = torch.stack(losses).sum()
-        logit, label = torch.cat(logits), torch.cat(labels)
+        logit = torch.cat(logits)
         if inverse is not None:
-            logit, label = logit[inverse], label[inverse]
-        return loss, logit, label
+            logit = logit[inverse]
+        with torch.no_grad():  # the plain loop's loss: once, over the batch in data order
+            loss = self._loss_fn(logit, batch.labels.float())
+        return loss, logit, batch.labels
 
     def _empty_micro_batch(self, step: _Step, k: int, plans, sends, grads,
                            backs: list[Pending]) -> None:  # fmt: skip
@@ -495,6 +507,16 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         if self._world == 1 or not self._dense:
             return None
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._dense]
+        if self._per_tensor:  # as `dense_step.per_tensor_comm_hook` has DDP do it
+            works = reduce_per_tensor(grads, self._world)
+
+            def done() -> None:
+                for w in works:
+                    w.wait()
+                for p, g in zip(self._dense, grads, strict=True):
+                    p.grad = g
+
+            return done
         flat = torch.cat([g.reshape(-1) for g in grads]).div_(self._world)
         work = dist.all_reduce(flat, async_op=True)
 
@@ -507,59 +529,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 offset += n
 
         return finish
-
-
-class _DeferredWeightGrads:
-    """Linear layers' weight gradients, once per batch instead of once per micro-batch.
-
-    Inside `with self:` the layers' weights and biases do not require grad, so a
-    micro-batch's backward computes only activation gradients; the layers' inputs and
-    output gradients are kept. `accumulate` then computes each weight's gradient with one
-    matrix product over the whole batch, in the data's sample order: the same product,
-    with the same operands, as the plain loop's backward, so the dense gradients are the
-    plain loop's bit for bit rather than a sum of N partial products (a different
-    rounding, which per-element optimizers such as Adagrad amplify on near-zero entries).
-    Other dense parameters accumulate their gradient micro-batch by micro-batch.
-    """
-
-    def __init__(self, linears: list[torch.nn.Linear]) -> None:
-        self._linears = linears
-        self._inputs: dict[torch.nn.Linear, list[torch.Tensor]] = {m: [] for m in linears}
-        self._grads: dict[torch.nn.Linear, list[torch.Tensor]] = {m: [] for m in linears}
-        self._hooks: list = []
-
-    def _keep(self, m: torch.nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
-        if output.requires_grad:
-            self._inputs[m].append(inputs[0].detach())
-            output.register_hook(lambda g: self._grads[m].append(g))
-
-    def __enter__(self) -> None:
-        for m in self._linears:
-            for p in m.parameters(recurse=False):
-                p.requires_grad_(False)
-            self._hooks.append(m.register_forward_hook(self._keep))
-
-    def __exit__(self, *_exc) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        for m in self._linears:
-            for p in m.parameters(recurse=False):
-                p.requires_grad_(True)
-
-    def accumulate(self, inverse: torch.Tensor | None, batch: int) -> None:
-        for m in self._linears:
-            if not self._inputs[m]:
-                continue
-            x = torch.cat(self._inputs[m]).reshape(-1, m.in_features)
-            g = torch.cat(self._grads[m]).reshape(-1, m.out_features)  # micro-batch order
-            if inverse is not None and len(x) == batch:
-                x, g = x[inverse], g[inverse]
-            weight = x.t().mm(g).t()  # what autograd computes for F.linear's weight
-            m.weight.grad = weight if m.weight.grad is None else m.weight.grad + weight
-            if m.bias is not None:
-                bias = g.sum(0)
-                m.bias.grad = bias if m.bias.grad is None else m.bias.grad + bias
 
 
 def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:

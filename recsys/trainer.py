@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -28,6 +29,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from tqdm import tqdm
 
 from pipelines.build import build_pipeline, detach_for_eval
+from pipelines.dense_step import per_tensor_comm_hook
 from recsys import launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.data.source import build_source
@@ -54,6 +56,11 @@ class DenseOptimizer(str, Enum):
     adam = "adam"
 
 
+class DenseAllreduce(str, Enum):
+    ddp_buckets = "ddp_buckets"  # DDP's own buckets (nested: one flat buffer; rounds at 3+ ranks)
+    per_tensor = "per_tensor"  # each gradient on its own, in every pipeline: bit-exact at any world
+
+
 class SparseOptimizer(str, Enum):
     rowwise_adagrad = "rowwise_adagrad"  # fused into FBGEMM's backward (EXACT_ROWWISE_ADAGRAD)
     sgd = "sgd"  # fused EXACT_SGD
@@ -68,6 +75,8 @@ class TrainerConfig:
     dense_optimizer: DenseOptimizer = DenseOptimizer.adagrad
     sparse_optimizer: SparseOptimizer = SparseOptimizer.rowwise_adagrad
     eps: float = 1e-8
+    # how dense gradients are averaged over ranks (docs/pipelines.md, "Bit for bit")
+    dense_allreduce: DenseAllreduce = DenseAllreduce.ddp_buckets
     seed: int = 0  # initial weights; the data has its own (dataset.seed)
     log_every: int = 20  # also how often losses are checked for NaN/inf
     eval_every: int = 0  # 0: evaluate once, at the end
@@ -285,6 +294,9 @@ def build_training(
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
+    if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
+        model._dmp_wrapped_module.register_comm_hook(None, per_tensor_comm_hook)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
     replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
     dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
@@ -292,7 +304,7 @@ def build_training(
     if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
-    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device)
+    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
     return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank)
 
 

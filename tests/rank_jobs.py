@@ -62,17 +62,27 @@ def train_rank_hangs(cfg, run_dir: str) -> dict:
     return _rank_main(cfg, run_dir)
 
 
-def _local_params(model) -> dict:
-    """Every parameter this rank holds (its own shards of sharded tables), by name."""
+def _local_tensors(named, prefix: str = "") -> dict:
+    """Every floating-point tensor this rank holds (its own shards of sharded ones), by name."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     out = {}
-    for name, t in model.state_dict().items():
-        if isinstance(t, ShardedTensor):
+    for name, t in named.items():
+        if isinstance(t, dict):
+            out.update(_local_tensors(t, f"{prefix}{name}."))
+        elif isinstance(t, ShardedTensor):
             for i, shard in enumerate(t.local_shards()):
-                out[f"{name}#{i}"] = shard.tensor.detach().cpu().numpy().copy()
-        elif t.is_floating_point():
-            out[name] = t.detach().cpu().numpy().copy()
+                out[f"{prefix}{name}#{i}"] = shard.tensor.detach().cpu().numpy().copy()
+        elif isinstance(t, torch.Tensor) and t.is_floating_point():
+            out[f"{prefix}{name}"] = t.detach().cpu().numpy().copy()
+    return out
+
+
+def _local_params(model, optimizer=None) -> dict:
+    """The model's parameters and, with `optimizer`, its state (`optim.` names)."""
+    out = _local_tensors(model.state_dict())
+    if optimizer is not None:
+        out.update(_local_tensors(optimizer.state_dict()["state"], "optim."))
     return out
 
 
@@ -95,5 +105,6 @@ def train_variants(
     runs = []
     for job, losses in train_each(todo, steps, run_dir):
         stats = dict(getattr(job.pipeline, "stats", {}))
-        runs.append({"losses": losses, "params": _local_params(job.model), "stats": stats})
+        params = _local_params(job.model, job.optimizer)
+        runs.append({"losses": losses, "params": params, "stats": stats})
     return {"rank": dist.get_rank(), "runs": runs}

@@ -25,9 +25,12 @@ class SharedBatchDLRMTrain(nn.Module):
         self.loss_scale = world_size / global_batch
         self.loss_reduction = "sum"  # a scaled sum over samples (pipelines.nested reads it)
 
+    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        return loss * self.loss_scale
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
         labels = batch.labels.float()
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        loss = loss * self.loss_scale
+        loss = self.loss_fn(logits, labels)
         return loss, (loss.detach(), logits.detach(), labels.detach())

@@ -1,0 +1,212 @@
+"""The nested pipeline's dense step: the plain loop's arithmetic, cut into micro-batches.
+
+A micro-batch's dense forward and backward must give every sample the values the plain
+loop gives it, and every dense parameter the plain loop's gradient, bit for bit. Three
+things would otherwise differ (measured, `docs/pipelines.md`):
+
+- **Tails.** PyTorch's CPU elementwise kernels process `2 x` the vector width at a time and
+  run the rest on a scalar path whose `sigmoid` (and others) differ by an ulp. Micro-batch
+  boundaries are therefore multiples of `alignment(dtype)` samples (128 bytes of values:
+  32 float32), so each sample takes the path it takes in the plain loop's batch.
+- **The loss.** The plain loop's gradient at each logit is `(sigmoid(x) - y) / B` for
+  `BCEWithLogitsLoss` (mean over the batch's B samples). `loss_seed` computes exactly that
+  for a micro-batch's logits, for any N; a micro-batch's own mean times `b / B` would not
+  be exact. The reported loss is computed once, over the whole batch's logits in data order.
+- **Parameter gradients.** A weight's gradient is a sum over the batch's samples; N partial
+  sums added up round differently (and Adagrad's per-element normalisation amplifies that).
+  `DeferredGrads` keeps each micro-batch's operands and computes the whole batch's product
+  (or sum) once, in the data's sample order: the plain loop's operation on the plain loop's
+  operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+VECTOR_BYTES = 128  # two AVX-512 vectors: PyTorch's CPU loops step by 2 x the vector width
+
+
+def alignment(dtype: torch.dtype) -> int:
+    """Micro-batch boundaries fall on multiples of this many samples (32 for float32)."""
+    return max(1, VECTOR_BYTES // torch.empty((), dtype=dtype).element_size())
+
+
+def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The train module's loss as a function of (logits, labels): TorchRec's `DLRMTrain`
+    has `loss_fn` (BCEWithLogitsLoss); a module whose loss is a scaled sum declares
+    `loss_reduction = "sum"` and has `loss_fn` too."""
+    fn = getattr(train, "loss_fn", None)
+    if fn is None or not hasattr(train, "model"):
+        raise NotImplementedError(
+            f"pipeline=nested needs a train module like TorchRec's DLRMTrain (a `model` "
+            f"giving logits and a `loss_fn(logits, labels)`); {type(train).__name__} has "
+            f"{'no loss_fn' if fn is None else 'no model'}. Use pipeline=sparse_dist"
+        )
+    return fn
+
+
+def exact_seed(train: torch.nn.Module) -> bool:
+    """Whether `loss_seed` gives each logit exactly the plain loop's gradient."""
+    fn = train.loss_fn
+    if getattr(train, "loss_reduction", "mean") == "sum":
+        return True  # each sample's gradient does not depend on the others
+    return (isinstance(fn, torch.nn.BCEWithLogitsLoss) and fn.reduction == "mean"
+            and fn.weight is None and fn.pos_weight is None)  # fmt: skip
+
+
+def loss_seed(train: torch.nn.Module, logits: torch.Tensor, labels: torch.Tensor,
+              batch: int) -> torch.Tensor:  # fmt: skip
+    """d(the whole batch's loss) / d(these logits), computed as the plain loop's backward
+    computes it; `batch` is the rank's batch size."""
+    x = logits.detach().requires_grad_()
+    fn = train.loss_fn
+    with torch.enable_grad():
+        if getattr(train, "loss_reduction", "mean") == "sum":
+            (grad,) = torch.autograd.grad(fn(x, labels), x)
+            return grad
+        if exact_seed(train):  # BCE's backward: (sigmoid(x) - y) * grad, then / numel
+            each = F.binary_cross_entropy_with_logits(x, labels, reduction="none")
+            (grad,) = torch.autograd.grad(each, x, torch.ones_like(each))
+            return grad.div_(batch)
+        # another mean loss: this micro-batch's mean, weighted by its share (rounds)
+        (grad,) = torch.autograd.grad(fn(x, labels) * (len(x) / batch), x)
+        return grad
+
+
+class DeferredGrads(TorchFunctionMode):
+    """Dense parameters' gradients once per batch instead of once per micro-batch.
+
+    Inside `with self:` the parameters do not require grad, so a micro-batch's backward
+    computes activation gradients only. Uses this mode intercepts keep their operands:
+    `F.linear(x, W, b)` (nn.Linear, DCN's cross kernels) keeps `x` and the output's
+    gradient; `t + p` with `p` broadcast over leading dims (DCN's cross bias) keeps the
+    output's gradient. `accumulate` then computes, for the whole batch in data order,
+    `x^T g` and `g.sum(0)`: what autograd computes in the plain loop. Any other use of a
+    parameter gets a per-micro-batch leaf whose gradients are summed (within rounding; named
+    in `inexact`).
+    """
+
+    _ADDS = {torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.add}
+
+    def __init__(self, params: dict[str, torch.nn.Parameter]) -> None:
+        super().__init__()
+        self._params = {id(p): (n, p) for n, p in params.items()}
+        # per micro-batch, its uses in order: (kind, param(s), kept input, [output grad])
+        self._uses: list[list[tuple]] = []
+        self.inexact: set[str] = set()
+
+    def __enter__(self):
+        for _, p in self._params.values():
+            p.requires_grad_(False)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)  # first: the flags below are not a use
+        for _, p in self._params.values():
+            p.requires_grad_(True)
+        return out
+
+    def _keep(self, kind: str, params: tuple, kept, out: torch.Tensor) -> torch.Tensor:
+        if out.requires_grad:
+            grads: list[torch.Tensor] = []
+            self._uses[-1].append((kind, params, kept, grads))
+            out.register_hook(grads.append)
+        return out
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], args[1]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            if id(w) in self._params and (b is None or id(b) in self._params):
+                out = func(x, w, b)
+                return self._keep("linear", (w, b), x.detach(), out)
+        elif func in self._ADDS and len(args) == 2 and not kwargs:
+            for p, t in (args[1], args[0]), (args[0], args[1]):
+                if (id(p) in self._params and isinstance(t, torch.Tensor)
+                        and t.dim() > p.dim() and t.shape[t.dim() - p.dim():] == p.shape):  # fmt: skip
+                    return self._keep("add", (p,), None, func(*args))
+        if any(id(a) in self._params for a in _tensors(args, kwargs)):
+            args, kwargs = tree_map(self._leaf, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def _leaf(self, a):
+        if not isinstance(a, torch.Tensor) or id(a) not in self._params:
+            return a
+        name, p = self._params[id(a)]
+        self.inexact.add(name)
+        leaf = p.detach().requires_grad_()
+        leaf.register_hook(lambda g: _add_grad(p, g))
+        return leaf
+
+    def start_micro_batch(self) -> None:
+        self._uses.append([])
+
+    def accumulate(self, inverse: torch.Tensor | None, batch: int) -> None:
+        """Each parameter's gradient over the whole batch: use i of every micro-batch
+        together (the same graph runs on each)."""
+        uses = [u for u in self._uses if u]
+        self._uses = []
+        if len({len(u) for u in uses}) > 1:
+            raise RuntimeError("pipeline=nested: the dense forward differs between "
+                               "micro-batches; its parameter gradients cannot be joined")
+        for same in zip(*uses, strict=True):
+            kind, params = same[0][0], same[0][1]
+            if not all(u[3] for u in same):  # did not reach the loss: no gradient
+                continue
+            g = torch.cat([u[3][0] for u in same])
+            if kind == "linear":
+                w, b = params
+                x = torch.cat([u[2] for u in same])
+                x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+                if inverse is not None and len(x) == batch:
+                    x, g = x[inverse], g[inverse]
+                _add_grad(w, x.t().mm(g).t())  # what autograd computes for F.linear's weight
+                if b is not None:
+                    _add_grad(b, g.sum(0))
+            else:
+                (p,) = params
+                if inverse is not None and len(g) == batch:
+                    g = g[inverse]
+                _add_grad(p, g.sum_to_size(p.shape))
+
+
+def _tensors(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+
+
+def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
+    # in the parameter's layout, as autograd leaves it (a collective reads storage order)
+    g = g.contiguous()
+    p.grad = g if p.grad is None else p.grad + g
+
+
+def reduce_per_tensor(grads: list[torch.Tensor], world: int, group=None) -> list:
+    """Each gradient averaged over ranks on its own (divide by world, all-reduce sum): the
+    sum's order then depends on the tensor alone, not on how it is packed with others.
+    Returns the collectives' works."""
+    works = []
+    for g in grads:
+        g.div_(world)
+        works.append(dist.all_reduce(g, group=group, async_op=True))
+    return works
+
+
+def per_tensor_comm_hook(group, bucket):  # no annotations: DDP checks them as objects
+    """A DDP comm hook reducing each gradient of the bucket on its own, as the nested
+    pipeline does under `trainer.dense_allreduce=per_tensor` (bit-identical at any world
+    size, whatever DDP's buckets are)."""
+    world = dist.get_world_size(group)
+    works = reduce_per_tensor(list(bucket.gradients()), world, group)
+    done = torch.futures.collect_all([w.get_future() for w in works])
+    return done.then(lambda _: bucket.buffer())
