@@ -129,8 +129,7 @@ class DeferredGrads(TorchFunctionMode):
                 return self._keep("linear", (w, b), x.detach(), out)
         elif func in self._ADDS and len(args) == 2 and not kwargs:
             for p, t in (args[1], args[0]), (args[0], args[1]):
-                if (id(p) in self._params and isinstance(t, torch.Tensor)
-                        and t.dim() > p.dim() and t.shape[t.dim() - p.dim():] == p.shape):  # fmt: skip
+                if id(p) in self._params and _broadcasts_over_samples(p, t):
                     return self._keep("add", (p,), None, func(*args))
         if any(id(a) in self._params for a in _tensors(args, kwargs)):
             args, kwargs = tree_map(self._leaf, (args, kwargs))
@@ -154,8 +153,10 @@ class DeferredGrads(TorchFunctionMode):
         uses = [u for u in self._uses if u]
         self._uses = []
         if len({len(u) for u in uses}) > 1:
-            raise RuntimeError("pipeline=nested: the dense forward differs between "
-                               "micro-batches; its parameter gradients cannot be joined")
+            raise RuntimeError(
+                "pipeline=nested: the dense forward differs between "
+                "micro-batches; its parameter gradients cannot be joined"
+            )
         for same in zip(*uses, strict=True):
             kind, params = same[0][0], same[0][1]
             if not all(u[3] for u in same):  # did not reach the loss: no gradient
@@ -175,6 +176,11 @@ class DeferredGrads(TorchFunctionMode):
                 if inverse is not None and len(g) == batch:
                     g = g[inverse]
                 _add_grad(p, g.sum_to_size(p.shape))
+
+
+def _broadcasts_over_samples(p: torch.Tensor, t) -> bool:
+    """`t + p` adds `p` to every leading index of `t` (a bias over the batch)."""
+    return isinstance(t, torch.Tensor) and t.dim() > p.dim() and t.shape[-p.dim() :] == p.shape
 
 
 def _tensors(args, kwargs):

@@ -87,12 +87,19 @@ def _local_params(model, optimizer=None) -> dict:
 
 
 def train_variants(
-    cfgs: list, steps: int, run_dir: str, plans: list | None = None, stale: bool = False
+    cfgs: list,
+    steps: int,
+    run_dir: str,
+    plans: list | None = None,
+    stale: bool = False,
+    shuffled: bool = False,
 ) -> dict:
     """Train each config (with its plan of ours, or TorchRec's planner where None) for
     `steps` steps in this rank, one process group for all; return each run's per-step
     losses, final parameters (this rank's shards) and pipeline stats. `stale`: the
-    nested pipeline skips its refresh (a control: the results must then differ)."""
+    nested pipeline skips its refresh (a control: the results must then differ).
+    `shuffled`: one more run, the first config with each batch's samples in another
+    order (`benchmarks.order_noise`'s control: how far reordered sums alone go)."""
     if stale:
         from pipelines.nested import NestedPipeline
 
@@ -102,6 +109,17 @@ def train_variants(
 
     quiet_library_noise()
     todo = [(cfg, plan, None) for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]
+    if shuffled:
+        from pipelines.clustering import permute_batch
+
+        gen = torch.Generator().manual_seed(1)
+        todo.append(
+            (
+                cfgs[0],
+                todo[0][1],
+                lambda b: permute_batch(b, torch.randperm(len(b.labels), generator=gen)),
+            )
+        )
     runs = []
     for job, losses in train_each(todo, steps, run_dir):
         stats = dict(getattr(job.pipeline, "stats", {}))

@@ -75,11 +75,13 @@ def test_cluster_order_leaves_single_micro_batch_alone() -> None:
     assert cluster_order(kjt, 1).tolist() == [0, 1, 2]
 
 
-STEPS = 20
-# (micro-batches, clustering, lookahead with refresh, unique-row exchange)
-VARIANTS = [(n, c, True, False) for n in (1, 2, 4) for c in (False, True)] + [
-    (4, True, False, False), (1, False, False, True), (4, False, False, True),
-    (2, True, True, True)]  # fmt: skip
+STEPS = 10
+# (micro-batches, clustering, lookahead with refresh, unique-row exchange): every N of the
+# matrix, each mode on and off
+VARIANTS = [(1, False, False, False), (2, True, True, False), (3, False, False, False),
+            (3, True, True, False), (4, False, False, False), (4, True, False, False),
+            (4, False, True, False), (8, True, True, False), (4, False, False, True),
+            (3, True, True, True)]  # fmt: skip
 
 
 def _nested(n: int, c: bool, lookahead: bool, dedup: bool = False) -> list[str]:
@@ -87,46 +89,92 @@ def _nested(n: int, c: bool, lookahead: bool, dedup: bool = False) -> list[str]:
             f"pipeline.lookahead={lookahead}", f"pipeline.dedup={dedup}"]  # fmt: skip
 
 
-def _equal_to_plain(tmp_path: Path, base: list[str], world: int, plan_of=None) -> None:
-    """Plain loop, then nested with N = 1, 2, 4, with and without clustering; same seed."""
-    overrides = [[]] + [_nested(*v) for v in VARIANTS]
+def _deviation(run: dict, plain: dict) -> tuple[float, float]:
+    """Largest relative loss difference, largest parameter difference over the tensor's
+    largest value."""
+    loss = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], plain["losses"], strict=True))
+    params = max(float(np.abs(run["params"][k] - w).max()) / max(float(np.abs(w).max()), 1e-30)
+                 for k, w in plain["params"].items() if w.size)  # fmt: skip
+    return loss, params
+
+
+def _equal_to_plain(
+    tmp_path: Path, base: list[str], world: int, plan_of=None, variants=VARIANTS,
+    exact: bool = True, aligned: bool = True,
+) -> None:  # fmt: skip
+    # the optimizers' state is compared too; only SGD everywhere has none
+    state = not {"trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd"} <= set(base)
+    """The plain loop, then nested in each variant, from the same seed: per-step losses,
+    every parameter (each rank's shards) and the optimizers' state bit for bit. Dedup
+    reorders the sums of a row's gradient, so it is held to the order noise of the same
+    config: at most twice what the plain loop with each batch's samples shuffled differs by
+    (`benchmarks.order_noise`'s control, run beside); so is clustering when a rank's batch
+    is not a whole number of 32-sample units (`aligned=False`: the scalar tail of its last
+    micro-batch holds other samples). `exact=False`: all within 1e-5."""
+    overrides = [[]] + [_nested(*v) for v in variants]
     cfgs = [to_typed(compose_config(base + o)) for o in overrides]
     # one plan for every run: a plan made per config could differ by the pipeline's schedule
     plans = [plan_of(cfgs[0])] * len(cfgs) if plan_of else None
     job = spawn_ranks(rank_jobs.train_variants, world,
-                      args=(cfgs, STEPS, str(tmp_path), plans), timeout_s=600)  # fmt: skip
+                      args=(cfgs, STEPS, str(tmp_path), plans, False, exact),
+                      timeout_s=600)  # fmt: skip
     for result in raise_on_failure(job, "nested vs plain"):
         plain, *nested = result["runs"]
-        for (n, c, ahead, dedup), run in zip(VARIANTS, nested, strict=True):
+        assert state == any(k.startswith("optim.") for k in plain["params"])
+        if exact:
+            noise_loss, noise_params = _deviation(nested.pop(), plain)
+        for (n, c, ahead, dedup), run in zip(variants, nested, strict=True):
             where = f"rank {result['rank']}, N={n}, clustering={c}, lookahead={ahead}, " \
                     f"dedup={dedup}"  # fmt: skip
             if ahead:  # the dual buffer was used: shared rows were really refreshed
                 assert run["stats"]["refreshed_bags"] > 0, where
             if dedup:  # unique rows moved, fewer than the pooled vectors they replace
                 assert 0 < run["stats"]["dedup_rows"] < run["stats"]["dedup_bags"], where
-            np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5, err_msg=where)
             assert run["params"].keys() == plain["params"].keys()
-            for name, want in plain["params"].items():  # 1e-5 of the tensor's scale
-                scale = float(np.abs(want).max()) if want.size else 0.0
-                np.testing.assert_allclose(
-                    run["params"][name],
-                    want,
-                    rtol=1e-5,
-                    atol=1e-5 * scale,
-                    err_msg=f"{where}: {name}",
-                )
+            if exact and not dedup and (aligned or not c):
+                differ = {name: float(np.abs(run["params"][name] - want).max())
+                          for name, want in plain["params"].items()
+                          if not np.array_equal(run["params"][name], want)}  # fmt: skip
+                assert run["losses"] == plain["losses"] and not differ, (where, differ)
+            elif exact:
+                loss, params = _deviation(run, plain)
+                assert loss <= max(2 * noise_loss, 2e-7), (where, loss, noise_loss)
+                assert params <= max(2 * noise_params, 1e-6), (where, params, noise_params)
+            else:
+                np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5,
+                                           err_msg=where)  # fmt: skip
+                for name, want in plain["params"].items():  # 1e-5 of the tensor's scale
+                    scale = float(np.abs(want).max()) if want.size else 0.0
+                    np.testing.assert_allclose(
+                        run["params"][name],
+                        want,
+                        rtol=1e-5,
+                        atol=1e-5 * scale,
+                        err_msg=f"{where}: {name}",
+                    )
 
 
 SGD = ["trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd", "trainer.lr=0.1",
        "trainer.embedding_lr=0.1"]  # fmt: skip
 ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=adagrad"]
+DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", [SGD, ADAGRAD], ids=["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("dense", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_nested_equals_the_plain_loop(tmp_path: Path, optimizer, world) -> None:
-    base = ["debug=tiny", f"cluster.nodes.0.devices.0.count={world}", *optimizer]
+def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, dense, arch, world) -> None:
+    """The matrix of docs/pipelines.md: row-wise Adagrad embeddings, each dense optimizer,
+    DLRM and DCNv2, 2 and 3 ranks (3: `dense_allreduce=per_tensor`, the reduction both
+    sides share), N = 1, 2, 3, 4, 8 with each mode on and off; 256 samples per rank, so
+    every micro-batch is a whole number of 32-sample units. TorchRec's plan: data-parallel
+    tables on 3 ranks, table-wise on 2."""
+    base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
+            "trainer.sparse_optimizer=rowwise_adagrad", f"trainer.dense_optimizer={dense}",
+            *(DCN if arch == "dcnv2" else [])]  # fmt: skip
+    if world > 2:
+        base.append("trainer.dense_allreduce=per_tensor")
     _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan)
 
 
@@ -193,9 +241,7 @@ def _column_wise_plan(cfg):
 @pytest.mark.slow
 def test_nested_equals_the_plain_loop_on_a_column_wise_plan(tmp_path: Path) -> None:
     """A table in two column shards: each owner's chunks (pooled, or its distinct rows with
-    dedup) carry half of its columns. SGD: on this tiny hybrid plan N=4 differs from the
-    plain loop by rounding (about 1e-7 relative, with or without dedup), which row-wise
-    Adagrad amplifies past 1e-5 on the smallest dense weights (3.5e-5 here)."""
+    dedup) carry half of its columns."""
     base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false", *SGD]
     _equal_to_plain(tmp_path, base, 2, plan_of=_column_wise_plan)
 
@@ -203,11 +249,12 @@ def test_nested_equals_the_plain_loop_on_a_column_wise_plan(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_nested_equals_the_plain_loop_with_unequal_batch_shares(tmp_path: Path) -> None:
     """The speed-skewed cluster: each rank its own batch size, so micro-batch k is a
-    different number of samples on each rank."""
+    different number of samples on each rank, not whole 32-sample units."""
     base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
-            "cluster=local_cpu3_skewed", *SGD]  # fmt: skip
-    assert len(set(_our_plan(to_typed(compose_config(base))).batch_per_rank)) > 1
-    _equal_to_plain(tmp_path, base, 3, plan_of=_our_plan)
+            "cluster=local_cpu3_skewed", "trainer.dense_allreduce=per_tensor", *SGD]  # fmt: skip
+    shares = _our_plan(to_typed(compose_config(base))).batch_per_rank
+    assert len(set(shares)) > 1 and any(b % 32 for b in shares), shares
+    _equal_to_plain(tmp_path, base, 3, plan_of=_our_plan, aligned=False)
 
 
 @pytest.mark.slow
@@ -243,7 +290,7 @@ def test_nested_equals_the_plain_loop_on_gpus(tmp_path: Path) -> None:
     world = min(2, torch.cuda.device_count())
     base = ["debug=tiny", "cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={world}",
             "pipeline.lookahead=true", *ADAGRAD]  # fmt: skip
-    _equal_to_plain(tmp_path, base, world)
+    _equal_to_plain(tmp_path, base, world, exact=False)  # not measured on a GPU yet
 
 
 @pytest.mark.slow

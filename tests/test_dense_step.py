@@ -1,0 +1,107 @@
+"""The nested pipeline's dense step in one process: micro-batches give the plain loop's
+loss, per-logit gradients and parameter gradients bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+
+from pipelines.dense_step import DeferredGrads, alignment, loss_seed
+from pipelines.exchange import micro_sizes
+from recsys.models.shares import SharedBatchDLRMTrain
+
+FEATURES = 4
+
+
+def test_micro_batch_boundaries_fall_on_whole_vector_units() -> None:
+    assert alignment(torch.float32) == 32 and alignment(torch.bfloat16) == 64
+    assert micro_sizes(256, 3, 32) == [96, 96, 64]
+    assert micro_sizes(200, 3, 32) == [64, 64, 72]  # the last takes the 8-sample rest
+    assert micro_sizes(64, 4, 32) == [32, 32, 0, 0]
+    for batch, n in [(2048, 3), (1000, 8), (31, 2), (0, 4)]:
+        sizes = micro_sizes(batch, n, 32)
+        assert sum(sizes) == batch and all(s % 32 == 0 for s in sizes[:-1])
+
+
+def _model(arch: str, shared: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=50,
+                                 feature_names=[f"f{i}"]) for i in range(FEATURES)]  # fmt: skip
+    common = dict(embedding_bag_collection=EmbeddingBagCollection(tables=tables),
+                  dense_in_features=13, dense_arch_layer_sizes=[64, 16],
+                  over_arch_layer_sizes=[64, 1])  # fmt: skip
+    if arch == "dcnv2":
+        model = DLRM_DCN(**common, dcn_num_layers=3, dcn_low_rank_dim=32)
+    else:
+        model = DLRM(**common)
+    return SharedBatchDLRMTrain(model, 2, 512) if shared else DLRMTrain(model)
+
+
+def _sparse(ids: torch.Tensor, samples) -> KeyedJaggedTensor:
+    """Two ids per bag, one bag per sample and feature."""
+    picked = ids[:, samples]  # [feature, sample, 2]
+    return KeyedJaggedTensor(
+        keys=[f"f{i}" for i in range(FEATURES)],
+        values=picked.reshape(-1),
+        lengths=torch.full((picked.shape[0] * picked.shape[1],), 2, dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
+@pytest.mark.parametrize("shared", [False, True], ids=["mean_loss", "scaled_sum_loss"])
+@pytest.mark.parametrize(
+    ("batch", "n", "clustered"), [(256, 4, False), (256, 3, True), (200, 3, False), (256, 8, True)]
+)
+def test_micro_batches_give_the_plain_loops_gradients(arch, shared, batch, n, clustered) -> None:
+    """Dense layers (Linear, DCN's cross kernels and bias) get the whole batch's gradient,
+    computed once in data order, whatever N and sample order; the loss is the plain one."""
+    train = _model(arch, shared)
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(batch, 13, generator=gen)
+    labels = (torch.rand(batch, generator=gen) < 0.3).float()
+    ids = torch.randint(0, 50, (FEATURES, batch, 2), generator=gen)
+    params = {k: p for k, p in train.named_parameters() if "embedding_bags" not in k}
+
+    loss = train.loss_fn(train.model(dense, _sparse(ids, slice(None))).squeeze(-1), labels)
+    loss.backward()
+    want = {k: p.grad.clone() for k, p in params.items()}
+    train.zero_grad(set_to_none=True)
+
+    order = torch.randperm(batch, generator=gen) if clustered else torch.arange(batch)
+    deferred, logits, first = DeferredGrads(params), [], 0
+    for b in micro_sizes(batch, n, alignment(dense.dtype)):
+        mine, first = order[first : first + b], first + b
+        if b == 0:
+            continue
+        with deferred:
+            deferred.start_micro_batch()
+            logit = train.model(dense[mine].requires_grad_(), _sparse(ids, mine)).squeeze(-1)
+            logit.backward(loss_seed(train, logit, labels[mine], batch))
+        logits.append(logit.detach())
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(batch)
+    deferred.accumulate(inverse if clustered else None, batch)
+
+    assert not deferred.inexact
+    assert torch.equal(train.loss_fn(torch.cat(logits)[inverse], labels), loss.detach())
+    differ = [k for k, p in params.items() if not torch.equal(p.grad, want[k])]
+    assert not differ, differ
+    assert all(p.grad.is_contiguous() for p in params.values())  # reduced in storage order
+
+
+def test_a_parameter_used_another_way_is_summed_per_micro_batch_and_named() -> None:
+    """A use the mode does not know (here a matmul by the weight) still gets its gradient,
+    summed over micro-batches (within rounding), and the parameter is named inexact."""
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    x = torch.randn(64, 8)
+    want = torch.autograd.grad((x @ weight).square().sum(), weight)[0]
+    deferred = DeferredGrads({"w": weight})
+    for part in x.split(32):
+        with deferred:
+            deferred.start_micro_batch()
+            (part.requires_grad_() @ weight).square().sum().backward()
+    deferred.accumulate(None, 64)
+    assert deferred.inexact == {"w"}
+    torch.testing.assert_close(weight.grad, want)
