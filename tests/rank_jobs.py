@@ -101,9 +101,9 @@ def train_variants(
     `shuffled`: one more run, the first config with each batch's samples in another
     order (`benchmarks.order_noise`'s control: how far reordered sums alone go)."""
     if stale:
-        from pipelines.nested import NestedPipeline
+        from pipelines.lookups import Lookups
 
-        NestedPipeline._refresh = lambda *_: None
+        Lookups.refresh = lambda *_: None
     from recsys.train import quiet_library_noise
     from recsys.trainer import train_each
 

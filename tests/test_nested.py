@@ -276,7 +276,7 @@ def test_without_the_refresh_the_lookahead_is_stale(tmp_path: Path) -> None:
 
 
 def test_unsupported_sharding_is_named() -> None:
-    from pipelines.nested import _group_exchange
+    from pipelines.lookups import _group_exchange
 
     with pytest.raises(NotImplementedError, match="row_wise.*pipeline=sparse_dist"):
         _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "row_wise")
