@@ -23,6 +23,7 @@ from tqdm import tqdm
 from pipelines.types import PipelineName
 from recsys import launch
 from recsys.config import TrainConfig, register_configs
+from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import validate_model_config
 from sharding.cluster import resolve_cluster
 from sharding.types import PlannerName
@@ -89,6 +90,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     quiet_library_noise()
     tcfg = to_typed(cfg)
     validate_model_config(tcfg.model)  # fail here, before any rank starts
+    resolve_hotness(tcfg.dataset.hotness, len(tcfg.model.num_embeddings_per_feature))
     if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
         # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
         # would be exchanged whole, so split tables keep pooled cold parts
@@ -129,6 +131,7 @@ register_configs()
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from recsys.data.criteo_binary import CriteoDataError
+    from recsys.data.multi_hot import HotnessError
     from recsys.models.dlrm import ModelConfigError
     from sharding.cluster import ClusterConfigError
     from sharding.plan_eval import PlanDoesNotFitError
@@ -141,6 +144,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         FloatingPointError,
         FileNotFoundError,
         CriteoDataError,
+        HotnessError,
     )
 
 

@@ -24,6 +24,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys.data.convert import natural_key
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
+from recsys.data.multi_hot import bags_to_jagged, read_multi_hot
 
 
 class CriteoDataError(ValueError):
@@ -59,9 +60,11 @@ class CriteoBinary:
         shuffle_chunk_batches: int = 16,
         seed: int = 0,
         batch_per_rank: list[int] | None = None,
+        hotness: list[int] | None = None,
     ) -> None:
         """`batch_size` and `world_size`: equal shares; `batch_per_rank`, if given, each
-        rank's own batch size instead (a speed-aware split)."""
+        rank's own batch size instead (a speed-aware split). `hotness`: bag sizes per table,
+        read from each file's `_sparse_multi_hot.npz` (`recsys.data.multi_hot`)."""
         if len(num_embeddings_per_feature) != CAT_FEATURES:
             raise CriteoDataError(
                 f"Criteo has {CAT_FEATURES} categorical features; the model has "
@@ -79,6 +82,13 @@ class CriteoBinary:
                 or len(lab) != len(s)
             ):
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
+        self.hotness = hotness
+        # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)
+        self.multi_hot = None
+        if hotness is not None:
+            files = [read_multi_hot(root, n, len(s), hotness)
+                     for n, s in zip(self.names, self.sparse, strict=True)]  # fmt: skip
+            self.multi_hot = [[f[t] for f in files] for t in range(CAT_FEATURES)]
         self.batch_per_rank = list(batch_per_rank or [batch_size] * world_size)
         self.world_size = len(self.batch_per_rank)
         self._lengths = {b: torch.ones(CAT_FEATURES * b, dtype=torch.int32)
@@ -158,8 +168,15 @@ class CriteoBinary:
         a = self._first_row(split, rank) + self._position(split, index) * size
         b = a + size
         dense = np.array(self._rows(a, b, self.dense), dtype=np.float32)
-        ids_CB = self._rows(a, b, self.sparse).T % self.hashes_C
         labels = self._rows(a, b, self.labels)[:, 0].astype(np.float32)
+        if self.multi_hot is not None:
+            bags = [self._rows(a, b, arrays) % self.hashes_C[t]
+                    for t, arrays in enumerate(self.multi_hot)]  # fmt: skip
+            values, lengths = bags_to_jagged(bags)
+            kjt = KeyedJaggedTensor(keys=self.keys, values=torch.from_numpy(values),
+                                    lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
+            return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
+        ids_CB = self._rows(a, b, self.sparse).T % self.hashes_C
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -18,7 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from recsys.data.convert import ConvertOptions, LabelColumn, convert
-from recsys.data.criteo_tsv import MalformedLineError
+from recsys.data.criteo_binary import prepared_names
+from recsys.data.criteo_tsv import CAT_FEATURES, MalformedLineError
+from recsys.data.multi_hot import HotnessError, resolve_hotness, write_multi_hot
 
 
 @dataclass
@@ -30,6 +33,9 @@ class PrepareConfig:
     chunk_mb: float = 16.0
     workers: int = 0  # parse processes; 0: one per core (at most 4)
     progress: bool = True
+    # also write multi-hot bags (TorchRec's layout, `recsys.data.multi_hot`): a bag size per
+    # table, or "mlperf"; train with the same `dataset.hotness`
+    hotness: Any = None
 
 
 def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
@@ -41,7 +47,10 @@ def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
         workers=cfg.workers,
         progress=cfg.progress,
     )
+    hotness = resolve_hotness(cfg.hotness, CAT_FEATURES)  # checked before the long part
     results = convert(cfg.input, cfg.output, opts)
+    if hotness is not None:
+        write_multi_hot(cfg.output, prepared_names(cfg.output), hotness)
     seconds = time.perf_counter() - start
     text_mb = sum(r.text_mb for r in results)
     summary = {
@@ -52,6 +61,7 @@ def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
         "seconds": seconds,
         "mb_per_s": text_mb / seconds if seconds else None,
         "output": str(Path(cfg.output).resolve()),
+        "hotness": hotness,  # null: one-hot only
     }
     for where in {Path(cfg.output), *([run_dir] if run_dir else [])}:
         (where / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -66,7 +76,7 @@ def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     try:
         summary = prepare(typed, Path(HydraConfig.get().runtime.output_dir))
-    except (MalformedLineError, FileNotFoundError) as e:
+    except (MalformedLineError, FileNotFoundError, HotnessError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     print(

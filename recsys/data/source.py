@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
+from recsys.data.multi_hot import resolve_hotness
 from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
 from recsys.models.dlrm import ModelConfig, feature_names
 
@@ -63,4 +64,5 @@ def build_source(
         shuffle_chunk_batches=cfg.shuffle_chunk_batches,
         seed=cfg.seed,
         batch_per_rank=batch_per_rank,
+        hotness=resolve_hotness(cfg.hotness, len(model.num_embeddings_per_feature)),
     )

@@ -1,9 +1,11 @@
 """In-memory synthetic data with Criteo's shape and a planted model, so learning is real.
 
 Each sample has `num_dense` dense features (already normalised, N(0, 1)), one id per
-categorical feature drawn from a power law over the table's rows, and a label drawn from a
-planted logistic model: a bias, a linear dense part, one effect per (feature, id), and dot
-products of latent id vectors for a few feature pairs (what DLRM's interaction can learn).
+categorical feature (or a bag of `hotness[f]` ids, each drawn the same way; 0: an empty bag)
+drawn from a power law over the table's rows, and a label drawn from a planted logistic
+model: a bias, a linear dense part, one effect per (feature, id), and dot products of
+latent id vectors for a few feature pairs (what DLRM's interaction can learn); a bag
+contributes the mean of its ids' effects and vectors.
 
 Batches are a pure function of (seed, split, index, rank): the data position of a run is
 just the step number, so a resumed run sees exactly the batches an uninterrupted one would.
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recsys.data.multi_hot import bags_to_jagged, resolve_hotness
 
 _SPLITS = {"train": 0, "eval": 1}
 _SCATTER_PRIME = 2_147_483_647  # hot ranks scattered over the table by k * p mod rows
@@ -37,6 +42,9 @@ class SyntheticConfig:
     eval_batches: int = 16  # held-out batches per rank (files: at most the val split)
     signal: float = 1.0  # scales the planted logit; 0 makes labels pure noise
     bias: float = -1.0  # planted intercept; about 30% positives at signal 1
+    # ids per bag, one per table (0: empty bags), or "mlperf" (MLPerf DLRM-DCNv2's sizes);
+    # null: one id per bag. Prepared files: written by `recsys.data.prepare hotness=...`
+    hotness: Any = None
 
 
 def power_law_ranks(u: np.ndarray, rows: int, exponent: float) -> np.ndarray:
@@ -69,6 +77,7 @@ class SyntheticCriteo:
         self.keys = list(feature_names)
         self.num_dense = num_dense
         self.batch_size = batch_size
+        self.hotness = resolve_hotness(cfg.hotness, len(self.rows))  # None: one-hot
         rng = np.random.default_rng([cfg.seed, 99])
         n_feat = len(self.rows)
         self._dense_w_D = rng.normal(0.0, 1.0 / np.sqrt(num_dense), num_dense)
@@ -88,28 +97,48 @@ class SyntheticCriteo:
             ids_FB[f] = (ranks_B * _SCATTER_PRIME + self._offsets_F[f]) % n
         return ids_FB
 
-    def logits(self, dense_BD: np.ndarray, ids_FB: np.ndarray) -> np.ndarray:
-        """The planted model's logit for each sample."""
+    def _bags(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """Per feature, [B, hotness] ids: each drawn as a one-hot id is."""
+        out = []
+        for f, (n, h) in enumerate(zip(self.rows, self.hotness, strict=True)):
+            ranks = power_law_ranks(rng.random(self.batch_size * h), n, self.cfg.zipf_exponent)
+            out.append(
+                ((ranks * _SCATTER_PRIME + self._offsets_F[f]) % n).reshape(self.batch_size, h)
+            )
+        return out
+
+    def logits(self, dense_BD: np.ndarray, ids_FB) -> np.ndarray:
+        """The planted model's logit for each sample (`ids_FB`: [F, B] one-hot ids, or per
+        feature a [B, h] bag array: the mean of its ids' effects)."""
         z_B = dense_BD @ self._dense_w_D
         cap = [len(e) for e in self._effect_F]
+
+        def mean(table: np.ndarray, f: int) -> np.ndarray:
+            ids = ids_FB[f] % cap[f]
+            if ids.ndim == 1:
+                return table[ids]
+            if ids.shape[1] == 0:
+                return np.zeros((len(ids), *table.shape[1:]))
+            return table[ids].mean(axis=1)
+
         for f in range(len(self.rows)):
-            z_B = z_B + self._effect_F[f][ids_FB[f] % cap[f]]
+            z_B = z_B + mean(self._effect_F[f], f)
         for f, g in self._pairs:
-            vf = self._latent_F[f][ids_FB[f] % cap[f]]
-            vg = self._latent_F[g][ids_FB[g] % cap[g]]
-            z_B = z_B + (vf * vg).sum(axis=1)
+            z_B = z_B + (mean(self._latent_F[f], f) * mean(self._latent_F[g], g)).sum(axis=1)
         return self.cfg.bias + self.cfg.signal * z_B
 
     def batch(self, split: str, index: int, rank: int) -> Batch:
         rng = np.random.default_rng([self.cfg.seed, _SPLITS[split], index, rank])
         dense_BD = rng.standard_normal((self.batch_size, self.num_dense))
-        ids_FB = self._ids(rng)
+        ids_FB = self._ids(rng) if self.hotness is None else self._bags(rng)
         p_B = 1.0 / (1.0 + np.exp(-self.logits(dense_BD, ids_FB)))
         labels_B = (rng.random(self.batch_size) < p_B).astype(np.float32)
+        if self.hotness is None:
+            values, lengths = ids_FB.reshape(-1), np.ones(ids_FB.size, dtype=np.int32)
+        else:
+            values, lengths = bags_to_jagged(ids_FB)
         kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=self.keys,
-            values=torch.from_numpy(ids_FB.reshape(-1)),
-            lengths=torch.ones(ids_FB.size, dtype=torch.int32),
+            keys=self.keys, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
         )
         return Batch(
             dense_features=torch.from_numpy(dense_BD.astype(np.float32)),
