@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from hydra.core.config_store import ConfigStore
 
 from recsys.config import TrainConfig, register_configs
+from recsys.data.multi_hot import resolve_hotness
 from recsys.models.cost_inputs import model_cost
+from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
 from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
 from sharding.cluster import compute_device_type, resolve_cluster
@@ -103,6 +105,9 @@ def plan_inputs(
     cpu = compute_device_type(ranks) == "cpu"
     cal = cal or (load_calibration() if cpu else None)
     pooling = {t.name: t.lookups_per_sample for t in profile.tables} if profile else None
+    hotness = resolve_hotness(cfg.dataset.hotness, len(cfg.model.num_embeddings_per_feature))
+    if pooling is None and hotness is not None:  # no profile: the bags' own sizes
+        pooling = {t.name: float(h) for t, h in zip(table_configs(cfg.model), hotness, strict=True)}
     mc = model_cost(cfg.model, pooling)
     if profile is not None:
         check_profile(profile, mc.tables, profile_path)

@@ -206,3 +206,37 @@ def test_same_arrays_as_torchrecs_own_converter(tmp_path: Path) -> None:
         expected = np.load(t)
         assert ours.dtype == expected.dtype and ours.shape == expected.shape
         assert np.array_equal(ours, expected)
+
+
+def test_multi_hot_files_in_torchrecs_layout_are_read_as_bags(tmp_path: Path) -> None:
+    """`prepare hotness=...` writes <name>_sparse_multi_hot.npz, one [rows, size] array per
+    table named "0".."25"; a bag is a function of the one-hot id, which comes first."""
+    from recsys.data.criteo_binary import CriteoBinary
+    from recsys.data.multi_hot import HotnessError
+
+    plain, _ = write_files(tmp_path, random_rows(200, seed=3))
+    hotness = [2, 0, 1, 4] + [1] * 21 + [3]
+    out = tmp_path / "o"
+    summary = prepare(PrepareConfig(input=str(plain.parent), output=str(out), workers=1,
+                                    progress=False, hotness=hotness))  # fmt: skip
+    assert summary["hotness"] == hotness
+    with np.load(out / "day_0_sparse_multi_hot.npz") as npz:
+        assert sorted(npz.files, key=int) == [str(t) for t in range(26)]
+        arrays = [npz[str(t)] for t in range(26)]
+    sparse = np.load(out / "day_0_sparse.npy")
+    assert [a.shape for a in arrays] == [(200, h) for h in hotness]
+    assert np.array_equal(arrays[0][:, 0], sparse[:, 0])  # the one-hot id first
+    same = sparse[:, 3] == sparse[0, 3]
+    assert (arrays[3][same] == arrays[3][0]).all()  # the same id, the same bag
+
+    rows = [97] * 26
+    names = [f"cat_{i}" for i in range(26)]
+    data = CriteoBinary(out, rows, names, 4, 2, hotness=hotness)
+    kjt = data.batch("train", 0, 1).sparse_features
+    assert kjt.lengths().view(26, 4)[:, 0].tolist() == hotness
+    assert int(kjt.values().max()) < 97 and len(kjt["cat_1"].values()) == 0
+    with pytest.raises(HotnessError, match="not dataset.hotness=.*prepare"):
+        CriteoBinary(out, rows, names, 4, 2, hotness=[1] * 26)
+    (out / "day_0_sparse_multi_hot.npz").unlink()
+    with pytest.raises(HotnessError, match="does not exist.*hotness="):
+        CriteoBinary(out, rows, names, 4, 2, hotness=hotness)

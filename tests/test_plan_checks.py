@@ -158,3 +158,22 @@ def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> Non
                 f"hydra.run.dir={tmp_path}")  # fmt: skip
     assert proc.returncode == 1 and "is not a plan_layout.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_multi_hot_bags_set_the_planners_lookups_per_sample(typed_cfg) -> None:
+    """Without a profile the planner prices each table at its bag size (0: no lookups);
+    a profile of multi-hot data measures the same."""
+    from recsys.data.source import build_source
+    from recsys.models.dlrm import feature_names
+
+    hotness = [0, 3] + [1] * 23 + [7]
+    cfg = typed_cfg(["debug=tiny", f"dataset.hotness=[{','.join(map(str, hotness))}]"])
+    inputs = plan_inputs(cfg, None, None)
+    assert [t.lookups_per_sample for t in inputs.tables] == hotness
+    source = build_source(cfg.dataset, cfg.model, 32, 1)
+    batches = ((32, {f"t_{n}": b.sparse_features[n].values().numpy()
+                     for n in feature_names(cfg.model)})
+               for b in source.batches("train", 0, 4, 0))  # fmt: skip
+    rows = {t.name: t.rows for t in inputs.tables}
+    profile = build_profile(batches, rows)
+    assert [t.lookups_per_sample for t in profile.tables] == hotness

@@ -84,3 +84,39 @@ def test_bad_parameters_fail_clearly() -> None:
         source(zipf_exponent=0.0)
     with pytest.raises(ValueError, match="batch size"):
         source(batch=0)
+
+
+def test_multi_hot_bags_have_each_tables_size_and_empty_bags_are_allowed() -> None:
+    hotness = [0, 3] + [1] * 23 + [5]
+    batch = source(64, hotness=hotness).batch("train", 2, 1)
+    kjt = batch.sparse_features
+    assert kjt.lengths().view(26, 64).tolist() == [[h] * 64 for h in hotness]
+    for key, rows in zip(NAMES, ROWS, strict=True):
+        ids = kjt[key].values()
+        assert ids.dtype == torch.int64 and (len(ids) == 0 or int(ids.max()) < rows)
+    again = source(64, hotness=hotness).batch("train", 2, 1).sparse_features
+    assert torch.equal(kjt.values(), again.values())
+    assert 0.1 < float(batch.labels.mean()) < 0.6  # bags still carry the planted signal
+
+
+def test_one_hot_hotness_is_the_default_stream_and_mlperf_names_its_sizes() -> None:
+    from recsys.data.multi_hot import MLPERF_HOTNESS
+
+    plain = source(32).batch("train", 0, 0).sparse_features
+    ones = source(32, hotness=[1] * 26).batch("train", 0, 0).sparse_features
+    assert torch.equal(plain.values(), ones.values())
+    mlperf = source(32, hotness="mlperf").batch("train", 0, 0).sparse_features
+    assert mlperf.lengths().view(26, 32)[:, 0].tolist() == MLPERF_HOTNESS
+    assert len(mlperf.values()) == 32 * sum(MLPERF_HOTNESS)
+
+
+@pytest.mark.parametrize(
+    ("hotness", "message"),
+    [([1, 2], "2 bag sizes but the model has 26 tables"), ([-1] + [1] * 25, ">= 0"),
+     ("mlperf2", "'mlperf'")],
+)  # fmt: skip
+def test_bad_hotness_fails_naming_the_fix(hotness, message: str) -> None:
+    from recsys.data.multi_hot import HotnessError
+
+    with pytest.raises(HotnessError, match=message):
+        source(8, hotness=hotness)
