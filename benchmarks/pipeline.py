@@ -5,9 +5,10 @@ chosen so that the plain loop spends 40-50% of its step waiting on the link), an
 same runs again over a fast link (`fast_rate`): the difference of a pipeline's step time
 between the two is the communication it leaves exposed. Every run trains the same plan
 from the same seed, so each pipeline's per-step losses are compared with the plain
-loop's (`equal_to_plain`: within 1e-5 relative at every step). Beside the runs, the
-key-centric clustering's effect on distinct ids per micro-batch, from the same data.
-Needs root.
+loop's (`equal_to_plain`: within 1e-5 relative at every step; `bit_identical`: equal).
+A second row set trains multi-hot bags (`multi_hot`, MLPerf DLRM-DCNv2's sizes by
+default). Beside the runs, the key-centric clustering's effect on distinct ids per
+micro-batch, from the same data. Needs root.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import csv
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -57,6 +59,11 @@ class PipelineBenchConfig:
     burst_sensitivity: list[str] = field(default_factory=lambda: ["24kb", "64kb", "256kb"])
     sensitivity_pipelines: list[str] = field(default_factory=lambda: ["sparse_dist", "nested4"])
     cluster_batches: int = 20  # batches for the distinct-ids-per-micro-batch measurement
+    # the multi-hot row set: these pipelines again with dataset.hotness=<multi_hot>
+    # (a bag size per table, or "mlperf"); null: no multi-hot rows
+    multi_hot: Any = "mlperf"
+    multi_hot_pipelines: list[str] = field(default_factory=lambda: [
+        "plain", "sparse_dist", "semi_sync", "nested4", "nested4+dedup"])  # fmt: skip
     results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
 
 
@@ -92,13 +99,18 @@ def _max_rel_diff(a: list[float], b: list[float]) -> float:
 
 
 def _train_all(
-    cfg: PipelineBenchConfig, rate: str, burst: str, tmp: Path, pipelines: list[str]
+    cfg: PipelineBenchConfig,
+    rate: str,
+    burst: str,
+    tmp: Path,
+    pipelines: list[str],
+    extra: tuple[str, ...] = (),
 ) -> dict[str, dict]:
     out = {}
     with netns.veth_link(rate, burst=burst) as link:
         for label in pipelines:
-            run_dir = tmp / f"{rate}_{burst}_{label}"
-            overrides = [*cfg.overrides, *pipeline_overrides(label)]
+            run_dir = tmp / f"{rate}_{burst}_{label}{'_multi_hot' if extra else ''}"
+            overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
             sent, summary = netns.train_pair(link, overrides, cfg.steps, run_dir)
             out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir)}
             print(f"{rate} burst {burst} {label}: {summary['samples_per_s']:,.0f} samples/s",
@@ -155,7 +167,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
     if cfg.burst_sensitivity and "sparse_dist" not in cfg.sensitivity_pipelines:
         raise SystemExit("benchmarks.pipeline: sensitivity_pipelines must include sparse_dist "
                          "(the speed-ups are against it), or set burst_sensitivity=[]")  # fmt: skip
-    sensitivity = {}
+    sensitivity, multi = {}, None
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
         slow = _train_all(cfg, cfg.link_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
@@ -169,19 +181,12 @@ def run(cfg: PipelineBenchConfig) -> dict:
                     p: r["summary"]["samples_per_s"] / base for p, r in runs.items()
                 },
             }
-    plain_losses = slow["plain"]["losses"] if "plain" in slow else None
-    rows = []
-    for label in cfg.pipelines:
-        s, f = slow[label]["summary"], fast[label]["summary"]
-        diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
-        rows.append({
-            "pipeline": label, "samples_per_s": s["samples_per_s"],
-            "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
-            "exposed_comm_ms": measured_ms(s) - measured_ms(f),
-            "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
-            "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
-            "eval_auc": s["eval_auc"],
-        })  # fmt: skip
+        if cfg.multi_hot is not None:
+            extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
+            pipes = cfg.multi_hot_pipelines
+            multi = _rows(pipes, *(_train_all(cfg, rate, cfg.link_burst, Path(tmp), pipes, extra)
+                                   for rate in (cfg.link_rate, cfg.fast_rate)))  # fmt: skip
+    rows = _rows(cfg.pipelines, slow, fast)
     by = {r["pipeline"]: r for r in rows}
     base = by.get("sparse_dist")
     result = {
@@ -200,10 +205,65 @@ def run(cfg: PipelineBenchConfig) -> dict:
         "link": link,
         "burst_sensitivity": sensitivity,
         "clustering": clustering_stats(cfg),
+        "multi_hot": None if multi is None else {"hotness": cfg.multi_hot, **_summary(multi)},
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
     }
     return result
+
+
+def _hydra_value(value) -> str:
+    return value if isinstance(value, str) else f"[{','.join(str(int(h)) for h in value)}]"
+
+
+def _rows(pipelines: list[str], slow: dict, fast: dict) -> list[dict]:
+    """One row per pipeline: its speed on the slow link, and the exposed communication
+    (the slow link's step minus the fast one's), its losses against the plain loop's."""
+    plain_losses = slow["plain"]["losses"] if "plain" in slow else None
+    rows = []
+    for label in pipelines:
+        s, f = slow[label]["summary"], fast[label]["summary"]
+        diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
+        rows.append({
+            "pipeline": label, "samples_per_s": s["samples_per_s"],
+            "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
+            "exposed_comm_ms": measured_ms(s) - measured_ms(f),
+            "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
+            "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
+            "bit_identical": diff == 0.0,
+            "eval_auc": s["eval_auc"],
+        })  # fmt: skip
+    return rows
+
+
+def _summary(rows: list[dict]) -> dict:
+    by = {r["pipeline"]: r for r in rows}
+    base = by.get("sparse_dist")
+    return {
+        "rows": rows,
+        "speedup_vs_sparse_dist": {
+            r["pipeline"]: r["samples_per_s"] / base["samples_per_s"] for r in rows
+        }
+        if base
+        else {},  # fmt: skip
+        "plain_comm_share": by["plain"]["exposed_comm_ms"] / by["plain"]["step_ms"]
+        if "plain" in by
+        else None,
+    }
+
+
+def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
+    lines = ["| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
+             "link MB (run) | equal to plain (max rel loss diff) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for x in rows:
+        speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
+        equal = "bit for bit" if x.get("bit_identical") else "yes" if x["equal_to_plain"] else "no"
+        lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
+                     f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
+                     f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
+                     f"{equal} ({diff:.1e}) |")  # fmt: skip
+    return lines
 
 
 def table(r: dict) -> str:
@@ -217,17 +277,13 @@ def table(r: dict) -> str:
              f"gaps ({c['probe_chunk_bytes'] / 1024:,.0f} KB chunks) achieves "
              f"{r['link']['chunked_rate_ratio']:.2f}x the rate.", "",
              f"The plain loop spends {share:.0%} of its step on the link (its step time here "
-             f"minus over a {c['fast_rate']} link)." if share is not None else "", "",
-             "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
-             "link MB (run) | equal to plain (max rel loss diff) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for x in r["rows"]:
-        speed = r["speedup_vs_sparse_dist"].get(x["pipeline"])
-        diff = x["max_rel_loss_diff_vs_plain"]
-        lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
-                     f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
-                     f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
-                     f"{'yes' if x['equal_to_plain'] else 'no'} ({diff:.1e}) |")  # fmt: skip
+             f"minus over a {c['fast_rate']} link)." if share is not None else "", ""]  # fmt: skip
+    lines += _row_lines(r["rows"], r["speedup_vs_sparse_dist"])
+    if r.get("multi_hot"):
+        m = r["multi_hot"]
+        lines += ["", f"Multi-hot bags (dataset.hotness={m['hotness']}); the plain loop spends "
+                  f"{m['plain_comm_share']:.0%} of its step on the link:", ""]  # fmt: skip
+        lines += _row_lines(m["rows"], m["speedup_vs_sparse_dist"])
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
         lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",

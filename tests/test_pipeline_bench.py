@@ -1,0 +1,39 @@
+"""benchmarks.pipeline's pieces that need no network namespaces: labels, rows, the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.pipeline import _hydra_value, _row_lines, _rows, _summary, pipeline_overrides
+
+
+def test_labels_name_the_nested_variants_and_bad_ones_fail() -> None:
+    assert pipeline_overrides("sparse_dist") == ["pipeline=sparse_dist"]
+    assert pipeline_overrides("nested4+dedup+cluster") == [
+        "pipeline=nested", "pipeline.micro_batches=4", "pipeline.lookahead=False",
+        "pipeline.cluster_samples=True", "pipeline.dedup=True"]  # fmt: skip
+    with pytest.raises(ValueError, match="nested<N>"):
+        pipeline_overrides("nested4+turbo")
+    assert _hydra_value("mlperf") == "mlperf" and _hydra_value([0, 2, 1]) == "[0,2,1]"
+
+
+def _run(samples_per_s: float, losses: list[float]) -> dict:
+    """2 ranks of 2 samples: a step takes 4000 / samples_per_s ms."""
+    summary = {"samples_per_s": samples_per_s, "eval_auc": 0.7, "batch_per_rank": [2, 2]}
+    return {"summary": summary, "bytes": 1e6, "losses": losses}
+
+
+def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> None:
+    slow = {"plain": _run(100.0, [0.5, 0.4]), "sparse_dist": _run(80.0, [0.5, 0.4]),
+            "nested4+dedup": _run(120.0, [0.5, 0.400001])}  # fmt: skip
+    fast = {k: _run(200.0, [0.5, 0.4]) for k in slow}  # 20 ms a step
+    rows = _rows(list(slow), slow, fast)
+    by = {r["pipeline"]: r for r in rows}
+    assert by["sparse_dist"]["bit_identical"] and by["sparse_dist"]["exposed_comm_ms"] == 30.0
+    assert not by["nested4+dedup"]["bit_identical"] and by["nested4+dedup"]["equal_to_plain"]
+    summary = _summary(rows)
+    assert summary["speedup_vs_sparse_dist"]["nested4+dedup"] == pytest.approx(1.5)
+    assert summary["plain_comm_share"] == pytest.approx(0.5)
+    text = "\n".join(_row_lines(rows, summary["speedup_vs_sparse_dist"]))
+    assert "| plain | 100 | 1.25x |" in text and "bit for bit (0.0e+00)" in text
+    assert "| nested4+dedup | 120 | 1.50x |" in text and "yes (2.5e-06)" in text
