@@ -113,10 +113,9 @@ class DeferredGrads(TorchFunctionMode):
         return out
 
     def _keep(self, kind: str, params: tuple, kept, out: torch.Tensor) -> torch.Tensor:
-        if out.requires_grad:
-            grads: list[torch.Tensor] = []
-            self._uses[-1].append((kind, params, kept, grads))
-            out.register_hook(grads.append)
+        grads: list[torch.Tensor] = []
+        self._uses[-1].append((kind, params, kept, grads))
+        out.register_hook(grads.append)
         return out
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -124,9 +123,10 @@ class DeferredGrads(TorchFunctionMode):
         if func is F.linear:
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
-            if id(w) in self._params and (b is None or id(b) in self._params):
-                out = func(x, w, b)
-                return self._keep("linear", (w, b), x.detach(), out)
+            # (an input without grad would leave no output gradient to keep: a leaf then)
+            if (id(w) in self._params and (b is None or id(b) in self._params)
+                    and x.requires_grad):  # fmt: skip
+                return self._keep("linear", (w, b), x.detach(), func(x, w, b))
         elif func in self._ADDS and len(args) == 2 and not kwargs:
             for p, t in (args[1], args[0]), (args[0], args[1]):
                 if id(p) in self._params and _broadcasts_over_samples(p, t):
@@ -179,8 +179,10 @@ class DeferredGrads(TorchFunctionMode):
 
 
 def _broadcasts_over_samples(p: torch.Tensor, t) -> bool:
-    """`t + p` adds `p` to every leading index of `t` (a bias over the batch)."""
-    return isinstance(t, torch.Tensor) and t.dim() > p.dim() and t.shape[-p.dim() :] == p.shape
+    """`t + p` adds `p` to every leading index of `t` (a bias over the batch), and `t`
+    carries a gradient."""
+    return (isinstance(t, torch.Tensor) and t.requires_grad and t.dim() > p.dim()
+            and t.shape[-p.dim() :] == p.shape)  # fmt: skip
 
 
 def _tensors(args, kwargs):

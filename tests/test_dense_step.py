@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
@@ -95,13 +96,19 @@ def test_a_parameter_used_another_way_is_summed_per_micro_batch_and_named() -> N
     """A use the mode does not know (here a matmul by the weight) still gets its gradient,
     summed over micro-batches (within rounding), and the parameter is named inexact."""
     weight = torch.nn.Parameter(torch.randn(8, 4))
+    other = torch.nn.Parameter(torch.randn(3, 8))  # a linear whose input carries no grad
     x = torch.randn(64, 8)
-    want = torch.autograd.grad((x @ weight).square().sum(), weight)[0]
-    deferred = DeferredGrads({"w": weight})
+    loss = (x @ weight).square().sum() + F.linear(x, other).sum()
+    want = torch.autograd.grad(loss, [weight, other])
+    deferred = DeferredGrads({"w": weight, "other": other})
     for part in x.split(32):
         with deferred:
             deferred.start_micro_batch()
-            (part.requires_grad_() @ weight).square().sum().backward()
+            (
+                (part.requires_grad_() @ weight).square().sum()
+                + F.linear(part.detach(), other).sum()
+            ).backward()
     deferred.accumulate(None, 64)
-    assert deferred.inexact == {"w"}
-    torch.testing.assert_close(weight.grad, want)
+    assert deferred.inexact == {"w", "other"}
+    torch.testing.assert_close(weight.grad, want[0])
+    torch.testing.assert_close(other.grad, want[1])
