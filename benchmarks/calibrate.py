@@ -235,42 +235,58 @@ def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> floa
 
 
 def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
-    """The hybrid plan trained with split tables' cold parts as sequences and as pooled
-    bags, on loopback, at two batch sizes; what a sequence run costs beyond the model's
-    prediction (which already counts its bytes), net of the pooled run's own residual, is
-    fitted as fixed + per sequence lookup (the model's count of them on the busiest rank)."""
+    """A hybrid plan with split tables trained with the cold parts as sequences and as
+    pooled bags, on loopback, at two batch sizes; what a sequence run costs beyond the
+    model's prediction (which already counts its bytes), net of the pooled run's own
+    residual, is fitted as fixed + per sequence lookup (the model's count of them on the
+    busiest rank). The split is forced (`plan_with_splits`: planned across the slowest
+    measured link with free sequence costs), so the measurement does not depend on what
+    the planner, told the previous constants, would choose on loopback."""
     from recsys.launch import raise_on_failure, spawn_ranks
-    from recsys.planning import make_plan, plan_inputs
+    from recsys.planning import has_split_tables, plan_inputs, plan_with_splits
     from recsys.train import _rank_main, to_typed
     from sharding.plan_eval import evaluate
 
-    def run(batch: int, sequence: bool) -> dict:
-        overrides = ["planner=hybrid", f"planner.cold_only_exchange={sequence}",
-                     f"trainer.batch_size={batch}", f"trainer.max_steps={cfg.train_steps}",
-                     "trainer.progress_bar=false", "trainer.warmup_steps=10",
-                     "trainer.threads_per_rank=1", "dataset.eval_batches=1"]  # fmt: skip
-        typed = to_typed(_compose(overrides))
-        plan = make_plan(typed, plan_inputs(typed, None, "loopback", cal))
+    link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
+
+    def config(batch: int, sequence: bool):
+        return to_typed(_compose([
+            "planner=hybrid", f"planner.cold_only_exchange={sequence}",
+            f"trainer.batch_size={batch}", f"trainer.max_steps={cfg.train_steps}",
+            "trainer.progress_bar=false", "trainer.warmup_steps=10",
+            "trainer.threads_per_rank=1", "dataset.eval_batches=1"]))  # fmt: skip
+
+    def run(batch: int, sequence: bool, plan) -> dict:
+        typed = config(batch, sequence)
         d = run_dir / "sequence_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
         d.mkdir(parents=True, exist_ok=True)
         job = spawn_ranks(_rank_main, 2, args=(typed, str(d), plan), timeout_s=900)
         summary = raise_on_failure(job, f"sequence calibration (batch {batch})")[0]
+        predicted = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", cal))
         # the same plan's prediction with 1 s per sequence lookup: the model's slope
         unit = replace(cal, device=replace(cal.device, sequence_s_per_lookup=1.0))
         per_s = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", unit))
         return {"batch": batch, "sequence": sequence, "measured_ms": measured_ms(summary),
-                "predicted_ms": plan.est_step_ms,
-                "lookups": (per_s.est_step_ms - plan.est_step_ms) / 1000}  # fmt: skip
+                "predicted_ms": predicted.est_step_ms,
+                "lookups": (per_s.est_step_ms - predicted.est_step_ms) / 1000}  # fmt: skip
 
     runs, lookups, extra_s = [], [], []
     for batch in cfg.sequence_batches:
-        seq, pooled = run(batch, True), run(batch, False)
+        plan = plan_with_splits(config(batch, True), cal, link)
+        if not has_split_tables(plan):
+            raise RuntimeError(
+                f"sequence calibration: the hybrid plan splits no table at batch {batch} "
+                f"even across {link} with free sequence costs; run as root (the veth link "
+                f"is measured then) or use larger sequence_batches"
+            )
+        seq, pooled = run(batch, True, plan), run(batch, False, plan)  # the same plan
         runs += [seq, pooled]
         lookups.append(seq["lookups"])
         residual_ms = [r["measured_ms"] - r["predicted_ms"] for r in (seq, pooled)]
         extra_s.append((residual_ms[0] - residual_ms[1]) / 1000)
     fixed_s, per_lookup_s = fit_line(lookups, extra_s)
-    return {"runs": runs, "fixed_s": max(0.0, fixed_s), "per_lookup_s": max(0.0, per_lookup_s)}
+    return {"runs": runs, "link": link, "fixed_s": max(0.0, fixed_s),
+            "per_lookup_s": max(0.0, per_lookup_s)}  # fmt: skip
 
 
 def measured_ms(summary: dict) -> float:

@@ -7,7 +7,7 @@ benchmark. Lives in `recsys` because it reads the model config; `sharding` stays
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from hydra.core.config_store import ConfigStore
 
@@ -158,6 +158,20 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
     plan = PLANNERS[name.value](inputs)
     plan.planning_s = time.perf_counter() - start
     return evaluate(plan, inputs)
+
+
+def plan_with_splits(cfg: TrainConfig, cal: Calibration, link: str) -> Plan:
+    """The hybrid plan for `cfg` planned across `link` with the sequence exchange's CPU
+    cost set to zero: where splitting tables pays even at small batches (across loopback
+    the calibrated cost keeps them whole). For runs that need split tables to measure
+    them: the sequence calibration, the tests."""
+    free = replace(cal, device=replace(cal.device, sequence_s_per_lookup=0.0,
+                                       sequence_s_fixed=0.0))  # fmt: skip
+    return make_plan(cfg, plan_inputs(cfg, None, link, free))
+
+
+def has_split_tables(plan: Plan) -> bool:
+    return any(0 < t.replicated_rows < t.rows for t in plan.tables)
 
 
 def plan_json(plan: Plan) -> dict:

@@ -34,14 +34,9 @@ def typed_cfg() -> Callable:
 
 
 def plan_with_splits(cfg):
-    """Our hybrid plan for `cfg` with split tables: planned for the 1 Gbit/s link and
-    without the sequence exchange's CPU cost, where splitting pays even at test-sized
-    batches (on loopback the calibrated cost keeps small runs' tables whole)."""
-    from dataclasses import replace
-
-    from recsys.planning import make_plan, plan_inputs
+    """Our hybrid plan for `cfg` with split tables (`recsys.planning.plan_with_splits`),
+    across the calibrated 1 Gbit/s link."""
+    from recsys.planning import plan_with_splits as plan
     from sharding.calibration import load_calibration
 
-    cal = load_calibration()
-    free = replace(cal, device=replace(cal.device, sequence_s_per_lookup=0.0, sequence_s_fixed=0.0))
-    return make_plan(cfg, plan_inputs(cfg, None, "veth_1gbit", free))
+    return plan(cfg, load_calibration(), "veth_1gbit")

@@ -249,3 +249,18 @@ def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> N
     # rank 0 looks up 200 x 0.5 cold ids and pools its own 50; 40 B vectors each
     expect = 150 * (cost.sequence_s_per_lookup + 40 * per_byte) + cost.sequence_s_fixed
     assert seq.sequence_s[0] == pytest.approx(expect)
+
+
+def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typed_cfg) -> None:
+    """`benchmarks.calibrate` measures the sequence exchange on split tables; told the saved
+    constants, the planner keeps tables whole over loopback, so the calibration plans its
+    runs across the slowest measured link with free sequence costs (each batch it uses)."""
+    from benchmarks.calibrate import CalibrateConfig
+    from recsys.planning import has_split_tables, plan_with_splits
+    from sharding.calibration import load_calibration
+
+    cal = load_calibration()
+    link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
+    for batch in CalibrateConfig().sequence_batches:
+        cfg = typed_cfg(["planner=hybrid", f"trainer.batch_size={batch}"])
+        assert has_split_tables(plan_with_splits(cfg, cal, link)), batch
