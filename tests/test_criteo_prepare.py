@@ -240,3 +240,18 @@ def test_multi_hot_files_in_torchrecs_layout_are_read_as_bags(tmp_path: Path) ->
     (out / "day_0_sparse_multi_hot.npz").unlink()
     with pytest.raises(HotnessError, match="does not exist.*hotness="):
         CriteoBinary(out, rows, names, 4, 2, hotness=hotness)
+
+
+def test_multi_hot_files_are_written_a_chunk_at_a_time(tmp_path: Path) -> None:
+    """Bounded memory: chunks of 7 rows give the same arrays as one pass."""
+    from recsys.data.multi_hot import expand, write_multi_hot
+
+    plain, _ = write_files(tmp_path, random_rows(50, seed=4))
+    out = tmp_path / "o"
+    prepare(PrepareConfig(input=str(plain.parent), output=str(out), workers=1, progress=False))
+    write_multi_hot(out, ["day_0"], [3, 0] + [2] * 24, chunk_rows=7, progress=False)
+    sparse = np.load(out / "day_0_sparse.npy")
+    with np.load(out / "day_0_sparse_multi_hot.npz") as npz:
+        assert np.array_equal(npz["0"], expand(sparse[:, 0], 0, 3))
+        assert npz["1"].shape == (50, 0) and np.array_equal(npz["25"], expand(sparse[:, 25], 25, 2))
+    assert not list(out.glob(".*_multi_hot_*.npy"))  # the temporaries are gone

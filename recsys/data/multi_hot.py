@@ -15,9 +15,11 @@ makes the same bag and the frequency skew carries over.
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 # MLPerf Training DLRM-DCNv2 (Criteo 1TB multi-hot): bag size per table, cat_0 .. cat_25
 MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
@@ -65,16 +67,31 @@ def expand(ids_N: np.ndarray, table: int, hotness: int) -> np.ndarray:
     return np.concatenate([ids, drawn], axis=1)
 
 
-def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int]) -> list[Path]:
+def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int],
+                    chunk_rows: int = 1 << 20, progress: bool = True) -> list[Path]:  # fmt: skip
     """`<name>_sparse_multi_hot.npz` beside each prepared `<name>_sparse.npy`, and
-    `multi_hot.json` naming the bag sizes."""
+    `multi_hot.json` naming the bag sizes. Memory stays bounded: each table's array is
+    filled `chunk_rows` at a time into a memory-mapped `.npy`, then stored (uncompressed)
+    into the zip that `np.load` reads as an npz."""
     root = Path(out_dir)
     written = []
     for name in names:
         sparse = np.load(root / f"{name}_sparse.npy", mmap_mode="r")
-        arrays = {str(t): expand(np.asarray(sparse[:, t]), t, h) for t, h in enumerate(hotness)}
         path = root / f"{name}{MULTI_HOT_SUFFIX}"
-        np.savez(path, **arrays)
+        tables = tqdm(enumerate(hotness), total=len(hotness), disable=not progress,
+                      desc=f"multi-hot {name}", unit="table")  # fmt: skip
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+            for t, h in tables:
+                tmp = root / f".{name}_multi_hot_{t}.npy"
+                out = np.lib.format.open_memmap(tmp, "w+", np.int64, (len(sparse), h))
+                for a in range(0, len(sparse), chunk_rows):
+                    out[a : a + chunk_rows] = expand(
+                        np.asarray(sparse[a : a + chunk_rows, t]), t, h
+                    )
+                out.flush()
+                del out
+                npz.write(tmp, arcname=f"{t}.npy")
+                tmp.unlink()
         written.append(path)
     (root / "multi_hot.json").write_text(json.dumps({"hotness": hotness}) + "\n")
     return written

@@ -50,7 +50,7 @@ def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
     hotness = resolve_hotness(cfg.hotness, CAT_FEATURES)  # checked before the long part
     results = convert(cfg.input, cfg.output, opts)
     if hotness is not None:
-        write_multi_hot(cfg.output, prepared_names(cfg.output), hotness)
+        write_multi_hot(cfg.output, prepared_names(cfg.output), hotness, progress=cfg.progress)
     seconds = time.perf_counter() - start
     text_mb = sum(r.text_mb for r in results)
     summary = {
