@@ -232,6 +232,8 @@ def _rows(pipelines: list[str], slow: dict, fast: dict) -> list[dict]:
             "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
             "bit_identical": diff == 0.0,
             "eval_auc": s["eval_auc"],
+            # nested: ms per step spent waiting on ids, chunks, gradients, the all-reduce
+            "wait_ms_per_step": (s.get("pipeline_stats") or {}).get("wait_ms_per_step"),
         })  # fmt: skip
     return rows
 
@@ -254,16 +256,22 @@ def _summary(rows: list[dict]) -> dict:
 
 def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
     lines = ["| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
-             "link MB (run) | equal to plain (max rel loss diff) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "link MB (run) | equal to plain (max rel loss diff) | waits ms/step: ids, "
+             "chunks, gradients, all-reduce |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for x in rows:
         speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
         equal = "bit for bit" if x.get("bit_identical") else "yes" if x["equal_to_plain"] else "no"
         lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
                      f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
-                     f"{equal} ({diff:.1e}) |")  # fmt: skip
+                     f"{equal} ({diff:.1e}) | {_waits(x.get('wait_ms_per_step'))} |")  # fmt: skip
     return lines
+
+
+def _waits(w: dict | None) -> str:
+    return ", ".join(f"{w[k]:.1f}" for k in ("ids", "chunks", "gradients", "dense_allreduce")
+                     if k in w) if w else "-"  # fmt: skip
 
 
 def table(r: dict) -> str:

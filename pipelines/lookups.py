@@ -14,6 +14,7 @@ the module and the sharding type.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,11 +220,13 @@ class Lookups:
                 ms.pending, ms.ids_sent = ms.pending.wait(), True
 
     def wait_ids(self, step: Step) -> None:
+        start = time.perf_counter()
         self.send_ids(step)
         for ms in step.modules:
             if ms.features is None:
                 ms.features = list(ms.pending.wait())
                 ms.pending = None
+        self.stats["wait_ms"]["ids"] += 1000 * (time.perf_counter() - start)
 
     def _share_orders(self, step: Step) -> None:
         """Owners cut every rank's micro-batches out of their lookups, so every rank's

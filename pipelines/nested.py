@@ -39,8 +39,9 @@ modules.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -53,6 +54,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.dense_step import DeferredGrads, batch_loss_fn, loss_seed, reduce_per_tensor
 from pipelines.exchange import Pending
 from pipelines.lookups import Lookups, Step
+
+# what a step waits for: the next batch's ids, an embedding chunk, the last gradient
+# chunks, the dense all-reduce
+WAITS = ("ids", "chunks", "gradients", "dense_allreduce")
 
 
 class NestedPipeline(TrainPipeline[Any, Any]):
@@ -78,8 +83,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._lookahead = lookahead
         self._world = dist.get_world_size()
         # lookahead: bags looked up again / seen; dedup: rows sent / the pooled vectors
-        # they replace (as owner)
-        self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0}
+        # they replace (as owner); where the step waited on the network, summed over steps
+        self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0,
+                      "steps": 0, "wait_ms": dict.fromkeys(WAITS, 0.0)}  # fmt: skip
         self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats)
         # the dense layers: their gradients once per batch, averaged over ranks here as the
         # model's DDP does (data-parallel tables: inside their lookups' own DDP)
@@ -123,9 +129,17 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             else:
                 self._lookups.look_up(nxt, exchanged=True)
         if reduce is not None:
-            reduce()
+            with self._waiting("dense_allreduce"):
+                reduce()
         self._optimizer.step()
+        self.stats["steps"] += 1
         return output
+
+    @contextmanager
+    def _waiting(self, what: str):
+        start = time.perf_counter()
+        yield
+        self.stats["wait_ms"][what] += 1000 * (time.perf_counter() - start)
 
     def _side(self):
         """Where the lookahead lookup runs: a side CUDA stream on GPUs (it overlaps the
@@ -171,7 +185,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     if group.exchange is None:
                         parts.append(ms.looked_up[g].detach()[mine])
                     else:
-                        parts.append(sends[mi][k][g].wait())
+                        with self._waiting("chunks"):
+                            parts.append(sends[mi][k][g].wait())
                 leaf = [p.requires_grad_() for p in parts]
                 leaves.append(leaf)
                 names, dims = m.module._embedding_names, m.module._embedding_dims
@@ -204,8 +219,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             inverse = torch.empty_like(step.order)
             inverse[step.order] = torch.arange(len(step.order), device=step.order.device)
         deferred.accumulate(inverse, size)  # under the last gradient exchanges
-        for pending in backs:
-            pending.wait()
+        with self._waiting("gradients"):
+            for pending in backs:
+                pending.wait()
         step.grads = grads
         logit = torch.cat(logits)
         if inverse is not None:

@@ -417,6 +417,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         **final,
         "evals": evals,
         "pipeline": cfg.pipeline.name.value,
+        "pipeline_stats": _per_step(getattr(pipeline, "stats", None)),
         "planner": cfg.planner.name.value,
         "model": cfg.model.name,
         "cluster": cfg.cluster.name,
@@ -427,6 +428,16 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     if rank == 0:
         write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
     return result
+
+
+def _per_step(stats: dict | None) -> dict | None:
+    """A pipeline's counters, with its wait times also as ms per step (all steps)."""
+    if not stats:
+        return None
+    out = dict(stats)
+    if stats.get("steps") and "wait_ms" in stats:
+        out["wait_ms_per_step"] = {k: v / stats["steps"] for k, v in stats["wait_ms"].items()}
+    return out
 
 
 def write_losses(path: Path, start: int, losses: list[float]) -> None:

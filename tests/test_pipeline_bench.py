@@ -27,6 +27,9 @@ def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> Non
     slow = {"plain": _run(100.0, [0.5, 0.4]), "sparse_dist": _run(80.0, [0.5, 0.4]),
             "nested4+dedup": _run(120.0, [0.5, 0.400001])}  # fmt: skip
     fast = {k: _run(200.0, [0.5, 0.4]) for k in slow}  # 20 ms a step
+    slow["nested4+dedup"]["summary"]["pipeline_stats"] = {
+        "wait_ms_per_step": {"ids": 0.5, "chunks": 9.0, "gradients": 4.25, "dense_allreduce": 1}
+    }
     rows = _rows(list(slow), slow, fast)
     by = {r["pipeline"]: r for r in rows}
     assert by["sparse_dist"]["bit_identical"] and by["sparse_dist"]["exposed_comm_ms"] == 30.0
@@ -37,3 +40,4 @@ def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> Non
     text = "\n".join(_row_lines(rows, summary["speedup_vs_sparse_dist"]))
     assert "| plain | 100 | 1.25x |" in text and "bit for bit (0.0e+00)" in text
     assert "| nested4+dedup | 120 | 1.50x |" in text and "yes (2.5e-06)" in text
+    assert "| 0.5, 9.0, 4.2, 1.0 |" in text and "bit for bit (0.0e+00) | - |" in text
