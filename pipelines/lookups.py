@@ -104,6 +104,7 @@ class Step:
     orders: Any = None  # every rank's order: in flight, then a list
     grads: list[list[torch.Tensor]] | None = None  # per module and group, whole batch
     plans: list[ChunkPlan] | None = None  # per module: every rank's micro-batches
+    sends: list | None = None  # [module][chunk][group]: the embedding chunks, once launched
 
 
 def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):

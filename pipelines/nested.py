@@ -128,6 +128,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 self._lookups.refresh(nxt, cur)  # after both: whatever the lookup read is fixed
             else:
                 self._lookups.look_up(nxt, exchanged=True)
+            # batch i+1's chunks start now: the first is on the wire under this step's
+            # all-reduce, the optimizer step and the next batch's fetch (its values are final)
+            self._send_chunks(nxt)
         if reduce is not None:
             with self._waiting("dense_allreduce"):
                 reduce()
@@ -155,20 +158,28 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     if t is not None:
                         t.record_stream(torch.cuda.current_stream())
 
+    def _send_chunks(self, step: Step) -> None:
+        """Launch every chunk's embedding exchange of `step`, in order (micro-batch k waits
+        for its own): as soon as its lookups are final."""
+        if step.sends is not None:
+            return
+        plans = self._lookups.plans(step)
+        step.sends = []  # [module][chunk][group]
+        for m, ms, plan in zip(self._lookups.modules, step.modules, plans, strict=True):
+            values = [None if t is None else t.detach() for t in ms.looked_up]  # DP: later
+            step.sends.append([
+                [g.send(v, plan, state, k) if g.exchange else None
+                 for g, v, state in zip(m.groups, values, ms.dedup, strict=True)]
+                for k in range(self._n)
+            ])  # fmt: skip
+
     def _micro_batches(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = step.batch
         size = batch.dense_features.shape[0]
         plans = self._lookups.plans(step)
         rank = dist.get_rank()
-        # every chunk's exchange is launched now, in order; micro-batch k waits for its own
-        sends: list[list[list[Pending | None]]] = []  # [module][chunk][group]
-        for m, ms, plan in zip(self._lookups.modules, step.modules, plans, strict=True):
-            values = [t.detach() for t in ms.looked_up]
-            sends.append([
-                [g.send(v, plan, state, k) if g.exchange else None
-                 for g, v, state in zip(m.groups, values, ms.dedup, strict=True)]
-                for k in range(self._n)
-            ])  # fmt: skip
+        self._send_chunks(step)  # the first batch's; later ones left in the previous step
+        sends = step.sends
         grads = [[torch.zeros_like(t) for t in ms.looked_up] for ms in step.modules]
         backs: list[Pending] = []
         logits = []
