@@ -10,7 +10,8 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
 4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer: with
    `lookahead`, before batch i's update (on GPUs on a side stream), and after the update
    the bags of batch i+1 that hold a row batch i touched are looked up again (the dual
-   buffer refresh), so nothing is stale; without it, right after batch i's update;
+   buffer refresh), so nothing is stale; without it, right after batch i's update. Its
+   embedding chunks go on the wire at once (under batch i's all-reduce and step);
 5. batch i in N micro-batches under a frozen window: the pooled-embedding all-to-all of
    every chunk is in flight while earlier micro-batches' dense forward and backward run,
    and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
