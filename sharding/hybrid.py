@@ -24,6 +24,7 @@ The predicted step of the slowest rank is what this minimises, under each rank's
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -389,20 +390,29 @@ def _place(
     # a piece larger than any rank's room is cut whatever its cost
     limit = min(limit, float(max(placer.free_hbm.max(), placer.free_host.max(), 1.0)))
     split: list[tuple[float, int, Piece]] = []
+    cuts: dict[str, tuple[float, list[Piece]]] = {}  # a group's pieces, if it finds no room
+    tie = itertools.count()  # equal costs pop in the order pushed
+
+    def push(cost: float, cut: list[Piece]) -> None:
+        for q in cut:
+            heapq.heappush(split, (-cost / len(cut), next(tie), q))
+        plans[cut[0].table.name].cold_parts = len(cut) if cut[0].cols == cut[0].table.dim else 1
+
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
         if groups and _group_worth(p, len(cut), inputs):
+            cuts[p.table.name] = (cost, cut)
             cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
-        for q in cut:
-            heapq.heappush(split, (-cost / len(cut), len(split), q))
-        plans[p.table.name].cold_parts = len(cut) if cut[0].cols == p.cols else 1
+        push(cost, cut)
     placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
     placer.expect([q for _, _, q in split])
     while split:
         _, _, p = heapq.heappop(split)
-        if p.group and placer.place_group(p) is not None:
+        if p.group:
+            if placer.place_group(p) is not None:
+                continue
+            push(*cuts[p.table.name])  # no node holds the group: its memory-sized pieces
             continue
-        p = replace(p, group=False)
         if not placer.fits_somewhere(p):
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
         placer.place(p, inputs.coverage[p.table.name])

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hypothesis import settings
 from omegaconf import DictConfig
 
 from recsys.config import register_configs
 from recsys.train import quiet_library_noise, to_typed
+
+# Property tests draw the same examples on every run (`make test`, CI): a red build names a
+# change, not a lucky draw. HYPOTHESIS_PROFILE=explore draws new ones, to hunt for bugs.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 

@@ -446,3 +446,15 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
     ps = sharded.plan["model.sparse_arch.embedding_bag_collection"][t.name]
     assert ps.sharding_type == "table_row_wise" and sorted(ps.ranks) == ranks
     assert ps.compute_kernel == "fused"
+
+
+def test_a_group_that_finds_no_node_falls_back_to_its_memory_sized_pieces() -> None:
+    """Found by the TorchRec property test: a 4-wide table too large for any device was
+    offered as a table-row-wise group, and when no node held the group it was placed whole
+    (and failed); it must fall back to the row parts its size asks for."""
+    node = NodeGroup(host_memory_gb=0.001, devices=[DeviceGroup("h100_80g", 3, hbm_gb=0.4288)])
+    spec = ClusterSpec(name="tight", nodes=[node])
+    sizes = [(2408, 64), (387470, 64), (3463769, 16), (21253109, 4)]
+    inputs = inputs_for(spec, [TableStats(f"t{i}", r, d) for i, (r, d) in enumerate(sizes)])
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert plan.feasible and plan.tables[3].cold_parts >= 2
