@@ -14,10 +14,10 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -96,13 +96,23 @@ def _rank_entry(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+
+    def report(status: str, payload: Any) -> None:
+        out.put((rank, status, payload))
+        out.close()
+        out.join_thread()  # the result reaches the parent whatever happens below
+
+    run_and_exit(fn, args, report)
+
+
+def run_and_exit(fn: Callable[..., Any], args: tuple, report: Callable[[str, Any], None]) -> None:
+    """A rank's life: `fn(*args)`, `report("ok", result)` or `report("error", traceback)`,
+    leave the process group, exit (0 or 1)."""
     try:
-        message, code = (rank, "ok", fn(*args)), 0
+        status, payload, code = "ok", fn(*args), 0
     except BaseException:  # noqa: B036 - report everything, then exit non-zero
-        message, code = (rank, "error", traceback.format_exc()), 1
-    out.put(message)
-    out.close()
-    out.join_thread()  # the result reaches the parent whatever happens below
+        status, payload, code = "error", traceback.format_exc(), 1
+    report(status, payload)
     shutdown_distributed(clean=code == 0)
     exit_now(code)
 
@@ -138,25 +148,57 @@ def spawn_ranks(
     ]
     for p in procs:
         p.start()
+
+    def reports(block_s: float) -> list[tuple[int, str, Any]]:
+        try:
+            return [out.get(timeout=block_s)]
+        except queue.Empty:
+            return []
+
+    return supervise(procs, reports, timeout_s, grace_s)
+
+
+class RankProcess(Protocol):
+    """What `supervise` needs of a rank's process (multiprocessing.Process has it)."""
+
+    @property
+    def exitcode(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def join(self) -> None: ...
+
+
+def supervise(
+    procs: Sequence[RankProcess],
+    reports: Callable[[float], list[tuple[int, str, Any]]],
+    timeout_s: float,
+    grace_s: float,
+) -> LaunchResult:
+    """Wait for every rank; `reports(block_s)` returns the (rank, "ok" | "error", payload)
+    reports that arrived within `block_s`. Once a rank fails, the others get `grace_s` to
+    fail on their own, then are killed; after `timeout_s` every rank still running is."""
+    world_size = len(procs)
     results: list[Any] = [None] * world_size
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
     first_failure: float | None = None
 
-    def drain(block_s: float) -> None:
-        try:
-            rank, status, payload = out.get(timeout=block_s)
-        except queue.Empty:
-            return
-        if status == "ok":
-            results[rank] = payload
-        else:
-            errors[rank] = payload
+    def drain(block_s: float) -> int:
+        got = reports(block_s)
+        for rank, status, payload in got:
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors[rank] = payload
+        return len(got)
 
     def note_dead_ranks() -> None:
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0) and r not in errors:
-                drain(0.5)  # its own report may still be in the queue
+                drain(0.5)  # its own report may still be on its way
                 errors.setdefault(r, f"exited with code {p.exitcode} without reporting an error")
 
     while any(p.is_alive() for p in procs):
@@ -180,9 +222,7 @@ def spawn_ranks(
     for p in procs:
         p.join()
     while any(results[r] is None and r not in errors for r in range(world_size)):
-        before = sum(x is not None for x in results) + len(errors)
-        drain(1.0)  # results a rank put just before it exited
-        if sum(x is not None for x in results) + len(errors) == before:
+        if not drain(1.0):  # results a rank sent just before it exited
             break
     note_dead_ranks()
     return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)

@@ -111,6 +111,8 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         summary = _rank_main(tcfg, str(run_dir), our_plan)
         launch.shutdown_distributed(clean=True)
         writer = summary["rank"] == 0
+    elif tcfg.cluster.emulation.enabled:
+        summary = _train_emulated(tcfg, run_dir, our_plan)
     else:
         job = launch.spawn_ranks(
             _rank_main,
@@ -126,12 +128,31 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     return summary
 
 
+def _train_emulated(cfg: TrainConfig, run_dir: Path, our_plan) -> dict:
+    """Every rank in its node's namespace and its own cpu cgroup (recsys/emulation.py);
+    the summary adds `link_bytes`, what crossed between nodes during the whole job."""
+    from recsys import emulation
+
+    with emulation.emulated(cfg.cluster) as emu:
+        log.info("emulated cluster '%s': %d nodes, %s between them, shares %s", cfg.cluster.name,
+                 emu.nodes, emulation.link_rate(cfg.cluster),
+                 [r.share for r in emu.ranks])  # fmt: skip
+        before = emu.link_bytes()
+        job = emulation.run_ranks(emu, _rank_main, args=(cfg, str(run_dir), our_plan),
+                                  timeout_s=cfg.trainer.job_timeout_s,
+                                  grace_s=cfg.trainer.dist_timeout_s + 10)  # fmt: skip
+        summary = launch.raise_on_failure(job, f"training ({len(emu.ranks)} emulated ranks)")[0]
+        summary["link_bytes"] = emu.link_bytes() - before
+    return summary
+
+
 register_configs()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from recsys.data.criteo_binary import CriteoDataError
     from recsys.data.multi_hot import HotnessError
+    from recsys.emulation import EmulationError
     from recsys.models.dlrm import ModelConfigError
     from sharding.cluster import ClusterConfigError
     from sharding.plan_eval import PlanDoesNotFitError
@@ -145,6 +166,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         FileNotFoundError,
         CriteoDataError,
         HotnessError,
+        EmulationError,
     )
 
 

@@ -174,6 +174,8 @@ def _place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
             )
         os.sched_setaffinity(0, device.cores)
         threads = cfg.threads_per_rank or len(device.cores)
+    elif device.share is not None:  # an emulated rank: a fraction of one core
+        threads = cfg.threads_per_rank or 1
     else:
         threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // launch.local_world_size())
     torch.set_num_threads(threads)

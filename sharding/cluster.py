@@ -30,6 +30,11 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
             f"{spec.network.latency_us}. Fix it in conf/cluster/{spec.name}.yaml or the "
             f"override that set it."
         )
+    if spec.emulation.enabled and not spec.emulation.cfs_period_us >= 1000:
+        raise ClusterConfigError(
+            f"cluster '{spec.name}': emulation.cfs_period_us must be >= 1000 (the kernel's "
+            f"minimum), got {spec.emulation.cfs_period_us}"
+        )
     ranks: list[RankDevice] = []
     node_index = 0
     for g, group in enumerate(spec.nodes):
@@ -52,6 +57,22 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
                 value = getattr(dev, name)
                 if value is not None:
                     _positive(value, f"{dwhere}.{name}", spec.name)
+            if dev.share is not None:
+                if dev.kind != "cpu" or not spec.emulation.enabled:
+                    raise ClusterConfigError(
+                        f"cluster '{spec.name}': {dwhere}.share limits an emulated CPU rank; it "
+                        f"needs kind cpu (is {dev.kind}) and emulation.enabled=true"
+                    )
+                if not 0 < dev.share <= 1:
+                    raise ClusterConfigError(
+                        f"cluster '{spec.name}': {dwhere}.share is a fraction of one core in "
+                        f"(0, 1], got {dev.share}"
+                    )
+            elif spec.emulation.enabled and dev.kind != "cpu":
+                raise ClusterConfigError(
+                    f"cluster '{spec.name}': an emulated cluster runs CPU ranks; {dwhere}.kind "
+                    f"is {dev.kind}"
+                )
             if dev.cores is not None:
                 if dev.kind != "cpu":
                     raise ClusterConfigError(
@@ -74,10 +95,11 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
                             kind=dev.kind,
                             hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
                             hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
-                            speed=dev.speed or kind.speed,
+                            speed=dev.speed or kind.speed * (dev.share or 1.0),
                             host_bytes=int(group.host_memory_gb * GIB / per_node),
                             host_to_device_gbps=group.host_to_device_gbps,
                             cores=tuple(dev.cores) if dev.cores is not None else None,
+                            share=dev.share,
                         )
                     )
                     local += 1

@@ -21,6 +21,9 @@ class DeviceGroup:
     speed: float | None = None
     # local CPU ranks only: the cores these ranks are pinned to (taskset), e.g. [0]
     cores: list[int] | None = None
+    # emulated clusters only: the fraction of one core each of these ranks may use (a CFS
+    # quota in the rank's own cpu cgroup), in (0, 1]; None: no quota
+    share: float | None = None
 
 
 @dataclass
@@ -43,12 +46,29 @@ class NetworkSpec:
 
 
 @dataclass
+class EmulationSpec:
+    """Run a layout of CPU ranks on this one machine as a mixed, multi-node cluster (root):
+    each node in its own network namespace, joined to the others through a bridge by a veth
+    pair shaped by tbf at `network.inter_node_gbps` (both directions); each rank in its own
+    cpu cgroup with a CFS quota of its device entry's `share`. See recsys/emulation.py."""
+
+    enabled: bool = False
+    # tbf burst of each node's link: small enough that chunked traffic gets no credit from
+    # idle gaps. Measured at 200 Mbit/s through the switch (tests/test_emulation.py), 5 ms
+    # gaps: 24kb let 16 KB chunks through at 5x the rate and 64 KB ones at 1.35x; 8kb gave
+    # 0.93x-0.97x for 16 KB to 256 KB chunks
+    burst: str = "8kb"
+    cfs_period_us: int = 100_000
+
+
+@dataclass
 class ClusterSpec:
     """A cluster layout: nodes, their devices, host memory and the network between them."""
 
     name: str = "local_cpu2"
     nodes: list[NodeGroup] = field(default_factory=lambda: [NodeGroup()])
     network: NetworkSpec = field(default_factory=NetworkSpec)
+    emulation: EmulationSpec = field(default_factory=EmulationSpec)
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,7 @@ class RankDevice:
     host_bytes: int  # this rank's share of its node's host memory
     host_to_device_gbps: float = 12.0  # GB/s, PCIe or equivalent
     cores: tuple[int, ...] | None = None  # pinned CPU cores (local CPU ranks)
+    share: float | None = None  # emulated CPU rank: its fraction of one core
 
 
 class PlannerName(str, Enum):

@@ -1,0 +1,480 @@
+"""An emulated mixed, multi-node cluster on this one machine (needs root).
+
+A cluster layout with `emulation.enabled=true` runs as follows (tag T, nodes 0..n-1):
+- each node is a network namespace `rx-T-n<i>` holding one end of a veth pair
+  (`rx<k>n<i>`, address 10.232.0.<i+1>); the other end (`rx<k>s<i>`) sits on a bridge in a
+  switch namespace `rx-T-sw`. tbf shapes both ends at `network.inter_node_gbps` with a burst
+  too small to give chunked traffic credit (`emulation.burst`), so each node's NIC sends and
+  receives at the nominal rate. Ranks of one node talk over that node's loopback (the
+  kernel routes traffic to a local address through `lo`), unshaped;
+- each rank runs in its own cpu cgroup `recsys-T/n<i>/r<rank>` with a CFS quota of its
+  device entry's `share` of one core (cgroup v1 `cpu.cfs_quota_us` here; v2 `cpu.max` where
+  that controller is mounted), with one intra-op thread, pinned where the layout says.
+
+`emulated(spec)` sets it all up and removes every namespace, link and cgroup it made on
+every exit path; `run_ranks` runs a function on every rank inside it, as `spawn_ranks`
+does locally. The command line keeps an emulation up for other launchers (torchrun):
+
+    python -m recsys.emulation up emu_2node       # make it; prints the torchrun commands
+    python -m recsys.emulation exec emu_2node 0 -- torchrun ...   # in node 0's ns + cgroup
+    python -m recsys.emulation down emu_2node     # remove it
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pickle
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharding.cluster import resolve_cluster
+from sharding.types import ClusterSpec, RankDevice
+
+REPO = Path(__file__).resolve().parents[1]
+MASTER_PORT = 29500  # inside node 0's own namespace: nothing else listens there
+_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+class EmulationError(RuntimeError):
+    """An emulated cluster cannot be set up here; the message says why and what to do."""
+
+
+def link_rate(spec: ClusterSpec) -> str:
+    """tc's rate for the layout's inter-node link: 0.2 Gbit/s -> '200mbit'."""
+    return f"{spec.network.inter_node_gbps * 1000:g}mbit"
+
+
+def _cgroup_root() -> tuple[Path, int] | None:
+    """The cpu controller's mount and its cgroup version, or None."""
+    controllers = _CGROUP_V2 / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return _CGROUP_V2, 2
+    if (_CGROUP_V1 / "cpu.cfs_quota_us").exists():
+        return _CGROUP_V1, 1
+    return None
+
+
+def refuse_reason(spec: ClusterSpec, ranks: list[RankDevice] | None = None) -> str | None:
+    """None if `spec` can be emulated here, else one line: why not and what to do."""
+    ranks = ranks or resolve_cluster(spec)
+    name = f"emulated cluster '{spec.name}'"
+    if os.geteuid() != 0:
+        return (f"{name} needs root (it makes network namespaces and cpu cgroups): run as "
+                f"root, or pick a local cluster such as cluster=local_cpu2")  # fmt: skip
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return f"{name} needs iproute2 (ip, tc): apt-get install iproute2"
+    if _cgroup_root() is None:
+        return f"{name} needs the cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 cpu)"
+    cores = len(os.sched_getaffinity(0))
+    total = sum(r.share or 1.0 for r in ranks)
+    if total > cores + 1e-9:
+        return (
+            f"{name}: its ranks' shares add up to {total:g} cores but this machine offers "
+            f"{cores}; lower nodes[..].devices[..].share (leave the host a margin)"
+        )
+    return None
+
+
+def _run(*args: str) -> None:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    if out.returncode:
+        raise EmulationError(f"`{shlex.join(args)}` failed: {out.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Names of what an emulated cluster is made of (all derived from the tag)."""
+
+    spec: ClusterSpec
+    ranks: tuple[RankDevice, ...]
+    tag: str
+
+    @property
+    def _k(self) -> int:  # interface names have at most 15 characters
+        return zlib.crc32(self.tag.encode()) % 100_000
+
+    @property
+    def nodes(self) -> int:
+        return max(r.node for r in self.ranks) + 1
+
+    @property
+    def switch_ns(self) -> str:
+        return f"rx-{self.tag}-sw"
+
+    def node_ns(self, node: int) -> str:
+        return f"rx-{self.tag}-n{node}"
+
+    def node_if(self, node: int) -> str:
+        return f"rx{self._k}n{node}"
+
+    def switch_if(self, node: int) -> str:
+        return f"rx{self._k}s{node}"
+
+    def address(self, node: int) -> str:
+        return f"10.232.0.{node + 1}"
+
+    @property
+    def cgroup(self) -> Path:
+        root, _ = _cgroup_root() or (_CGROUP_V1, 1)
+        return root / f"recsys-{self.tag}"
+
+    def node_cgroup(self, node: int) -> Path:
+        return self.cgroup / f"n{node}"
+
+    def rank_cgroup(self, rank: int) -> Path:
+        return self.node_cgroup(self.ranks[rank].node) / f"r{rank}"
+
+    def rank_env(self, rank: int, port: int = MASTER_PORT) -> dict[str, str]:
+        """torchrun's environment for `rank`, its gloo traffic on its node's interface."""
+        r = self.ranks[rank]
+        on_node = [x for x in self.ranks if x.node == r.node]
+        path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
+        return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(self.ranks)),
+                    LOCAL_RANK=str(r.local_rank), LOCAL_WORLD_SIZE=str(len(on_node)),
+                    MASTER_ADDR=self.address(0), MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                    GLOO_SOCKET_IFNAME=self.node_if(r.node), PYTHONPATH=path,
+                    # c10d warns on every connection that a namespace has no hostname
+                    TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))  # fmt: skip
+
+    def command(self, node: int, cgroup: Path, argv: list[str]) -> list[str]:
+        """`argv` run inside `cgroup` and node `node`'s namespace: the shell joins the
+        cgroup before it execs, so nothing of the program runs outside its quota."""
+        join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        return ["sh", "-c", join, str(cgroup), "ip", "netns", "exec", self.node_ns(node), *argv]
+
+    def link_bytes(self) -> int:
+        """Bytes the nodes have sent to each other so far (their veths' tx counters)."""
+        total = 0
+        for n in range(self.nodes):
+            out = subprocess.run(["ip", "-n", self.node_ns(n), "-j", "-s", "link", "show",
+                                  "dev", self.node_if(n)], check=True, capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+            total += json.loads(out.stdout)[0]["stats64"]["tx"]["bytes"]
+        return total
+
+
+def _make_cgroup(path: Path, share: float | None, period_us: int, version: int) -> None:
+    path.mkdir(exist_ok=True)
+    quota = -1 if share is None else max(1000, round(share * period_us))
+    if version == 1:
+        (path / "cpu.cfs_period_us").write_text(str(period_us))
+        (path / "cpu.cfs_quota_us").write_text(str(quota))
+    else:
+        (path / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period_us}")
+
+
+def _enable_cpu_v2(path: Path) -> None:
+    (path / "cgroup.subtree_control").write_text("+cpu")
+
+
+def setup(emu: Emulation) -> None:
+    """Make the namespaces, links and cgroups of `emu` (call `teardown` after, always)."""
+    spec, rate = emu.spec, link_rate(emu.spec)
+    burst = spec.emulation.burst
+    _run("ip", "netns", "add", emu.switch_ns)
+    _run("ip", "-n", emu.switch_ns, "link", "add", f"rx{emu._k}br", "type", "bridge")
+    _run("ip", "-n", emu.switch_ns, "link", "set", f"rx{emu._k}br", "up")
+    for n in range(emu.nodes):
+        ns, node_if, switch_if = emu.node_ns(n), emu.node_if(n), emu.switch_if(n)
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", node_if, "netns", ns, "type", "veth", "peer", "name",
+             switch_if, "netns", emu.switch_ns)  # fmt: skip
+        _run("ip", "-n", ns, "addr", "add", f"{emu.address(n)}/24", "dev", node_if)
+        _run("ip", "-n", ns, "link", "set", node_if, "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "master", f"rx{emu._k}br")
+        _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "up")
+        for where, dev in ((ns, node_if), (emu.switch_ns, switch_if)):
+            _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                 "burst", burst, "latency", "50ms")  # fmt: skip
+    _, version = _cgroup_root() or (None, 1)
+    period = spec.emulation.cfs_period_us
+    _make_cgroup(emu.cgroup, None, period, version)
+    if version == 2:
+        _enable_cpu_v2(emu.cgroup)
+    for n in range(emu.nodes):
+        shares = [r.share for r in emu.ranks if r.node == n]
+        node_share = None if None in shares else sum(s for s in shares if s is not None)
+        _make_cgroup(emu.node_cgroup(n), node_share, period, version)
+        if version == 2:
+            _enable_cpu_v2(emu.node_cgroup(n))
+        for r in emu.ranks:
+            if r.node == n:
+                _make_cgroup(emu.rank_cgroup(r.rank), r.share, period, version)
+
+
+def _kill_and_remove(cgroup: Path) -> None:
+    """Kill what still runs in `cgroup` and its children, then remove them bottom-up."""
+    if not cgroup.exists():
+        return
+    for child in sorted((p for p in cgroup.iterdir() if p.is_dir()), reverse=True):
+        _kill_and_remove(child)
+    deadline = time.monotonic() + 10
+    while True:
+        pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            cgroup.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise EmulationError(f"could not remove cgroup {cgroup} (pids {pids})") from None
+            time.sleep(0.05)
+
+
+def teardown(emu: Emulation) -> list[str]:
+    """Remove every namespace and cgroup of `emu` (whatever part of it exists; killing
+    what still runs there); returns what it removed."""
+    removed = []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in listed.stdout.splitlines():
+        ns = line.split()[0] if line.strip() else ""
+        if ns.startswith(f"rx-{emu.tag}-"):
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                  timeout=30).stdout.split()  # fmt: skip
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            removed.append(ns)
+    if emu.cgroup.exists():
+        _kill_and_remove(emu.cgroup)
+        removed.append(str(emu.cgroup))
+    return removed
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Namespaces and cgroups of every emulation whose tag starts with `prefix` that exist
+    now (for tests: a run's tag is `<cluster>-<pid>`)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    found = [ln.split()[0] for ln in listed.stdout.splitlines()
+             if ln.strip() and ln.split()[0].startswith(f"rx-{prefix}")]  # fmt: skip
+    root, _ = _cgroup_root() or (_CGROUP_V1, 1)
+    return found + [str(p) for p in root.glob(f"recsys-{prefix}*")]
+
+
+def _raise_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
+    """The emulated cluster `spec`, removed again on every exit path (SIGTERM included)."""
+    ranks = resolve_cluster(spec)
+    why = refuse_reason(spec, ranks)
+    if why:
+        raise EmulationError(why)
+    emu = Emulation(spec, tuple(ranks), tag or f"{spec.name}-{os.getpid()}")
+    restore = None
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        restore = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        teardown(emu)  # what a killed run with this tag left
+        setup(emu)
+        yield emu
+    finally:
+        teardown(emu)
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
+
+
+class _RankProc:
+    """A rank's Popen as `launch.supervise` sees a process."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def join(self) -> None:
+        self.popen.wait()
+
+
+def run_ranks(
+    emu: Emulation,
+    fn: Callable[..., Any],
+    args: tuple = (),
+    timeout_s: float = 3600.0,
+    grace_s: float = 20.0,
+):
+    """`fn(*args)` on every rank of `emu`, each in its namespace and cgroup; a
+    `launch.LaunchResult` as `spawn_ranks` returns. `fn` must be importable by name."""
+    from recsys.launch import supervise
+
+    with tempfile.TemporaryDirectory(prefix="recsys-emu-") as tmp:
+        box = Path(tmp)
+        module = fn.__module__
+        if module == "__main__":  # `python -m recsys.train`: the rank imports it by name
+            module = sys.modules["__main__"].__spec__.name
+        job = (sys.path, module, fn.__qualname__, args)  # the parent's path, as spawn does
+        (box / "job.pkl").write_bytes(pickle.dumps(job))
+        procs = []
+        try:
+            for r in emu.ranks:
+                argv = [sys.executable, "-m", "recsys.emulation", "rank", str(box)]
+                cmd = emu.command(r.node, emu.rank_cgroup(r.rank), argv)
+                procs.append(_RankProc(subprocess.Popen(cmd, env=emu.rank_env(r.rank),
+                                                        start_new_session=True)))  # fmt: skip
+            seen: set[Path] = set()
+
+            def reports(block_s: float) -> list[tuple[int, str, Any]]:
+                time.sleep(block_s)
+                out = []
+                for f in sorted(box.glob("rank*.done")):
+                    if f not in seen:
+                        seen.add(f)
+                        out.append(pickle.loads(f.read_bytes()))
+                return out
+
+            return supervise(procs, reports, timeout_s, grace_s)
+        finally:
+            for p in procs:
+                p.kill()
+                p.join()
+
+
+def _rank_child(box: Path) -> None:
+    """Entry of one rank started by `run_ranks`: run the job, report into `box`."""
+    from recsys.launch import run_and_exit
+
+    rank = int(os.environ["RANK"])
+
+    def job() -> Any:
+        path, module, name, args = pickle.loads((box / "job.pkl").read_bytes())
+        sys.path[:0] = [p for p in path if p not in sys.path]
+        return getattr(importlib.import_module(module), name)(*args)
+
+    def report(status: str, payload: Any) -> None:
+        tmp = box / f"rank{rank}.part"
+        tmp.write_bytes(pickle.dumps((rank, status, payload)))
+        tmp.rename(box / f"rank{rank}.done")  # whole or not at all
+
+    run_and_exit(job, (), report)
+
+
+def _cluster(name: str) -> ClusterSpec:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recsys.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"cluster={name}"])
+    return OmegaConf.to_object(cfg.cluster)  # type: ignore[return-value]
+
+
+def _cli_emulation(name: str) -> Emulation:
+    spec = _cluster(name)
+    if not spec.emulation.enabled:
+        raise EmulationError(f"cluster '{name}' has no emulation section (emulation.enabled)")
+    return Emulation(spec, tuple(resolve_cluster(spec)), name)
+
+
+_USAGE = """usage: python -m recsys.emulation up|down CLUSTER
+       python -m recsys.emulation exec CLUSTER NODE -- COMMAND...
+
+up:   make the emulated cluster CLUSTER (a conf/cluster preset with emulation.enabled) and
+      leave it up; prints each node's namespace, address and a torchrun command for it.
+exec: run COMMAND inside node NODE's namespace and cpu cgroup (the node's ranks' shares
+      together), e.g. one torchrun node.
+down: remove it (kills what still runs inside)."""
+
+
+def main(argv: list[str]) -> int:
+    # plain argv, not Hydra: `exec` passes a whole command line through, and `rank` is the
+    # internal entry of run_ranks; clusters are still composed by Hydra (_cluster)
+    if len(argv) >= 2 and argv[0] == "rank":
+        _rank_child(Path(argv[1]))
+    if len(argv) < 2 or argv[0] not in ("up", "down", "exec"):
+        print(_USAGE, file=sys.stderr)
+        return 2
+    action, name = argv[0], argv[1]
+    try:
+        emu = _cli_emulation(name)
+        if action == "down":
+            removed = teardown(emu)
+            print(f"removed {len(removed)}: {', '.join(removed) or 'nothing was up'}")
+            return 0
+        why = refuse_reason(emu.spec, list(emu.ranks))
+        if why:
+            raise EmulationError(why)
+        if action == "up":
+            teardown(emu)
+            setup(emu)
+            _print_up(emu)
+            return 0
+        if len(argv) < 4 or argv[3] != "--" or not argv[2].isdigit():
+            print(_USAGE, file=sys.stderr)
+            return 2
+        node = int(argv[2])
+        if not 0 <= node < emu.nodes or not emu.node_cgroup(node).exists():
+            raise EmulationError(f"node {node} of '{name}' is not up: python -m recsys.emulation "
+                                 f"up {name} (nodes 0..{emu.nodes - 1})")  # fmt: skip
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.node_if(node), OMP_NUM_THREADS="1")
+        cmd = emu.command(node, emu.node_cgroup(node), argv[4:])
+        return subprocess.run(cmd, env=env).returncode
+    except EmulationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def torchrun_args(emu: Emulation, node: int, port: int = 29400) -> list[str]:
+    """torchrun's arguments (after `torchrun`) for node `node`: every address is a
+    namespace's own (the machine's hostname means nothing inside them), node 0 hosts the
+    c10d store."""
+    per_node = sum(r.node == node for r in emu.ranks)
+    return [f"--nnodes={emu.nodes}", f"--nproc-per-node={per_node}",
+            f"--node-rank={node}", "--rdzv-backend=c10d", "--rdzv-id=emu",
+            f"--rdzv-endpoint={emu.address(0)}:{port}", f"--rdzv-conf=is_host={int(node == 0)}",
+            f"--local-addr={emu.address(node)}"]  # fmt: skip
+
+
+def _print_up(emu: Emulation) -> None:
+    per_node = [sum(r.node == n for r in emu.ranks) for n in range(emu.nodes)]
+    print(f"emulated cluster '{emu.tag}' is up: {emu.nodes} nodes, "
+          f"{link_rate(emu.spec)} between them")  # fmt: skip
+    for n in range(emu.nodes):
+        print(f"  node {n}: namespace {emu.node_ns(n)}, address {emu.address(n)}, "
+              f"{per_node[n]} ranks, cgroup {emu.node_cgroup(n)}")  # fmt: skip
+    print("torchrun, one node per namespace (c10d rendezvous hosted by node 0):")
+    for n in range(emu.nodes):
+        torchrun = shlex.join(["torchrun", *torchrun_args(emu, n)])
+        print(f"  python -m recsys.emulation exec {emu.tag} {n} -- {torchrun} -m recsys.train "
+              f"cluster={emu.tag} hydra.run.dir=outputs/emu")  # fmt: skip
+    print(f"remove it: python -m recsys.emulation down {emu.tag}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

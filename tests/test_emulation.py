@@ -1,0 +1,222 @@
+"""The emulated mixed cluster (recsys/emulation.py): its schema, its refusals, and, as root,
+that it is made and removed on every exit path, that a share really limits a rank, that its
+link has no burst credit, and that torchrun trains across it. Root tests skip elsewhere."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import netns
+from recsys import emulation
+from recsys.launch import RankFailedError, raise_on_failure
+from recsys.train import to_typed, train
+from sharding.cluster import ClusterConfigError, resolve_cluster
+from tests.conftest import compose_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cluster(name: str, overrides: list[str] | None = None):
+    return to_typed(compose_config([f"cluster={name}", *(overrides or [])])).cluster
+
+
+def _can_emulate() -> str | None:
+    try:
+        return emulation.refuse_reason(_cluster("emu_mixed4"))
+    except Exception as e:  # noqa: BLE001 - the reason to skip
+        return str(e)
+
+
+needs_root = pytest.mark.skipif(_can_emulate() is not None, reason=str(_can_emulate()))
+
+
+def test_presets_resolve_to_their_shares_and_nodes() -> None:
+    ranks = resolve_cluster(_cluster("emu_mixed4"))
+    assert [(r.node, r.share) for r in ranks] == [(0, 0.6), (0, 0.6), (1, 0.25), (1, 0.25)]
+    assert sum(r.share for r in ranks) <= 1.8  # the emulation, not contention, sets speeds
+    ranks = resolve_cluster(_cluster("emu_mixed3"))
+    assert [(r.node, r.local_rank, r.share) for r in ranks] == [
+        (0, 0, 0.8), (1, 0, 0.25), (1, 1, 0.25)
+    ]  # fmt: skip
+    assert emulation.link_rate(_cluster("emu_mixed4")) == "200mbit"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["cluster.emulation.enabled=false"], "needs kind cpu .* and emulation.enabled=true"),
+        (["cluster.nodes.0.devices.0.share=1.5"], r"fraction of one core in \(0, 1\]"),
+        (["cluster.nodes.0.devices.0.share=0"], r"fraction of one core in \(0, 1\]"),
+        (["cluster.nodes.0.devices.0.kind=h100_80g", "cluster.nodes.0.devices.0.share=null"],
+         "an emulated cluster runs CPU ranks"),
+        (["cluster.emulation.cfs_period_us=10"], "cfs_period_us must be >= 1000"),
+    ],
+)  # fmt: skip
+def test_bad_emulation_sections_are_refused_by_key(overrides: list[str], match: str) -> None:
+    with pytest.raises(ClusterConfigError, match=match):
+        resolve_cluster(_cluster("emu_mixed4", overrides))
+
+
+def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(monkeypatch) -> None:
+    spec = _cluster("emu_mixed4")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    why = emulation.refuse_reason(spec)
+    assert "needs root" in why and "cluster=local_cpu2" in why and "\n" not in why
+    cfg = to_typed(compose_config(["cluster=emu_mixed4", "planner=round_robin"]))
+    with pytest.raises(emulation.EmulationError, match="needs root"):
+        train(cfg, "/tmp/recsys-emu-refused")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})  # a 1-core machine
+    why = emulation.refuse_reason(spec)
+    assert "add up to 1.7 cores but this machine offers 1" in why
+
+
+# --- as root -------------------------------------------------------------------------------
+
+
+def busy_cpu_fraction(seconds: float) -> float:
+    """CPU time over wall time of a busy loop (run on each emulated rank)."""
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    while time.monotonic() - wall0 < seconds:
+        sum(range(1000))
+    return (time.process_time() - cpu0) / (time.monotonic() - wall0)
+
+
+def die_on_rank_one(seconds: float) -> None:
+    if int(os.environ["RANK"]) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(seconds)  # the others hang until killed after the grace period
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_share_really_limits_a_rank() -> None:
+    spec = _cluster("emu_mixed3")
+    with emulation.emulated(spec) as emu:
+        fractions = raise_on_failure(emulation.run_ranks(emu, busy_cpu_fraction, (3.0,)), "busy")
+    fast, slow_a, slow_b = fractions
+    assert 0.65 <= fast <= 0.85  # share 0.8
+    for slow in (slow_a, slow_b):
+        assert 0.15 <= slow <= 0.3  # share 0.25: "at most ~0.3 of a core"
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_killed_rank_leaves_nothing_behind() -> None:
+    spec = _cluster("emu_mixed4")
+    with emulation.emulated(spec, tag="killtest") as emu:
+        assert len(emulation.leftovers("killtest")) == 4  # 3 namespaces + the cgroup tree
+        job = emulation.run_ranks(emu, die_on_rank_one, (120.0,), grace_s=2.0)
+    assert emulation.leftovers("killtest") == []
+    assert job.exitcodes[1] == -signal.SIGKILL
+    assert "without reporting" in job.errors[1]
+    assert all("after another rank failed" in job.errors[r] for r in (0, 2, 3))
+    with pytest.raises(RankFailedError, match="rank 1"):
+        raise_on_failure(job, "job")
+
+
+@pytest.mark.slow
+@needs_root
+@pytest.mark.parametrize("chunk_bytes", [16 * 1024, 64 * 1024])
+def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
+    spec = _cluster("emu_2node")
+    with emulation.emulated(spec, tag="linktest") as emu:
+        n = (0, 1)
+        link = netns.VethLink(tuple(map(emu.node_ns, n)), tuple(map(emu.address, n)),
+                              tuple(map(emu.node_if, n)), emulation.link_rate(spec))  # fmt: skip
+        rate = netns.rate_bits(emulation.link_rate(spec))
+        chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 16) / rate
+    assert 0.6 <= chunked <= 1.05  # at most 5% above the nominal rate
+
+
+def _train_args(run_dir: Path, steps: int = 5) -> list[str]:
+    return ["-m", "recsys.train", f"hydra.run.dir={run_dir}", f"trainer.max_steps={steps}",
+            "trainer.warmup_steps=1", "dataset.eval_batches=1", "trainer.progress_bar=false",
+            "planner=round_robin"]  # fmt: skip
+
+
+@pytest.mark.slow
+@needs_root
+def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, *_train_args(tmp_path), "cluster=emu_mixed3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 3 and summary["steps"] == 5
+    assert summary["link_bytes"] > 100_000  # the embedding exchange crossed the link
+    assert emulation.leftovers("emu_mixed3-") == []
+
+
+@pytest.mark.slow
+@needs_root
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> None:
+    proc = subprocess.Popen([sys.executable, *_train_args(tmp_path, 100_000), "cluster=emu_2node"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    tag = f"emu_2node-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "train.log").exists() or len(emulation.leftovers(tag)) < 4:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.5)
+    time.sleep(5)  # the ranks are training now
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert emulation.leftovers(tag) == []
+
+
+@pytest.mark.slow
+@needs_root
+def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> None:
+    """The multi-node path a real cluster uses: one torchrun node per namespace, c10d
+    rendezvous across the link, 2 nodes x 1 rank, 5 steps."""
+    cli = [sys.executable, "-m", "recsys.emulation"]
+    up = subprocess.run([*cli, "up", "emu_2node"], cwd=REPO, capture_output=True, text=True,
+                        timeout=60)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    try:
+        emu = emulation._cli_emulation("emu_2node")
+        before = emu.link_bytes()
+        nodes = [
+            subprocess.Popen(
+                [
+                    *cli,
+                    "exec",
+                    "emu_2node",
+                    str(n),
+                    "--",
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    *emulation.torchrun_args(emu, n),
+                    *_train_args(tmp_path),
+                    "cluster=emu_2node",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+            for n in (0, 1)
+        ]
+        outs = [p.communicate(timeout=300)[0] for p in nodes]
+        assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
+        assert emu.link_bytes() - before > 100_000
+    finally:
+        down = subprocess.run([*cli, "down", "emu_2node"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 5
+    assert down.returncode == 0 and emulation.leftovers("emu_2node") == []
