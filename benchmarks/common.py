@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+
+@dataclass
+class BenchTrainer:
+    """`trainer.max_steps=N` on a training benchmark's command line: shorter runs."""
+
+    max_steps: int | None = None
 
 
 def environment() -> dict[str, Any]:
@@ -77,3 +85,33 @@ def planner_overrides(label: str) -> list[str]:
     if variant not in ("", "pooled"):
         raise ValueError(f"unknown planner variant '{label}'; use <planner> or hybrid+pooled")
     return [f"planner={name}"] + (["planner.cold_only_exchange=false"] if variant else [])
+
+
+def emulated_preset(cluster: Any, bench: str) -> str | None:
+    """The name of `cluster=<preset>` on a benchmark's command line (None: not given); a
+    preset that is not emulated is refused: these benchmarks read its link's counters."""
+    if cluster is None:
+        return None
+    if not cluster.emulation.enabled:
+        raise SystemExit(
+            f"benchmarks.{bench} cluster={cluster.name}: not an emulated cluster "
+            f"(emulation.enabled); use emu_mixed4, emu_mixed3 or emu_2node"
+        )
+    return cluster.name
+
+
+def train_emulated(
+    cluster: str, overrides: list[str], steps: int, run_dir: Path
+) -> tuple[int, dict]:
+    """`recsys.train` on the emulated cluster `cluster` (root) for `steps` steps, as
+    `netns.train_pair` runs it across a veth pair; returns the bytes that crossed between
+    its nodes during the whole job and the run's summary."""
+    import hydra
+
+    from recsys.train import train
+
+    args = [f"cluster={cluster}", *overrides, f"trainer.max_steps={steps}",
+            "trainer.progress_bar=false", "dataset.eval_batches=1",
+            "trainer.warmup_steps=5"]  # fmt: skip
+    summary = train(hydra.compose(config_name="config", overrides=args), run_dir)
+    return summary["link_bytes"], summary

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import csv
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
-from benchmarks.calibrate import measured_ms
-from benchmarks.common import environment, finish, start
+from benchmarks.calibrate import measured_ms, predict_ms
+from benchmarks.common import (
+    BenchTrainer,
+    emulated_preset,
+    environment,
+    finish,
+    start,
+    train_emulated,
+)
+from recsys.config import register_configs
+from sharding.calibration import load_calibration
+from sharding.types import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EQUAL_RTOL = 1e-5
@@ -49,8 +62,9 @@ class PipelineBenchConfig:
         "trainer.lr=0.1"])  # fmt: skip
     steps: int = 60
     link_rate: str = "1200mbit"
-    # tbf's burst: netns.HONEST_BURST gives chunked transfers no credit (see benchmarks.netns)
-    link_burst: str = netns.HONEST_BURST
+    # tbf's burst; null: the link's own, which gives chunked transfers no credit
+    # (netns.HONEST_BURST for the veth pair, the emulated cluster's emulation.burst)
+    link_burst: str | None = None
     # the probe's chunk: nested4's share of this config's exchange (2048 samples x 13
     # tables x 16 floats a rank, in 4 micro-batches)
     probe_chunk_bytes: int = 2048 * 13 * 16 * 4 // 4
@@ -64,6 +78,10 @@ class PipelineBenchConfig:
     multi_hot: Any = "mlperf"
     multi_hot_pipelines: list[str] = field(default_factory=lambda: [
         "plain", "sparse_dist", "semi_sync", "nested4", "nested4+dedup"])  # fmt: skip
+    # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair;
+    # its own inter-node rate is the slow link (link_rate unused), fast_rate the fast one
+    cluster: ClusterSpec | None = None
+    trainer: BenchTrainer = field(default_factory=BenchTrainer)
     results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
 
 
@@ -98,32 +116,80 @@ def _max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
 
 
+def _emulated_overrides(rate: str | None, burst: str) -> list[str]:
+    """The emulated cluster at `rate` (None: its own) with tbf burst `burst`."""
+    where = [f"cluster.emulation.burst={burst}"]
+    if rate is not None:
+        where.append(f"cluster.network.inter_node_gbps={netns.rate_bits(rate) / 1e9:g}")
+    return where
+
+
+@contextmanager
+def _trainer(cfg: PipelineBenchConfig, rate: str | None, burst: str) -> Iterator[Callable]:
+    """`train(overrides, steps, run_dir) -> (link bytes, summary)` across the link."""
+    if cfg.cluster:
+        where, name = _emulated_overrides(rate, burst), emulated_preset(cfg.cluster, "pipeline")
+        yield lambda overrides, *a: train_emulated(name, [*where, *overrides], *a)
+        return
+    with netns.veth_link(rate or cfg.link_rate, burst=burst) as link:
+        yield partial(netns.train_pair, link)
+
+
+def _predicted_ms(cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path) -> float | None:
+    """The cost model's step time for the run's plan and pipeline, where the calibration
+    has its link (the emulated cluster's own; a veth pair only at a calibrated rate)."""
+    name = emulated_preset(cfg.cluster, "pipeline")
+    where = [f"cluster={name}"] if name else []
+    link = name or f"veth_{cfg.link_rate}"
+    try:
+        return predict_ms([*where, *overrides], run_dir, link, load_calibration())
+    except KeyError:  # not calibrated
+        return None
+
+
 def _train_all(
     cfg: PipelineBenchConfig,
-    rate: str,
+    rate: str | None,
     burst: str,
     tmp: Path,
     pipelines: list[str],
     extra: tuple[str, ...] = (),
 ) -> dict[str, dict]:
+    """Every pipeline across the slow link (rate None: the configured one) or `rate`."""
     out = {}
-    with netns.veth_link(rate, burst=burst) as link:
+    steps = cfg.trainer.max_steps or cfg.steps
+    with _trainer(cfg, rate, burst) as train:
         for label in pipelines:
             run_dir = tmp / f"{rate}_{burst}_{label}{'_multi_hot' if extra else ''}"
             overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
-            sent, summary = netns.train_pair(link, overrides, cfg.steps, run_dir)
-            out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir)}
-            print(f"{rate} burst {burst} {label}: {summary['samples_per_s']:,.0f} samples/s",
-                  flush=True)  # fmt: skip
+            sent, summary = train(overrides, steps, run_dir)
+            out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir),
+                          "predicted_ms": _predicted_ms(cfg, overrides, run_dir)
+                          if rate is None else None}  # fmt: skip
+            print(f"{rate or 'slow link'} burst {burst} {label}: "
+                  f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
     return out
 
 
 def link_report(cfg: PipelineBenchConfig, burst: str) -> dict:
     """The link as the runs see it: the rate a chunked transfer with idle gaps achieves
-    (chunks the size nested4 sends) over the nominal rate."""
-    with netns.veth_link(cfg.link_rate, burst=burst) as link:
-        achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
-    rate = netns.rate_bits(cfg.link_rate)
+    (chunks the size nested4 sends) over the nominal rate; across the emulated cluster's
+    first two nodes with `cluster`."""
+    if cfg.cluster:
+        from recsys import emulation
+
+        spec = replace(cfg.cluster, emulation=replace(cfg.cluster.emulation, burst=burst))
+        rate_name = emulation.link_rate(spec)
+        with emulation.emulated(spec) as emu:
+            n = (0, 1)
+            link = netns.VethLink(tuple(map(emu.node_ns, n)), tuple(map(emu.address, n)),
+                                  tuple(map(emu.node_if, n)), rate_name)  # fmt: skip
+            achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
+    else:
+        rate_name = cfg.link_rate
+        with netns.veth_link(cfg.link_rate, burst=burst) as link:
+            achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
+    rate = netns.rate_bits(rate_name)
     return {"rate_mbit": rate / 1e6, "burst_bytes": netns.size_bytes(burst),
             "chunked_rate_ratio": achieved / rate}  # fmt: skip
 
@@ -160,6 +226,10 @@ def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
     return rows
 
 
+def _own_burst(cfg: PipelineBenchConfig) -> str:
+    return cfg.cluster.emulation.burst if cfg.cluster else netns.HONEST_BURST
+
+
 def run(cfg: PipelineBenchConfig) -> dict:
     why_not = netns.available()
     if why_not:
@@ -167,13 +237,15 @@ def run(cfg: PipelineBenchConfig) -> dict:
     if cfg.burst_sensitivity and "sparse_dist" not in cfg.sensitivity_pipelines:
         raise SystemExit("benchmarks.pipeline: sensitivity_pipelines must include sparse_dist "
                          "(the speed-ups are against it), or set burst_sensitivity=[]")  # fmt: skip
+    if cfg.link_burst is None:
+        cfg = replace(cfg, link_burst=_own_burst(cfg))
     sensitivity, multi = {}, None
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
-        slow = _train_all(cfg, cfg.link_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
+        slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), cfg.pipelines)
         fast = _train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
         for burst in cfg.burst_sensitivity:
-            runs = _train_all(cfg, cfg.link_rate, burst, Path(tmp), cfg.sensitivity_pipelines)
+            runs = _train_all(cfg, None, burst, Path(tmp), cfg.sensitivity_pipelines)
             base = runs["sparse_dist"]["summary"]["samples_per_s"]
             sensitivity[str(netns.size_bytes(burst))] = {
                 "chunked_rate_ratio": link_report(cfg, burst)["chunked_rate_ratio"],
@@ -185,7 +257,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
             pipes = cfg.multi_hot_pipelines
             multi = _rows(pipes, *(_train_all(cfg, rate, cfg.link_burst, Path(tmp), pipes, extra)
-                                   for rate in (cfg.link_rate, cfg.fast_rate)))  # fmt: skip
+                                   for rate in (None, cfg.fast_rate)))  # fmt: skip
     rows = _rows(cfg.pipelines, slow, fast)
     by = {r["pipeline"]: r for r in rows}
     base = by.get("sparse_dist")
@@ -227,6 +299,7 @@ def _rows(pipelines: list[str], slow: dict, fast: dict) -> list[dict]:
         rows.append({
             "pipeline": label, "samples_per_s": s["samples_per_s"],
             "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
+            "measured_ms": measured_ms(s), "predicted_ms": slow[label]["predicted_ms"],
             "exposed_comm_ms": measured_ms(s) - measured_ms(f),
             "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
             "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
@@ -277,7 +350,9 @@ def _waits(w: dict | None) -> str:
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
     share = r["plain_comm_share"]
-    lines = [f"# Train pipelines across a {c['link_rate']} veth link, 2 ranks ({env['date']}, "
+    where = (f"on the emulated cluster {c['cluster']['name']}" if c.get("cluster")
+             else f"across a {c['link_rate']} veth link, 2 ranks")  # fmt: skip
+    lines = [f"# Train pipelines {where} ({env['date']}, "
              f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
              f"{c['steps']} steps)", "",
              f"Link: tbf at {r['link']['rate_mbit']:,.0f} Mbit/s with a "
@@ -315,6 +390,7 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfig)
 
 

@@ -1,17 +1,23 @@
 """`python -m benchmarks.plan_train`: plans trained for real across a rate-limited link.
 
-Two ranks in two network namespaces joined by a veth pair limited by tbf (`link_rate`).
-For each planner: two training runs of different lengths; the link's byte counters give
-the bytes each training step sends (the difference of the two runs over the difference of
-their steps, so start-up, planning and evaluation traffic cancel out), and the longer run,
-repeated `repeats` times interleaved across planners, gives samples/s (the best run's,
-every run listed). Beside them, the cost model's prediction for each plan. Needs root.
+Two ranks in two network namespaces joined by a veth pair limited by tbf (`link_rate`), or,
+with `cluster=<emulated preset>` (emu_mixed4), every rank of that emulated mixed cluster
+(recsys/emulation.py: shares of a core, nodes joined by a shaped link). For each planner:
+two training runs of different lengths; the link's byte counters give the bytes each
+training step sends (the difference of the two runs over the difference of their steps, so
+start-up, planning and evaluation traffic cancel out), and the longer run, repeated
+`repeats` times interleaved across planners, gives samples/s (the best run's, every run
+listed). Beside them, the cost model's prediction for each plan. summary.json has, per
+planner name, `samples_per_s`, `predicted_ms`, `measured_ms`, `link_bytes`. Needs root.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -20,7 +26,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
 from benchmarks.calibrate import measured_ms
-from benchmarks.common import environment, finish, planner_overrides, start
+from benchmarks.common import (
+    BenchTrainer,
+    emulated_preset,
+    environment,
+    finish,
+    planner_overrides,
+    start,
+    train_emulated,
+)
+from recsys.config import register_configs
+from sharding.types import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,49 +44,67 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclass
 class PlanTrainBenchConfig:
     # "+pooled": the hybrid plan with TorchRec's pooled exchange for its cold parts
-    planners: list[str] = field(default_factory=lambda: ["torchrec", "hybrid+pooled", "hybrid"])
+    planners: list[str] = field(default_factory=lambda: [
+        "torchrec", "hybrid+pooled", "hybrid", "greedy_size", "round_robin"])  # fmt: skip
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: list[int] = field(default_factory=lambda: [20, 80])
     repeats: int = 3  # long runs per planner, interleaved; the best samples/s is reported
     link_rate: str = "1gbit"
+    # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
+    cluster: ClusterSpec | None = None
+    trainer: BenchTrainer = field(default_factory=BenchTrainer)
     results_dir: str = str(REPO / "benchmarks" / "results" / "plan_train")
 
 
-def run(cfg: PlanTrainBenchConfig) -> dict:
+def _overrides(cfg: PlanTrainBenchConfig, planner: str) -> list[str]:
+    """The planner plans for the link the ranks train across: the veth pair's calibrated
+    link, or the emulated cluster's own (its default)."""
+    name = emulated_preset(cfg.cluster, "plan_train")
+    where = [f"cluster={name}"] if name else [f"planner.link=veth_{cfg.link_rate}"]
+    return [*planner_overrides(planner), *cfg.overrides, *where]
+
+
+@contextmanager
+def trainer_on(cfg: PlanTrainBenchConfig) -> Iterator[Callable[..., tuple[int, dict]]]:
+    """`train(overrides, steps, run_dir) -> (link bytes, summary)` on the veth pair or on
+    the emulated cluster."""
+    if cfg.cluster:
+        yield partial(train_emulated, emulated_preset(cfg.cluster, "plan_train"))
+        return
     why_not = netns.available()
     if why_not:
         raise SystemExit(f"benchmarks.plan_train {why_not}")
+    with netns.veth_link(cfg.link_rate) as link:
+        yield partial(netns.train_pair, link)
+
+
+def run(cfg: PlanTrainBenchConfig) -> dict:
     from recsys.planning import make_plan, plan_inputs
     from recsys.train import to_typed
 
     short, long = cfg.steps
+    if cfg.trainer.max_steps is not None:  # shorter runs: the long one at max_steps
+        short, long = max(1, cfg.trainer.max_steps // 4), cfg.trainer.max_steps
     runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in cfg.planners}
     short_bytes: dict[str, float] = {}
-    with netns.veth_link(cfg.link_rate) as link, tempfile.TemporaryDirectory() as tmp:
+    with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):  # interleaved, so drift on the machine hits all alike
             for planner in cfg.planners:
-                # the planner plans for the link the ranks train across
-                overrides = [*planner_overrides(planner), *cfg.overrides,
-                             f"planner.link=veth_{cfg.link_rate}"]  # fmt: skip
+                overrides = _overrides(cfg, planner)
                 if rep == 0:
-                    short_bytes[planner], _ = netns.train_pair(
-                        link, overrides, short, Path(tmp) / f"{planner}_short"
-                    )
-                b_long, summary = netns.train_pair(
-                    link, overrides, long, Path(tmp) / f"{planner}_long{rep}"
-                )
+                    short_bytes[planner], _ = train(overrides, short, Path(tmp) / f"{planner}_s")
+                b_long, summary = train(overrides, long, Path(tmp) / f"{planner}_long{rep}")
                 runs[planner].append((b_long, summary))
                 print(f"run {rep + 1}/{cfg.repeats} {planner}: "
                       f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
     rows = []
     for planner in cfg.planners:
-        overrides = [*planner_overrides(planner), *cfg.overrides,
-                     f"planner.link=veth_{cfg.link_rate}"]  # fmt: skip
-        typed = to_typed(hydra.compose(config_name="plan", overrides=overrides))
+        typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, planner)))
         plan = make_plan(typed, plan_inputs(typed, None, None))
         b_long, best = max(runs[planner], key=lambda run: run[1]["samples_per_s"])
         rows.append({"planner": planner,
                      "bytes_per_step": (b_long - short_bytes[planner]) / (long - short),
+                     "link_bytes": b_long, "batch_per_rank": best["batch_per_rank"],
                      "samples_per_s": best["samples_per_s"],
                      "samples_per_s_runs": [r[1]["samples_per_s"] for r in runs[planner]],
                      "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
@@ -80,14 +114,23 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     for r in rows:
         r["bytes_vs_first"] = r["bytes_per_step"] / base["bytes_per_step"]
         r["speedup_vs_first"] = r["samples_per_s"] / base["samples_per_s"]
-    return {"rows": rows, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+    return {"rows": rows,
+            # per planner, the figures every plan benchmark reports (the long run's bytes)
+            **{r["planner"]: {"samples_per_s": r["samples_per_s"],
+                              "predicted_ms": r["predicted_step_ms"],
+                              "measured_ms": r["measured_step_ms"],
+                              "link_bytes": r["link_bytes"]} for r in rows},
+            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
             "environment": environment()}  # fmt: skip
 
 
 def table(r: dict) -> str:
     env = r["environment"]
     first = r["rows"][0]["planner"]
-    lines = [f"# Plans trained across a {r['config']['link_rate']} veth link, 2 ranks "
+    c = r["config"]
+    where = (f"on the emulated cluster {c['cluster']['name']}" if c.get("cluster")
+             else f"across a {c['link_rate']} veth link, 2 ranks")  # fmt: skip
+    lines = [f"# Plans trained {where} "
              f"({env['date']}, torch {env['torch']}, torchrec {env['torchrec']}; "
              f"{' '.join(r['config']['overrides'])}; samples/s: best of "
              f"{r['config']['repeats']} interleaved runs)", "",
@@ -104,6 +147,7 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchConfig)
 
 
@@ -111,7 +155,7 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "plan_train", typed.results_dir)
+    finish(result, table(result), "plan_train", typed.results_dir, json_name="summary")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """`python -m benchmarks.speed_aware`: speed-aware vs speed-blind plans on ranks that really
 differ in speed (`cluster=local_cpu3_skewed`: ranks 0 and 1 share core 0, rank 2 has core
-1), trained for real, side by side, interleaved `repeats` times; best samples/s of each."""
+1; or, as root, an emulated mixed cluster such as `cluster=emu_mixed4`, each rank in its
+own cgroup), trained for real, side by side, interleaved `repeats` times; best samples/s
+of each."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, planner_overrides, start
+from recsys.config import register_configs
+from sharding.types import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
 class SpeedAwareBenchConfig:
-    cluster: str = "local_cpu3_skewed"
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)  # the group: local_cpu3_skewed
     # "+pooled": hybrid with TorchRec's pooled exchange for split tables' cold parts
     planners: list[str] = field(
         default_factory=lambda: ["round_robin", "torchrec", "hybrid+pooled", "hybrid"]
@@ -37,7 +41,8 @@ def run(cfg: SpeedAwareBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
             for planner in cfg.planners:
-                overrides = [f"cluster={cfg.cluster}", *planner_overrides(planner), *cfg.overrides,
+                overrides = [f"cluster={cfg.cluster.name}", *planner_overrides(planner),
+                             *cfg.overrides,
                              f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
                              "dataset.eval_batches=1"]  # fmt: skip
                 s = train(hydra.compose(config_name="config", overrides=overrides),
@@ -56,7 +61,7 @@ def run(cfg: SpeedAwareBenchConfig) -> dict:
 def table(r: dict) -> str:
     env = r["environment"]
     c = r["config"]
-    lines = [f"# Speed-aware vs speed-blind on {c['cluster']} ({env['date']}, torch "
+    lines = [f"# Speed-aware vs speed-blind on {c['cluster']['name']} ({env['date']}, torch "
              f"{env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
              f"{c['steps']} steps, best of {c['repeats']})", "",
              f"| planner | batch per rank | samples/s | vs {c['planners'][0]} |",
@@ -67,6 +72,7 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
+register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_speed_aware", node=SpeedAwareBenchConfig)
 
 

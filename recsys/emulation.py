@@ -68,6 +68,12 @@ def _cgroup_root() -> tuple[Path, int] | None:
     return None
 
 
+def _cpu_root() -> Path:
+    """Where this machine's cpu cgroups live (v1's mount if none is found: names only)."""
+    found = _cgroup_root()
+    return found[0] if found else _CGROUP_V1
+
+
 def refuse_reason(spec: ClusterSpec, ranks: list[RankDevice] | None = None) -> str | None:
     """None if `spec` can be emulated here, else one line: why not and what to do."""
     ranks = ranks or resolve_cluster(spec)
@@ -129,8 +135,7 @@ class Emulation:
 
     @property
     def cgroup(self) -> Path:
-        root, _ = _cgroup_root() or (_CGROUP_V1, 1)
-        return root / f"recsys-{self.tag}"
+        return _cpu_root() / f"recsys-{self.tag}"
 
     def node_cgroup(self, node: int) -> Path:
         return self.cgroup / f"n{node}"
@@ -201,7 +206,7 @@ def setup(emu: Emulation) -> None:
         for where, dev in ((ns, node_if), (emu.switch_ns, switch_if)):
             _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                  "burst", burst, "latency", "50ms")  # fmt: skip
-    _, version = _cgroup_root() or (None, 1)
+    version = (_cgroup_root() or (None, 1))[1]
     period = spec.emulation.cfs_period_us
     _make_cgroup(emu.cgroup, None, period, version)
     if version == 2:
@@ -226,11 +231,7 @@ def _kill_and_remove(cgroup: Path) -> None:
     deadline = time.monotonic() + 10
     while True:
         pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(pids)
         try:
             cgroup.rmdir()
             return
@@ -240,23 +241,29 @@ def _kill_and_remove(cgroup: Path) -> None:
             time.sleep(0.05)
 
 
+def _namespaces(prefix: str) -> list[str]:
+    """Network namespaces whose name starts with `prefix`."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def _kill(pids: list[str] | list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def teardown(emu: Emulation) -> list[str]:
     """Remove every namespace and cgroup of `emu` (whatever part of it exists; killing
     what still runs there); returns what it removed."""
-    removed = []
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    for line in listed.stdout.splitlines():
-        ns = line.split()[0] if line.strip() else ""
-        if ns.startswith(f"rx-{emu.tag}-"):
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                                  timeout=30).stdout.split()  # fmt: skip
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-            removed.append(ns)
+    removed = _namespaces(f"rx-{emu.tag}-")
+    for ns in removed:
+        _kill(subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                             timeout=30).stdout.split())  # fmt: skip
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     if emu.cgroup.exists():
         _kill_and_remove(emu.cgroup)
         removed.append(str(emu.cgroup))
@@ -266,11 +273,8 @@ def teardown(emu: Emulation) -> list[str]:
 def leftovers(prefix: str) -> list[str]:
     """Namespaces and cgroups of every emulation whose tag starts with `prefix` that exist
     now (for tests: a run's tag is `<cluster>-<pid>`)."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    found = [ln.split()[0] for ln in listed.stdout.splitlines()
-             if ln.strip() and ln.split()[0].startswith(f"rx-{prefix}")]  # fmt: skip
-    root, _ = _cgroup_root() or (_CGROUP_V1, 1)
-    return found + [str(p) for p in root.glob(f"recsys-{prefix}*")]
+    cgroups = _cpu_root().glob(f"recsys-{prefix}*")
+    return _namespaces(f"rx-{prefix}") + [str(p) for p in cgroups]
 
 
 def _raise_on_sigterm(signum: int, frame: Any) -> None:

@@ -97,6 +97,13 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         log.info("pipeline=nested: cold parts of split tables stay pooled "
                  "(planner.cold_only_exchange=false)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
+    emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
+    if emulate and not launch.launched_externally():
+        from recsys.emulation import EmulationError, refuse_reason
+
+        why = refuse_reason(tcfg.cluster)
+        if why:  # before planning: one line, nothing made
+            raise EmulationError(why)
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
@@ -111,7 +118,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         summary = _rank_main(tcfg, str(run_dir), our_plan)
         launch.shutdown_distributed(clean=True)
         writer = summary["rank"] == 0
-    elif tcfg.cluster.emulation.enabled:
+    elif emulate:
         summary = _train_emulated(tcfg, run_dir, our_plan)
     else:
         job = launch.spawn_ranks(

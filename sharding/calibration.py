@@ -27,8 +27,15 @@ DEFAULT_PATH = Path(__file__).parent / "calibration" / "local_cpu.json"
 @dataclass
 class Calibration:
     device: DeviceCost  # one local CPU rank with one core, its peers running beside it
-    links: dict[str, NetworkCost] = field(default_factory=dict)  # e.g. loopback, veth_1gbit
+    # loopback, veth_1gbit, and per emulated cluster (its name) the links between its ranks
+    links: dict[str, NetworkCost] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # raw measurements and where they came from
+    # emulated CPU ranks: one rank at that share of a core (`share_key`), measured in its cgroup
+    shares: dict[str, DeviceCost] = field(default_factory=dict)
+
+
+def share_key(share: float) -> str:
+    return f"{share:g}"
 
 
 def save_calibration(cal: Calibration, path: Path = DEFAULT_PATH) -> None:
@@ -50,6 +57,7 @@ def load_calibration(path: Path = DEFAULT_PATH) -> Calibration:
         device=DeviceCost(**raw["device"]),
         links=links,
         measured=raw.get("measured", {}),
+        shares={k: DeviceCost(**v) for k, v in raw.get("shares", {}).items()},
     )
 
 
@@ -61,6 +69,17 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
             continue
         if cal is None:
             raise FileNotFoundError("CPU ranks need a calibration (python -m benchmarks.calibrate)")
+        if r.share is not None:
+            key = share_key(r.share)
+            if key not in cal.shares:
+                raise FileNotFoundError(
+                    f"rank {r.rank} is an emulated CPU rank at share {key}, and the calibration "
+                    f"has none at that share (has: {sorted(cal.shares) or 'none'}); run "
+                    f"`python -m benchmarks.calibrate measure=emulated emulated=[<the "
+                    f"cluster>]` as root"
+                )
+            out.append(cal.shares[key])
+            continue
         scale = r.speed / DEVICE_CATALOG["cpu"].speed
         d = cal.device
         out.append(
@@ -80,10 +99,17 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
     return out
 
 
+def calibrated_link(spec: ClusterSpec, link: str | None) -> str:
+    """The calibrated link a CPU cluster's ranks use: `link` if named, else an emulated
+    cluster's own (measured across its nodes), else loopback."""
+    return link or (spec.name if spec.emulation.enabled else "loopback")
+
+
 def network_cost(
     spec: ClusterSpec, ranks: list[RankDevice], cal: Calibration | None, link: str | None
 ) -> NetworkCost:
-    """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...); else from
+    """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...; an emulated
+    cluster's own by default, measured across its nodes); else from
     the spec. All-to-all: each device sends its own data over its share of the network:
     NVLink (`intra_node_gbps`) to ranks of its node, its NIC share across nodes. All-reduce
     across nodes: NCCL's rings enter and leave each node once per channel, one channel per
@@ -91,9 +117,18 @@ def network_cost(
     their NIC share, capped by the intra-node link (NVIDIA/nccl#687, #569: multi-node
     all-reduce speeds up with more NICs in use)."""
     if all(r.kind == "cpu" for r in ranks) and cal is not None:
-        name = link or "loopback"
+        name = calibrated_link(spec, link)
+        if name not in cal.links and spec.emulation.enabled and name == spec.name:
+            raise KeyError(
+                f"no calibration for the emulated cluster '{name}' (calibrated: "
+                f"{sorted(cal.links)}); run `python -m benchmarks.calibrate measure=emulated "
+                f"emulated=[{name}]` as root"
+            )
         if name not in cal.links:
-            raise KeyError(f"no calibration for link '{name}'; calibrated: {sorted(cal.links)}")
+            raise KeyError(
+                f"no calibration for link '{name}'; calibrated: {sorted(cal.links)}. Run "
+                f"`python -m benchmarks.calibrate` (as root for veth links and emulated clusters)"
+            )
         return cal.links[name]
     net = spec.network
     per_node: dict[int, int] = {}

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import TrainConfig, register_configs
 from recsys.models.dlrm import build_model
-from sharding.calibration import Calibration
+from sharding.calibration import Calibration, calibrated_link
 from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
 from sharding.plan_eval import PlanDoesNotFitError
 from sharding.plan_shards import check_layout, plan_layout, shards_from_layout
@@ -39,9 +39,11 @@ def predict(
     layout: list[dict] | None = None,
     link: str | None = None,
     cal: Calibration | None = None,
+    batch_per_rank: list[int] | None = None,
 ) -> dict:
     """Predicted memory and step time of `cfg` (its plan: `layout`, else TorchRec's plan
-    of it). CPU clusters use `cal`, by default the calibration file."""
+    of it; `batch_per_rank`: a speed-aware split, else the config's batch on every rank).
+    CPU clusters use `cal`, by default the calibration file."""
     from recsys.planning import plan_inputs
     from sharding.torchrec_planner import plan_with_torchrec
 
@@ -54,7 +56,7 @@ def predict(
     cost: StepCost = step_cost(
         inputs.tables,
         shards,
-        [cfg.trainer.batch_size] * inputs.world,
+        batch_per_rank or [cfg.trainer.batch_size] * inputs.world,
         inputs.devices,
         inputs.network,
         inputs.dense_params,
@@ -67,7 +69,7 @@ def predict(
         "model": cfg.model.name,
         "pipeline": schedule.value,
         "batch_size_per_rank": cfg.trainer.batch_size,
-        "link": link or ("loopback" if inputs.cpu else "spec"),
+        "link": calibrated_link(cfg.cluster, link or cfg.planner.link) if inputs.cpu else "spec",
         "step_ms": 1000 * cost.step_s(schedule, cfg.pipeline.micro_batches),
         "stages_ms": {
             "lookup_fwd": 1000 * max(cost.lookup_fwd_s),

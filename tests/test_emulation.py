@@ -220,3 +220,42 @@ def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> N
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 5
     assert down.returncode == 0 and emulation.leftovers("emu_2node") == []
+
+
+def _bench(tmp_path: Path, module: str, *args: str) -> dict:
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", module, "cluster=emu_mixed3",
+                           "trainer.max_steps=8", f"results_dir={tmp_path}",
+                           f"hydra.run.dir={tmp_path / 'run'}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@needs_root
+def test_the_plan_benchmark_trains_every_plan_on_the_emulated_cluster(tmp_path: Path) -> None:
+    s = _bench(tmp_path, "benchmarks.plan_train", "planners=[round_robin,greedy_size]",
+               "repeats=1")  # fmt: skip
+    for planner in ("round_robin", "greedy_size"):
+        p = s[planner]
+        assert p["samples_per_s"] > 0 and p["link_bytes"] > 100_000
+        assert p["predicted_ms"] > 0 and p["measured_ms"] > 0
+    assert s["config"]["cluster"]["name"] == "emu_mixed3"
+
+
+@pytest.mark.slow
+@needs_root
+def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
+    tmp_path: Path,
+) -> None:
+    s = _bench(tmp_path, "benchmarks.pipeline", "pipelines=[plain,sparse_dist,nested2]",
+               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2")  # fmt: skip
+    rows = {r["pipeline"]: r for r in s["rows"]}
+    assert set(rows) == {"plain", "sparse_dist", "nested2"}
+    for r in rows.values():
+        assert r["link_bytes"] > 100_000 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
+    assert rows["nested2"]["equal_to_plain"] and rows["sparse_dist"]["equal_to_plain"]
+    assert s["link"]["burst_bytes"] == 8 * 1024  # the cluster's own burst
+    assert s["link"]["rate_mbit"] == pytest.approx(200)
