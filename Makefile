@@ -24,8 +24,8 @@ install: $(STAMP)
 # Demo data: synthetic files in the real Criteo text format, then TorchRec's binary layout.
 DEMO_DATA := outputs/data/synthetic_criteo
 $(DEMO_DATA)/binary/summary.json: $(STAMP)
-	$(BIN)/python -m recsys.data.synth output=$(DEMO_DATA)/tsv rows=1000000
-	$(BIN)/python -m recsys.data.prepare input=$(DEMO_DATA)/tsv output=$(DEMO_DATA)/binary
+	$(BIN)/python -m recsys.data.synth output=$(DEMO_DATA)/tsv rows=1000000 overwrite=true
+	$(BIN)/python -m recsys.data.prepare input=$(DEMO_DATA)/tsv output=$(DEMO_DATA)/binary overwrite=true
 
 data: $(DEMO_DATA)/binary/summary.json
 

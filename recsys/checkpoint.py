@@ -12,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizer
 
 STEP_PREFIX = "step_"
@@ -34,6 +36,14 @@ def latest_checkpoint(path: str | Path) -> Path:
             f"or a directory of {STEP_PREFIX}* checkpoints; check trainer.resume_from"
         )
     return steps[-1]
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a checkpoint (or the newest in a directory of them) holds, from its name;
+    None if its name does not say."""
+    name = latest_checkpoint(path).name
+    tail = name[len(STEP_PREFIX) :]
+    return int(tail) if name.startswith(STEP_PREFIX) and tail.isdigit() else None
 
 
 def _state(model: torch.nn.Module, optimizer: KeyedOptimizer, step: int) -> dict:
@@ -65,9 +75,12 @@ def load_checkpoint(
     state = _state(model, optimizer, 0)
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as e:  # DCP raises a CheckpointException wrapping per-rank errors
+    except (Exception, CheckpointException) as e:  # the latter derives from BaseException
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise RuntimeError(
-            f"checkpoint '{path}' does not fit this run (model or optimizer differ?): {e}"
+            f"rank {rank}: checkpoint '{path}' cannot be loaded (corrupt, or the model or "
+            f"optimizer differ): {first[:300]}"
         ) from e
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])

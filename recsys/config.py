@@ -7,9 +7,12 @@ unknown key or a value of the wrong type fails at composition with the key's nam
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from pipelines.types import PipelineConfig
 from recsys.data.source import DatasetConfig
@@ -30,7 +33,33 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
+class TrainConfigError(ValueError):
+    """A training config key with a value no run can use; the message names the key."""
+
+
+def check_train_config(cfg: TrainConfig) -> None:
+    """Every key a run reads that can be checked before any rank starts, each refused in one
+    line naming it (the model's, the cluster's and the planner's own checks run beside)."""
+    t = cfg.trainer
+    lows = {"batch_size": 1, "max_steps": 1, "warmup_steps": 0, "log_every": 1,
+            "eval_every": 0, "checkpoint_every": 0, "threads_per_rank": 0}  # fmt: skip
+    for key, low in lows.items():
+        value = getattr(t, key)
+        if not value >= low:
+            raise TrainConfigError(f"trainer.{key} must be >= {low}, got {value}")
+    for key in ("lr", "embedding_lr", "eps", "dist_timeout_s", "job_timeout_s"):
+        value = getattr(t, key)
+        if not (math.isfinite(value) and value > 0):
+            raise TrainConfigError(f"trainer.{key} must be a finite number > 0, got {value}")
+    if not cfg.dataset.eval_batches >= 0:
+        raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation), got "
+                               f"{cfg.dataset.eval_batches}")  # fmt: skip
+
+
 def register_configs() -> None:
+    # run directories: `${now:...}-${pid:}`, so two runs started in the same second differ
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=TrainConfig)
     cs.store(group="dataset", name="base_dataset", node=DatasetConfig)

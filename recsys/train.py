@@ -16,16 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipelines.types import PipelineName
 from recsys import launch
-from recsys.config import TrainConfig, register_configs
+from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
 from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import validate_model_config
-from sharding.cluster import resolve_cluster
+from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.types import PlannerName
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,18 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
 
     quiet_library_noise()
     tcfg = to_typed(cfg)
-    validate_model_config(tcfg.model)  # fail here, before any rank starts
+    check_train_config(tcfg)  # fail here, before any rank starts
+    validate_model_config(tcfg.model)
+    if tcfg.trainer.resume_from:
+        from recsys.checkpoint import checkpoint_step
+
+        step = checkpoint_step(tcfg.trainer.resume_from)
+        if step is not None and step >= tcfg.trainer.max_steps:
+            raise TrainConfigError(
+                f"trainer.resume_from: the checkpoint is at step {step}, at or past "
+                f"trainer.max_steps={tcfg.trainer.max_steps}: nothing to train. Raise "
+                f"trainer.max_steps"
+            )
     resolve_hotness(tcfg.dataset.hotness, len(tcfg.model.num_embeddings_per_feature))
     if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
         # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
@@ -97,6 +109,14 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         log.info("pipeline=nested: cold parts of split tables stay pooled "
                  "(planner.cold_only_exchange=false)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
+    ranks = resolve_cluster(tcfg.cluster)
+    if (not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda"
+            and not torch.cuda.is_available()):  # fmt: skip
+        raise TrainConfigError(
+            f"cluster '{tcfg.cluster.name}' has GPUs and this machine has no CUDA: plan it "
+            f"with `python -m sharding.plan cluster={tcfg.cluster.name}` or "
+            f"trainer.dry_run=true, or train on CPU ranks (cluster=local_cpu2)"
+        )
     emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
     if emulate and not launch.launched_externally():
         from recsys.emulation import EmulationError, refuse_reason
@@ -107,7 +127,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
-    world = len(resolve_cluster(tcfg.cluster))
+    world = len(ranks)
     writer = True
     if tcfg.trainer.dry_run:
         summary = plan_only(tcfg, run_dir) if our_plan is None else {
@@ -165,6 +185,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from sharding.plan_eval import PlanDoesNotFitError
 
     return (
+        TrainConfigError,
         launch.RankFailedError,
         ClusterConfigError,
         ModelConfigError,
@@ -175,6 +196,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         HotnessError,
         EmulationError,
     )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """A figure for the printout; an undefined one (no eval, no timed steps) is n/a."""
+    return "n/a" if value is None else format(value, spec)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -190,9 +216,10 @@ def main(cfg: DictConfig) -> float | None:
         print(f"dry run: plan for {summary['world_size']} ranks written to {summary['plan_file']}")
         return None
     print(
-        f"eval AUC {summary['eval_auc']:.4f} | eval log loss {summary['eval_logloss']:.4f} | "
-        f"train loss {summary['train_loss']:.4f} | {summary['samples_per_s']:,.0f} samples/s "
-        f"on {summary['world_size']} ranks ({summary['pipeline']})\n"
+        f"eval AUC {_fmt(summary['eval_auc'], '.4f')} | eval log loss "
+        f"{_fmt(summary['eval_logloss'], '.4f')} | train loss {_fmt(summary['train_loss'], '.4f')} "
+        f"| {_fmt(summary['samples_per_s'], ',.0f')} samples/s on {summary['world_size']} ranks "
+        f"({summary['pipeline']})\n"
         f"summary: {Path(summary['run_dir']) / 'summary.json'}"
     )
     return summary["eval_auc"]  # a sweeper's objective

@@ -349,6 +349,11 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     start = 0
     if tcfg.resume_from:
         start = load_checkpoint(tcfg.resume_from, model, optimizer, dense_opt)
+        if start >= tcfg.max_steps:
+            raise ValueError(
+                f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
+                f"trainer.max_steps={tcfg.max_steps}: nothing to train. Raise trainer.max_steps"
+            )
         if rank == 0:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
@@ -356,6 +361,8 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     train_iter = batches("train", start, tcfg.max_steps)
 
     def run_eval() -> dict:
+        if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
+            return {"eval_auc": None, "eval_logloss": None, "eval_samples": 0}
         eval_model = detach_for_eval(pipeline, model)
         return evaluate(eval_model, batches("eval", 0, cfg.dataset.eval_batches), device)
 

@@ -36,7 +36,17 @@ class ProfileAppConfig:
     output: str | None = None  # default: the Hydra run dir
 
 
+def check_profile_config(cfg: ProfileAppConfig) -> None:
+    """The keys `profile_dataset` reads, each refused by name before any batch is read."""
+    for key, low in (("batches", 1), ("batch_size", 1), ("hot_ids", 0), ("exact_max_rows", 0),
+                     ("sketch_capacity", 1)):  # fmt: skip
+        value = getattr(cfg, key)
+        if value < low:
+            raise ValueError(f"{key} must be >= {low}, got {value}")
+
+
 def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
+    check_profile_config(cfg)
     source = build_source(cfg.dataset, cfg.model, cfg.batch_size, world_size=1)
     names = feature_names(cfg.model)
     rows = dict(zip((f"t_{n}" for n in names), cfg.model.num_embeddings_per_feature, strict=True))

@@ -15,6 +15,7 @@ import gzip
 import os
 import re
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -26,7 +27,13 @@ from typing import BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES, ParsedChunk, parse_lines
+from recsys.data.criteo_tsv import (
+    CAT_FEATURES,
+    INT_FEATURES,
+    BadInputError,
+    ParsedChunk,
+    parse_lines,
+)
 from recsys.data.npy_io import NpyAppender
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
@@ -89,12 +96,18 @@ def _open(path: Path) -> tuple[BinaryIO, BinaryIO]:
     return raw, raw
 
 
-def _chunks(stream: BinaryIO, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+def _chunks(stream: BinaryIO, chunk_bytes: int, path: Path) -> Iterator[tuple[bytes, int]]:
     """Whole-line chunks and the 1-based number of their first line; the last line may lack
     its newline."""
     line, rest = 1, b""
     while True:
-        block = stream.read(chunk_bytes)
+        try:
+            block = stream.read(chunk_bytes)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise BadInputError(
+                f"{path}: truncated or corrupt gzip file after line {line - 1:,} ({e}); "
+                f"fetch or compress it again"
+            ) from None
         if not block:
             break
         data = rest + block
@@ -127,7 +140,7 @@ def convert_file(
     name = output_name(path)
     labeled = has_label(path, opts.label_column)
     raw_dense_path = out_dir / f".{name}_dense_raw.npy"
-    bad = 0
+    bad, first_bad = 0, ""
     text_bytes = 0
     stream, raw = _open(path)
     bar = tqdm(
@@ -142,16 +155,17 @@ def convert_file(
         ):
 
             def write(chunk: ParsedChunk) -> None:
-                nonlocal bad
+                nonlocal bad, first_bad
                 labels.append(chunk.labels_N)
                 dense_raw.append(chunk.ints_NI)
                 sparse.append(chunk.cats_NC)
                 bad += chunk.bad_lines
+                first_bad = first_bad or chunk.first_bad
                 bar.update(raw.tell() - bar.n)
 
             pending: deque[Future[ParsedChunk]] = deque()
             in_flight = 2 * workers
-            for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20)):
+            for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20), path):
                 text_bytes += len(data)
                 args = (data, labeled, str(path), first_line, opts.skip_bad_lines)
                 if pool is None:
@@ -162,6 +176,12 @@ def convert_file(
                     write(pending.popleft().result())
             while pending:
                 write(pending.popleft().result())
+        if text_bytes == 0:
+            raise BadInputError(f"{path}: the file is empty (no lines); remove it or fetch it "
+                                f"again")  # fmt: skip
+        if bad and labels.rows == 0:
+            raise BadInputError(f"{path}: every line is malformed ({bad:,} lines); the "
+                                f"first: {first_bad}")  # fmt: skip
         rows = _write_log_dense(raw_dense_path, out_dir / f"{name}_dense.npy")
     finally:
         bar.close()

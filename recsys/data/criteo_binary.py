@@ -14,6 +14,8 @@ position of a run is its step.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +46,34 @@ def prepared_names(path: str | Path) -> list[str]:
             f"Make them with: python -m recsys.data.prepare input=<tsv file or dir> output={root}"
         )
     return names
+
+
+def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:
+    """Refuse a directory whose files cannot come from one `prepare` run: day_N files beside
+    other names (two layouts), or files that its summary.json does not list as they are."""
+    days = sorted(n for n in rows if re.fullmatch(r"day_\d+", n))
+    others = sorted(n for n in rows if n not in days)
+    if days and others:
+        raise CriteoDataError(
+            f"'{root}' mixes two layouts: {days[:3]} (Criteo 1TB) and {others[:3]}; prepare "
+            f"each dataset into its own directory"
+        )
+    summary = root / "summary.json"
+    if not summary.exists():
+        return
+    try:
+        listed = {f["name"]: f["rows"] for f in json.loads(summary.read_text())["files"]}
+    except (ValueError, KeyError, TypeError):
+        raise CriteoDataError(f"'{summary}' is not a prepare summary; remove it") from None
+    for name in sorted(set(rows) | set(listed)):
+        if rows.get(name) != listed.get(name):
+            have = f"{rows[name]:,} rows" if name in rows else "no files"
+            said = f"{listed[name]:,} rows" if name in listed else "nothing"
+            raise CriteoDataError(
+                f"'{root}/{name}_*.npy': the directory holds {have}, its summary.json says "
+                f"{said}: files of two runs are mixed. Prepare again into an empty directory "
+                f"(or with overwrite=true)"
+            )
 
 
 class CriteoBinary:
@@ -82,6 +112,10 @@ class CriteoBinary:
                 or len(lab) != len(s)
             ):
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
+        every = {p.name[: -len("_dense.npy")]: 0 for p in root.glob("*_dense.npy")}
+        for n in every:  # the test file too: the summary lists it
+            every[n] = len(np.load(root / f"{n}_dense.npy", mmap_mode="r"))
+        check_prepared_dir(root, every)
         self.hotness = hotness
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)
         self.multi_hot = None

@@ -5,8 +5,10 @@ One sample a line, tab-separated: label, 13 integer counts (may be negative or e
 has no label column. Real files have rough edges this parser keeps right:
 - trailing empty fields stripped (fewer fields): padded with missing values, never shifted;
 - a last line without a newline: kept;
-- malformed lines (non-hex category, non-integer count, bad label, too many fields):
-  reported with file and line number, or dropped and counted when skipping is asked for.
+- CRLF line endings (files that passed through Windows tools): read as LF;
+- malformed lines (blank, an empty or bad label, non-hex category, non-integer count, too
+  many fields): reported with file and line number, or dropped and counted when skipping
+  is asked for.
 Missing values become 0, as TorchRec's `BinaryCriteoUtils.tsv_to_npys` maps them.
 
 Shapes: N = lines in the chunk.
@@ -32,7 +34,11 @@ _TAB, _NL, _MINUS, _ZERO = 9, 10, ord("-"), ord("0")
 _MAX_SAFE_DIGITS = 18  # |value| < 10**18 cannot overflow int64; longer ones go the slow way
 
 
-class MalformedLineError(ValueError):
+class BadInputError(ValueError):
+    """An input file that cannot be read as Criteo TSV; the message names it."""
+
+
+class MalformedLineError(BadInputError):
     """A line that is not Criteo TSV; the message names file and line."""
 
 
@@ -42,6 +48,7 @@ class ParsedChunk:
     ints_NI: np.ndarray  # int64 raw counts, 0 where missing
     cats_NC: np.ndarray  # int64 raw hex values, 0 where missing
     bad_lines: int  # lines dropped (only when skipping)
+    first_bad: str = ""  # "<file>:<line>: <why>" of the first dropped line
 
 
 def n_fields(has_label: bool) -> int:
@@ -141,20 +148,27 @@ def parse_lines(
     if not data:
         empty = np.zeros((0, INT_FEATURES), dtype=np.int64)
         return ParsedChunk(np.zeros(0, np.int32), empty, np.zeros((0, CAT_FEATURES), np.int64), 0)
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
     if not data.endswith(b"\n"):
         data += b"\n"
     buf = np.frombuffer(data, dtype=np.uint8)
     fields = n_fields(has_label)
     starts, ends, counts_N = _field_spans(buf, fields)
     n = len(counts_N)
-    reasons: list[tuple[np.ndarray, str]] = [(counts_N > fields, f"more than {fields} fields")]
+    blank = (counts_N == 1) & (ends[:, 0] == starts[:, 0])
+    reasons: list[tuple[np.ndarray, str]] = [
+        (blank, "blank line"),
+        (counts_N > fields, f"more than {fields} fields"),
+    ]
     col = 0
     if has_label:
         lab_len = ends[:, 0] - starts[:, 0]
         lab = buf[np.minimum(starts[:, 0], len(buf) - 1)]
         labels_N = np.where((lab_len == 1) & (lab == ord("1")), 1, 0).astype(np.int32)
-        ok = (lab_len == 0) | ((lab_len == 1) & ((lab == ord("0")) | (lab == ord("1"))))
-        reasons.append((~ok, "label is not 0 or 1"))
+        ok = (lab_len == 1) & ((lab == ord("0")) | (lab == ord("1")))
+        reasons.append(((lab_len == 0) & ~blank, "the label is empty"))
+        reasons.append((~ok & (lab_len > 0), "label is not 0 or 1"))
         col = 1
     else:
         labels_N = np.full(n, -1, dtype=np.int32)
@@ -171,13 +185,13 @@ def parse_lines(
         bad_N |= mask
     if not bad_N.any():
         return ParsedChunk(labels_N, ints_NI, cats_NC, 0)
+    i = int(np.flatnonzero(bad_N)[0])
+    why = next(reason for mask, reason in reasons if mask[i])
+    line = data.split(b"\n", i + 1)[i]
+    first_bad = f"{path}:{first_line + i}: malformed Criteo line ({why}): {line[:120]!r}"
     if not skip_bad_lines:
-        i = int(np.flatnonzero(bad_N)[0])
-        why = next(reason for mask, reason in reasons if mask[i])
-        line = data.split(b"\n", i + 1)[i]
         raise MalformedLineError(
-            f"{path}:{first_line + i}: malformed Criteo line ({why}): {line[:120]!r}. "
-            f"Fix the file, or pass skip_bad_lines=true to skip and count such lines."
+            f"{first_bad}. Fix the file, or pass skip_bad_lines=true to skip and count such lines."
         )
     keep = ~bad_N
-    return ParsedChunk(labels_N[keep], ints_NI[keep], cats_NC[keep], int(bad_N.sum()))
+    return ParsedChunk(labels_N[keep], ints_NI[keep], cats_NC[keep], int(bad_N.sum()), first_bad)

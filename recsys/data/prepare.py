@@ -2,6 +2,8 @@
 
 Writes TorchRec's binary Criteo layout (see `recsys.data.convert`) and `summary.json`
 (`rows`, `bad_lines`, `files`, `mb_per_s`) into the output directory and the Hydra run dir.
+The output directory appears whole or not at all (`recsys.data.atomic`): a non-empty one is
+refused unless `overwrite=true`, which replaces it whole; an error or Ctrl-C leaves nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from recsys.data.convert import ConvertOptions, LabelColumn, convert
+from recsys.data.atomic import OutputDirError, atomic_dir
+from recsys.data.convert import ConvertOptions, LabelColumn, convert, input_files
 from recsys.data.criteo_binary import prepared_names
-from recsys.data.criteo_tsv import CAT_FEATURES, MalformedLineError
+from recsys.data.criteo_tsv import CAT_FEATURES, BadInputError
 from recsys.data.multi_hot import HotnessError, resolve_hotness, write_multi_hot
 
 
@@ -36,6 +39,7 @@ class PrepareConfig:
     # also write multi-hot bags (TorchRec's layout, `recsys.data.multi_hot`): a bag size per
     # table, or "mlperf"; train with the same `dataset.hotness`
     hotness: Any = None
+    overwrite: bool = False  # replace a non-empty output directory whole
 
 
 def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
@@ -48,23 +52,27 @@ def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
         progress=cfg.progress,
     )
     hotness = resolve_hotness(cfg.hotness, CAT_FEATURES)  # checked before the long part
-    results = convert(cfg.input, cfg.output, opts)
-    if hotness is not None:
-        write_multi_hot(cfg.output, prepared_names(cfg.output), hotness, progress=cfg.progress)
-    seconds = time.perf_counter() - start
-    text_mb = sum(r.text_mb for r in results)
-    summary = {
-        "rows": sum(r.rows for r in results),
-        "bad_lines": sum(r.bad_lines for r in results),
-        "files": [asdict(r) for r in results],
-        "text_mb": text_mb,
-        "seconds": seconds,
-        "mb_per_s": text_mb / seconds if seconds else None,
-        "output": str(Path(cfg.output).resolve()),
-        "hotness": hotness,  # null: one-hot only
-    }
-    for where in {Path(cfg.output), *([run_dir] if run_dir else [])}:
-        (where / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    input_files(cfg.input)  # an input that is not there: before the output is touched
+    with atomic_dir(cfg.output, cfg.overwrite) as out:
+        results = convert(cfg.input, out, opts)
+        if hotness is not None:
+            write_multi_hot(out, prepared_names(out), hotness, progress=cfg.progress)
+        seconds = time.perf_counter() - start
+        text_mb = sum(r.text_mb for r in results)
+        summary = {
+            "rows": sum(r.rows for r in results),
+            "bad_lines": sum(r.bad_lines for r in results),
+            "files": [asdict(r) for r in results],
+            "text_mb": text_mb,
+            "seconds": seconds,
+            "mb_per_s": text_mb / seconds if seconds else None,
+            "output": str(Path(cfg.output).resolve()),
+            "hotness": hotness,  # null: one-hot only
+        }
+        text = json.dumps(summary, indent=2) + "\n"
+        (out / "summary.json").write_text(text)
+    if run_dir:
+        (run_dir / "summary.json").write_text(text)
     return summary
 
 
@@ -76,9 +84,12 @@ def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     try:
         summary = prepare(typed, Path(HydraConfig.get().runtime.output_dir))
-    except (MalformedLineError, FileNotFoundError, HotnessError) as e:
+    except (BadInputError, FileNotFoundError, HotnessError, OutputDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     print(
         f"{summary['rows']:,} rows from {len(summary['files'])} file(s), "
         f"{summary['bad_lines']:,} bad lines skipped, {summary['mb_per_s']:.1f} MB/s of text "

@@ -4,7 +4,8 @@ The optional steps after `prepare`, as TorchRec's and MLPerf's pipelines do them
 - modulo: raw hex values % `max_ind_range` (MLPerf's 40M cap), when it is > 0;
 - frequency threshold: ids seen fewer than `threshold` times in the training files share
   row 0; the others get contiguous rows 1..K in id order (K + 1 rows per table).
-Writes remapped `<name>_sparse.npy` files (dense and labels are linked, or copied where
+Writes (whole or not at all, as `prepare` does; `overwrite=true` replaces a non-empty
+output) remapped `<name>_sparse.npy` files (dense and labels are linked, or copied where
 links are impossible) and `remap.json` with the new `num_embeddings_per_feature`; pass those
 to the model (`model.num_embeddings_per_feature=[...]`). Memory: the distinct ids per
 feature (16 bytes each), never the whole file.
@@ -25,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm import tqdm
 
+from recsys.data.atomic import OutputDirError, atomic_dir
 from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
 from recsys.data.npy_io import NpyAppender
@@ -39,6 +41,7 @@ class RemapConfig:
     threshold: int = 1  # ids seen fewer times share row 0; 1 keeps every id seen
     max_ind_range: int = 0  # > 0: values % max_ind_range first
     progress: bool = True
+    overwrite: bool = False  # replace a non-empty output directory whole
 
 
 def _merge_counts(acc: tuple[np.ndarray, np.ndarray], values: np.ndarray):
@@ -90,8 +93,12 @@ def remap(cfg: RemapConfig) -> dict:
     src, out = Path(cfg.input), Path(cfg.output)
     if src.resolve() == out.resolve():
         raise CriteoDataError("remap: output must differ from input (input files are kept)")
-    out.mkdir(parents=True, exist_ok=True)
     train_names = prepared_names(src)  # the files that train; Kaggle's test.txt is not one
+    with atomic_dir(out, cfg.overwrite) as tmp:
+        return _remap(cfg, src, tmp, train_names)
+
+
+def _remap(cfg: RemapConfig, src: Path, out: Path, train_names: list[str]) -> dict:
     train_names = train_names[:-1] if len(train_names) > 1 else train_names  # not the held-out day
     sparse = {n: np.load(src / f"{n}_sparse.npy", mmap_mode="r") for n in _all_names(src)}
     counts = count_ids([sparse[n] for n in train_names], cfg.max_ind_range, cfg.progress)
@@ -127,9 +134,12 @@ ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 def main(cfg: DictConfig) -> None:
     try:
         result = remap(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
-    except CriteoDataError as e:
+    except (CriteoDataError, OutputDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     print(f"tables: {result['num_embeddings_per_feature']} -> {cfg.output}/remap.json")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from recsys.data.atomic import atomic_dir
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo, power_law_ranks
 
@@ -52,6 +53,7 @@ class SynthConfig:
     signal: float = 1.0
     chunk_rows: int = 50_000
     cardinalities: list[int] = field(default_factory=list)  # overrides the preset's
+    overwrite: bool = False  # replace a non-empty output directory whole
 
 
 def cardinalities(cfg: SynthConfig) -> list[int]:
@@ -110,7 +112,12 @@ def synthesize(cfg: SynthConfig) -> list[Path]:
     if cfg.rows < 1:
         raise ValueError(f"synth: rows must be >= 1, got {cfg.rows}")
     out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    cardinalities(cfg)  # bad ones: before the output is touched
+    with atomic_dir(out, cfg.overwrite) as tmp:
+        return [out / p.name for p in _synthesize(cfg, tmp)]
+
+
+def _synthesize(cfg: SynthConfig, out: Path) -> list[Path]:
     suffix = ".gz" if cfg.gzip else ""
     jobs: list[tuple[Path, int, bool]] = []
     if Preset(cfg.preset) == Preset.kaggle:

@@ -1,0 +1,57 @@
+"""A directory of outputs written whole or not at all.
+
+`atomic_dir(path, overwrite)` hands out a temporary directory beside `path`; when the block
+ends normally it is renamed into place (replacing `path` whole with `overwrite`), and on an
+error or Ctrl-C it is removed, saying so, and `path` stays as it was. A non-empty `path` is
+refused unless `overwrite`: outputs of two runs never mix in one directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class OutputDirError(ValueError):
+    """An output directory that cannot or must not be written; the message says why."""
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    """Refuse a file at `path`, or a non-empty directory unless `overwrite`."""
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"output '{path}' is a file; name a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"output '{path}' is not empty; pass overwrite=true to replace it whole, or name "
+            f"a new directory"
+        )
+
+
+@contextmanager
+def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary directory to write into; `path` once everything is written."""
+    path = Path(path).absolute()
+    check_output(path, overwrite)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+    except OSError as e:
+        raise OutputDirError(f"cannot write to output '{path}': {e.strerror}") from None
+    try:
+        yield tmp
+    except BaseException:  # noqa: B036 - an error or Ctrl-C: leave nothing partial
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"removed the partial output; '{path}' is unchanged", file=sys.stderr)
+        raise
+    old = None
+    if path.exists():  # checked above: empty, or overwrite
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        path.rename(old)
+    tmp.rename(path)
+    if old is not None:
+        shutil.rmtree(old)

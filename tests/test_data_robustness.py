@@ -1,0 +1,230 @@
+"""Bad input on the data path: outputs appear whole or not at all, never mixed, and each
+rough file gets one line naming it (and the line), with a non-zero exit from the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsys.data.atomic import OutputDirError, atomic_dir
+from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
+from recsys.data.criteo_tsv import BadInputError, MalformedLineError
+from recsys.data.prepare import PrepareConfig, prepare
+from recsys.data.remap import RemapConfig, remap
+from recsys.data.synthetic_files import SynthConfig, synthesize
+from tests.test_criteo_prepare import parse, random_rows, row, tsv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prepare(src: Path, out: Path, **kw) -> dict:
+    return prepare(PrepareConfig(input=str(src), output=str(out), workers=1, progress=False, **kw))
+
+
+def _text(tmp: Path, name: str, data: bytes) -> Path:
+    path = tmp / "in" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _listing(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_a_failed_prepare_leaves_the_previous_output_as_it_was(tmp_path: Path) -> None:
+    good = _text(tmp_path, "day_0", tsv(*random_rows(200)))
+    out = tmp_path / "out"
+    _prepare(good.parent, out)
+    before = _listing(out)
+    bad_rows = random_rows(200)
+    bad_rows[150] = row(cats=["nothex!"] * 26)
+    bad = tmp_path / "other" / "day_0"
+    bad.parent.mkdir()
+    bad.write_bytes(tsv(*bad_rows))
+    with pytest.raises(OutputDirError, match="not empty; pass overwrite=true"):
+        _prepare(bad.parent, out)
+    with pytest.raises(MalformedLineError, match="day_0:151"):
+        _prepare(bad.parent, out, overwrite=True)
+    assert _listing(out) == before  # nothing of the failed run, nothing lost
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
+
+
+def test_overwrite_replaces_the_directory_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "day_7_dense.npy").write_bytes(b"stale")  # another dataset's file
+    _prepare(_text(tmp_path, "train.txt", tsv(*random_rows(300))).parent, out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "summary.json", "train_dense.npy", "train_labels.npy", "train_sparse.npy"]  # fmt: skip
+
+
+def test_an_empty_output_directory_is_used_and_a_file_is_refused(tmp_path: Path) -> None:
+    src = _text(tmp_path, "day_0", tsv(*random_rows(50))).parent
+    (tmp_path / "empty").mkdir()
+    assert _prepare(src, tmp_path / "empty")["rows"] == 50
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputDirError, match="is a file"):
+        _prepare(src, tmp_path / "afile")
+
+
+def test_an_unwritable_output_is_one_line(tmp_path: Path) -> None:
+    src = _text(tmp_path, "day_0", tsv(*random_rows(50))).parent
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anyway: make the parent a file instead
+            target = tmp_path / "afile2" / "out"
+            (tmp_path / "afile2").write_text("x")
+        else:
+            target = locked / "out"
+        with pytest.raises(OutputDirError, match="cannot write to output"):
+            _prepare(src, target)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_interrupted_work_is_removed_and_said_so(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt), atomic_dir(out) as tmp:
+        (tmp / "half.npy").write_bytes(b"1234")
+        raise KeyboardInterrupt
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert "removed the partial output" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_prepare_leaves_nothing_and_exits_130(tmp_path: Path) -> None:
+    src = tmp_path / "tsv"
+    synthesize(SynthConfig(output=str(src), rows=400_000, scale=1000))
+    out = tmp_path / "bin"
+    proc = subprocess.Popen([sys.executable, "-m", "recsys.data.prepare", f"input={src}",
+                             f"output={out}", "workers=1", "chunk_mb=1",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".bin.partial-*/*")):  # it is writing now
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "removed the partial output" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tsv"]
+
+
+def test_synth_and_remap_write_whole_directories_too(tmp_path: Path) -> None:
+    tsv_dir = tmp_path / "tsv"
+    synthesize(SynthConfig(output=str(tsv_dir), rows=2000, scale=1000))
+    with pytest.raises(OutputDirError, match="not empty"):
+        synthesize(SynthConfig(output=str(tsv_dir), rows=10, scale=1000))
+    synthesize(SynthConfig(output=str(tsv_dir), rows=10, scale=1000, overwrite=True))
+    assert len((tsv_dir / "train.txt").read_text().splitlines()) == 10
+    _prepare(tsv_dir, tmp_path / "bin")
+    remap(RemapConfig(input=str(tmp_path / "bin"), output=str(tmp_path / "re"), progress=False))
+    with pytest.raises(OutputDirError, match="not empty"):
+        remap(RemapConfig(input=str(tmp_path / "bin"), output=str(tmp_path / "re")))
+
+
+# --- text edge cases -----------------------------------------------------------------------
+
+
+def test_blank_lines_are_refused_by_line_or_skipped_and_counted() -> None:
+    data = tsv(row("0"), row("1")) + b"\n" + tsv(row("1"))
+    with pytest.raises(MalformedLineError, match=r"f.txt:3: malformed Criteo line \(blank line"):
+        parse(data)
+    chunk = parse(data, skip=True)
+    assert chunk.bad_lines == 1 and chunk.labels_N.tolist() == [0, 1, 1]
+
+
+def test_crlf_line_endings_read_as_lf() -> None:
+    plain = tsv(row("0"), row("1", cats=[f"{c:08x}" for c in range(26)]), row("1")[:20])
+    crlf = plain.replace(b"\n", b"\r\n")
+    a, b = parse(plain), parse(crlf)
+    for x, y in ((a.labels_N, b.labels_N), (a.ints_NI, b.ints_NI), (a.cats_NC, b.cats_NC)):
+        assert np.array_equal(x, y)
+
+
+def test_an_empty_label_is_refused_naming_the_line() -> None:
+    with pytest.raises(MalformedLineError, match=r"f.txt:2: malformed Criteo line \(the label is"):
+        parse(tsv(row("0"), row("")))
+
+
+def test_an_empty_file_and_a_truncated_gzip_are_one_line_each(tmp_path: Path) -> None:
+    empty = _text(tmp_path, "day_0", b"")
+    with pytest.raises(BadInputError, match=r"day_0: the file is empty"):
+        _prepare(empty, tmp_path / "o1")
+    whole = gzip.compress(tsv(*random_rows(3000)))
+    cut = _text(tmp_path / "gz", "day_0.gz", whole[: len(whole) // 2])
+    with pytest.raises(BadInputError, match=r"day_0.gz: truncated or corrupt gzip"):
+        _prepare(cut, tmp_path / "o2")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_file_of_only_bad_lines_fails_even_when_skipping(tmp_path: Path) -> None:
+    src = _text(tmp_path, "day_0", tsv(row("7"), row("x")) + b"\n\n")
+    with pytest.raises(BadInputError, match=r"every line is malformed \(4 lines\); the first: "
+                       r".*day_0:1: malformed Criteo line \(label is not 0 or 1"):  # fmt: skip
+        _prepare(src, tmp_path / "o", skip_bad_lines=True)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(b"", "the file is empty"), (b"2\t1\n", "every line is malformed")],
+)
+def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+    src = _text(tmp_path, "day_0", content)
+    proc = subprocess.run([sys.executable, "-m", "recsys.data.prepare", f"input={src}",
+                           f"output={tmp_path / 'o'}", "skip_bad_lines=true", "workers=1",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+# --- the loader refuses what does not belong together -------------------------------------
+
+
+def _loader(path: Path) -> CriteoBinary:
+    return CriteoBinary(path, [1000] * 26, [f"cat_{i}" for i in range(26)], 8, 1)
+
+
+def test_the_loader_refuses_files_its_summary_does_not_list(tmp_path: Path) -> None:
+    out = tmp_path / "bin"
+    _prepare(_text(tmp_path, "train.txt", tsv(*random_rows(400))).parent, out)
+    _loader(out)  # as prepared: fine
+    for kind in ("dense", "sparse", "labels"):  # a stray file of another run
+        arr = np.load(out / f"train_{kind}.npy")
+        np.save(out / f"extra_{kind}.npy", arr[:100])
+    with pytest.raises(CriteoDataError, match=r"extra_\*.npy': the directory holds 100 rows, "
+                       r"its summary.json says nothing"):  # fmt: skip
+        _loader(out)
+
+
+def test_the_loader_refuses_two_layouts_in_one_directory(tmp_path: Path) -> None:
+    out = tmp_path / "bin"
+    _prepare(_text(tmp_path, "train.txt", tsv(*random_rows(400))).parent, out)
+    (out / "summary.json").unlink()
+    for kind in ("dense", "sparse", "labels"):
+        np.save(out / f"day_0_{kind}.npy", np.load(out / f"train_{kind}.npy"))
+    with pytest.raises(CriteoDataError, match=r"mixes two layouts: \['day_0'\] .* \['train'\]"):
+        _loader(out)
+
+
+def test_profile_refuses_a_zero_sketch_and_negative_hot_ids() -> None:
+    from sharding.profile import ProfileAppConfig, check_profile_config
+
+    with pytest.raises(ValueError, match="sketch_capacity must be >= 1, got 0"):
+        check_profile_config(ProfileAppConfig(sketch_capacity=0))
+    with pytest.raises(ValueError, match="hot_ids must be >= 0, got -1"):
+        check_profile_config(ProfileAppConfig(hot_ids=-1))

@@ -1,0 +1,89 @@
+"""What a training run checks before any rank starts (one line naming the key), and a run
+end that never crashes on undefined figures (null in summary.json, n/a on the console)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from recsys.config import TrainConfigError, check_train_config, register_configs
+from recsys.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.batch_size=0", "trainer.batch_size must be >= 1, got 0"),
+        ("trainer.max_steps=0", "trainer.max_steps must be >= 1, got 0"),
+        ("trainer.warmup_steps=-1", "trainer.warmup_steps must be >= 0, got -1"),
+        ("trainer.log_every=0", "trainer.log_every must be >= 1, got 0"),
+        ("trainer.lr=nan", "trainer.lr must be a finite number > 0, got nan"),
+        ("trainer.lr=-0.1", "trainer.lr must be a finite number > 0, got -0.1"),
+        ("trainer.embedding_lr=inf", "trainer.embedding_lr must be a finite number > 0, got inf"),
+        ("trainer.dist_timeout_s=0", "trainer.dist_timeout_s must be a finite number > 0"),
+        ("trainer.job_timeout_s=-5", "trainer.job_timeout_s must be a finite number > 0"),
+        ("dataset.eval_batches=-1", "dataset.eval_batches must be >= 0"),
+    ],
+)
+def test_bad_trainer_values_are_refused_naming_the_key(typed_cfg, override, message) -> None:
+    with pytest.raises(TrainConfigError, match=message.replace("(", r"\(")):
+        check_train_config(typed_cfg([override]))
+
+
+def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tmp_path) -> None:
+    ckpt = tmp_path / "checkpoints" / "step_00000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / ".metadata").write_bytes(b"")
+    cfg = typed_cfg([f"trainer.resume_from={tmp_path / 'checkpoints'}", "trainer.max_steps=5"])
+    with pytest.raises(TrainConfigError, match="checkpoint is at step 10, at or past "
+                       "trainer.max_steps=5"):  # fmt: skip
+        train(cfg, tmp_path / "run")
+
+
+def test_a_gpu_cluster_on_a_machine_without_cuda_is_one_line(typed_cfg, tmp_path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(TrainConfigError, match="has GPUs and this machine has no CUDA: plan it "
+                       "with `python -m sharding.plan cluster=1x8_a100_80g`"):  # fmt: skip
+        train(typed_cfg(["cluster=1x8_a100_80g"]), tmp_path)
+
+
+def test_the_cli_refuses_a_zero_timeout_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", "trainer.dist_timeout_s=0",
+                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: trainer.dist_timeout_s must be a finite number > 0, got 0.0"
+    )
+
+
+def test_run_directories_of_one_second_differ() -> None:
+    """Hydra's run dir carries the process id beside the time."""
+    text = (REPO / "conf" / "config.yaml").read_text()
+    assert "${now:%Y-%m-%d_%H-%M-%S}-${pid:}" in text
+    register_configs()
+    assert OmegaConf.create({"d": "runs/x-${pid:}"}).d == f"runs/x-{os.getpid()}"
+
+
+@pytest.mark.slow
+def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", "trainer.max_steps=3",
+                           "trainer.warmup_steps=3", "dataset.eval_batches=0",
+                           "trainer.progress_bar=false", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval AUC n/a | eval log loss n/a" in proc.stdout and "n/a samples/s" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["samples_per_s"] is None and summary["eval_auc"] is None
+    assert summary["steps"] == 3 and summary["train_loss"] is not None
