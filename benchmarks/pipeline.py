@@ -299,7 +299,7 @@ def _rows(pipelines: list[str], slow: dict, fast: dict) -> list[dict]:
         rows.append({
             "pipeline": label, "samples_per_s": s["samples_per_s"],
             "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
-            "measured_ms": measured_ms(s), "predicted_ms": slow[label]["predicted_ms"],
+            "measured_ms": measured_ms(s), "predicted_ms": slow[label].get("predicted_ms"),
             "exposed_comm_ms": measured_ms(s) - measured_ms(f),
             "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
             "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sharding.bound import lower_bound_ms
 from sharding.cost_model import (
@@ -116,8 +116,24 @@ class Plan:
         return [s for t in self.tables for s in t.shards]
 
 
+def _merge_columns_on_one_rank(tp: TablePlan) -> None:
+    """Column pieces of a table that landed on the same rank in the same tier are one piece:
+    the same bytes, lookups and exchange, without TorchRec permuting two shards of one rank
+    back into place (an output callback the nested pipeline's chunks do not replicate)."""
+    cold = [s for s in tp.shards if not s.dp]
+    if len(cold) < 2 or tp.cold_parts > 1 or any(s.node_reduce for s in cold):
+        return
+    merged: dict[tuple, Shard] = {}
+    for s in cold:
+        key = (s.rank, s.tier, s.hit_rate, s.cache_rows, s.lookup_share, s.sparse_exchange)
+        merged[key] = replace(merged[key], cols=merged[key].cols + s.cols) if key in merged else s
+    if len(merged) < len(cold):
+        tp.shards = [s for s in tp.shards if s.dp] + list(merged.values())
+
+
 def finish_table(tp: TablePlan) -> TablePlan:
     """Sharding type, ranks, tier and rows in fast memory from a table's shards."""
+    _merge_columns_on_one_rank(tp)
     cold = [s for s in tp.shards if not s.dp]
     if not cold:
         return tp  # replicated whole: data_parallel on every rank
