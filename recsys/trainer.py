@@ -159,7 +159,9 @@ class LossWatch:
 def _is_comm_failure(e: BaseException) -> bool:
     text = str(e)
     return isinstance(e, dist.DistBackendError) or any(
-        s in text for s in ("gloo", "Connection closed", "Connection reset", "Timed out", "NCCL")
+        s in text
+        for s in ("gloo", "Connection closed", "Connection reset", "Timed out", "NCCL",
+                  "timeout caused pair closure")  # fmt: skip
     )
 
 

@@ -110,7 +110,8 @@ def test_ctrl_c_during_prepare_leaves_nothing_and_exits_130(tmp_path: Path) -> N
     proc = subprocess.Popen([sys.executable, "-m", "recsys.data.prepare", f"input={src}",
                              f"output={out}", "workers=1", "chunk_mb=1",
                              f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)  # fmt: skip
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".bin.partial-*/*")):  # it is writing now
         assert time.monotonic() < deadline and proc.poll() is None
@@ -120,6 +121,12 @@ def test_ctrl_c_during_prepare_leaves_nothing_and_exits_130(tmp_path: Path) -> N
     assert proc.returncode == 130, err[-2000:]
     assert "removed the partial output" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tsv"]
+
+
+def _sigint_default() -> None:
+    """Undo an inherited SIG_IGN (a shell starts background jobs with SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler): the child must see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_synth_and_remap_write_whole_directories_too(tmp_path: Path) -> None:

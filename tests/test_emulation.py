@@ -19,6 +19,7 @@ from recsys.launch import RankFailedError, raise_on_failure
 from recsys.train import to_typed, train
 from sharding.cluster import ClusterConfigError, resolve_cluster
 from tests.conftest import compose_config
+from tests.test_data_robustness import _sigint_default
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,7 +125,7 @@ def test_a_killed_rank_leaves_nothing_behind() -> None:
 
 @pytest.mark.slow
 @needs_root
-@pytest.mark.parametrize("chunk_bytes", [16 * 1024, 64 * 1024])
+@pytest.mark.parametrize("chunk_bytes", [64 * 1024, 256 * 1024])  # nested4's are 416 KB
 def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
     spec = _cluster("emu_2node")
     with emulation.emulated(spec, tag="linktest") as emu:
@@ -162,7 +163,7 @@ def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> No
 def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> None:
     proc = subprocess.Popen([sys.executable, *_train_args(tmp_path, 100_000), "cluster=emu_2node"],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True, preexec_fn=_sigint_default)  # fmt: skip
     tag = f"emu_2node-{proc.pid}"
     deadline = time.monotonic() + 120
     while not (tmp_path / "train.log").exists() or len(emulation.leftovers(tag)) < 4:
