@@ -160,8 +160,14 @@ def _is_comm_failure(e: BaseException) -> bool:
     text = str(e)
     return isinstance(e, dist.DistBackendError) or any(
         s in text
-        for s in ("gloo", "Connection closed", "Connection reset", "Timed out", "NCCL",
-                  "timeout caused pair closure")  # fmt: skip
+        for s in (
+            "gloo",
+            "Connection closed",
+            "Connection reset",
+            "Timed out",
+            "NCCL",
+            "timeout caused pair closure",
+        )  # fmt: skip
     )
 
 
