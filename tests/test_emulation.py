@@ -65,14 +65,17 @@ def test_bad_emulation_sections_are_refused_by_key(overrides: list[str], match: 
         resolve_cluster(_cluster("emu_mixed4", overrides))
 
 
-def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(monkeypatch) -> None:
+def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(
+    monkeypatch, tmp_path: Path
+) -> None:
     spec = _cluster("emu_mixed4")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     why = emulation.refuse_reason(spec)
     assert "needs root" in why and "cluster=local_cpu2" in why and "\n" not in why
     cfg = to_typed(compose_config(["cluster=emu_mixed4", "planner=round_robin"]))
     with pytest.raises(emulation.EmulationError, match="needs root"):
-        train(cfg, "/tmp/recsys-emu-refused")
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was made
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})  # a 1-core machine
     why = emulation.refuse_reason(spec)
