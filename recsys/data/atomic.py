@@ -12,9 +12,12 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class OutputDirError(ValueError):
@@ -55,3 +58,16 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
     tmp.rename(path)
     if old is not None:
         shutil.rmtree(old)
+
+
+def run_cli(job: Callable[[], T], errors: tuple[type[BaseException], ...]) -> T:
+    """A data command's body: an expected error is one line and exit 1; Ctrl-C (after
+    `atomic_dir` removed the partial output) is one line and exit 130."""
+    try:
+        return job()
+    except (*errors, OutputDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

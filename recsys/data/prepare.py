@@ -9,7 +9,6 @@ refused unless `overwrite=true`, which replaces it whole; an error or Ctrl-C lea
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from recsys.data.atomic import OutputDirError, atomic_dir
+from recsys.data.atomic import atomic_dir, run_cli
 from recsys.data.convert import ConvertOptions, LabelColumn, convert, input_files
 from recsys.data.criteo_binary import prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES, BadInputError
@@ -82,14 +81,9 @@ ConfigStore.instance().store(name="base_prepare", node=PrepareConfig)
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="prepare")
 def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    try:
-        summary = prepare(typed, Path(HydraConfig.get().runtime.output_dir))
-    except (BadInputError, FileNotFoundError, HotnessError, OutputDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    summary = run_cli(lambda: prepare(typed, run_dir),
+                      (BadInputError, FileNotFoundError, HotnessError))  # fmt: skip
     print(
         f"{summary['rows']:,} rows from {len(summary['files'])} file(s), "
         f"{summary['bad_lines']:,} bad lines skipped, {summary['mb_per_s']:.1f} MB/s of text "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recsys.data.atomic import OutputDirError, atomic_dir
+from recsys.data.atomic import atomic_dir, run_cli
 from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
 from recsys.data.npy_io import NpyAppender
@@ -132,14 +131,7 @@ ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="remap")
 def main(cfg: DictConfig) -> None:
-    try:
-        result = remap(OmegaConf.to_object(cfg))  # type: ignore[arg-type]
-    except (CriteoDataError, OutputDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    result = run_cli(lambda: remap(OmegaConf.to_object(cfg)), (CriteoDataError,))  # type: ignore[arg-type]
     print(f"tables: {result['num_embeddings_per_feature']} -> {cfg.output}/remap.json")
 
 

@@ -3,13 +3,11 @@ Criteo files in the real text format (see `recsys.data.synthetic_files`)."""
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.data.atomic import OutputDirError
+from recsys.data.atomic import run_cli
 from recsys.data.synthetic_files import SynthConfig, cardinalities, synthesize
 
 ConfigStore.instance().store(name="base_synth", node=SynthConfig)
@@ -18,14 +16,7 @@ ConfigStore.instance().store(name="base_synth", node=SynthConfig)
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="synth")
 def main(cfg: DictConfig) -> None:
     typed: SynthConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    try:
-        paths = synthesize(typed)
-    except (ValueError, OutputDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    paths = run_cli(lambda: synthesize(typed), (ValueError,))
     print(f"wrote {', '.join(str(p) for p in paths)}; cardinalities {cardinalities(typed)}")
 
 
