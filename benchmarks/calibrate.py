@@ -87,9 +87,11 @@ class CalibrateConfig:
     # all: measure everything; emulated: keep the saved one-core constants and links,
     # measure only the emulated clusters (a new preset's shares) and validate everything
     measure: str = "all"
-    write_calibration: bool = True
     # per rank: two hybrid runs each (sequence / pooled cold parts) for the sequence cost
     sequence_batches: list[int] = field(default_factory=lambda: [512, 2048])
+    # also write the published results and sharding/calibration/local_cpu.json, the
+    # constants the planner reads (without it they land in the run directory only)
+    save: bool = False
     results_dir: str = str(REPO / "benchmarks" / "results" / "calibrate")
 
 
@@ -479,7 +481,7 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
         elif cfg.emulated:
             print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
         cal.measured["environment"] = environment()
-        if cfg.write_calibration:
+        if cfg.save:
             save_calibration(cal)
         save_calibration(cal, run_dir / "local_cpu.json")
         cal = load_calibration(run_dir / "local_cpu.json")
@@ -560,7 +562,7 @@ ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 def main(cfg: DictConfig) -> None:
     typed: CalibrateConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))
-    finish(result, table(result), "calibrate", typed.results_dir, json_name="summary")
+    finish(result, table(result), "calibrate", typed, json_name="summary")
 
 
 if __name__ == "__main__":

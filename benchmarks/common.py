@@ -67,15 +67,22 @@ def start(cfg: Any) -> Any:
     return OmegaConf.to_object(cfg)
 
 
-def finish(
-    result: dict, table: str, name: str, results_dir: str, json_name: str | None = None
-) -> None:
-    """Print the table; save it and the JSON under `results_dir` and the Hydra run dir."""
+def output_dirs(cfg: Any) -> list[Path]:
+    """Where a benchmark writes: its Hydra run directory, and the committed
+    `cfg.results_dir` (benchmarks/results/<name>) only when `cfg.save` asks for it, so a
+    user's run never silently replaces the published results."""
     from hydra.core.hydra_config import HydraConfig
 
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    return [run_dir] + ([Path(cfg.results_dir)] if cfg.save else [])
+
+
+def finish(result: dict, table: str, name: str, cfg: Any, json_name: str | None = None) -> None:
+    """Print the table; save it and the JSON into `output_dirs(cfg)`."""
     print(table)
-    dirs = [Path(results_dir), Path(HydraConfig.get().runtime.output_dir)]
-    print("saved:", ", ".join(map(str, save(result, table, name, dirs, json_name))))
+    print("saved:", ", ".join(map(str, save(result, table, name, output_dirs(cfg), json_name))))
+    if not cfg.save:
+        print(f"(save=true also writes them to {cfg.results_dir}, the published results)")
 
 
 def planner_overrides(label: str) -> list[str]:

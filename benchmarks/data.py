@@ -35,6 +35,7 @@ class DataBenchConfig:
     epochs: int = 3  # loader passes over the train split (first one warms the page cache)
     workers: list[int] = field(default_factory=lambda: [1, 2])
     chunk_mb: float = 16.0
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "data")
 
 
@@ -122,7 +123,7 @@ def main(cfg: DictConfig) -> None:
     warnings.filterwarnings("ignore", message=".*non-writable tensors.*")  # TorchRec's reader
     typed: DataBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "data", typed.results_dir)
+    finish(result, table(result), "data", typed)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class OrderNoiseConfig:
     micro_batches: int = 4
     nested_overrides: list[str] = field(default_factory=list)  # e.g. [pipeline.dedup=true]
     tolerance: float = 1e-5
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "order_noise")
 
 
@@ -116,7 +117,7 @@ def main(cfg: DictConfig) -> None:
 
     typed: OrderNoiseConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))
-    finish(result, table(result), "order_noise", typed.results_dir)
+    finish(result, table(result), "order_noise", typed)
 
 
 if __name__ == "__main__":

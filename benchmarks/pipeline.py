@@ -82,6 +82,7 @@ class PipelineBenchConfig:
     # its own inter-node rate is the slow link (link_rate unused), fast_rate the fast one
     cluster: ClusterSpec | None = None
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
 
 
@@ -398,7 +399,7 @@ ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfi
 def main(cfg: DictConfig) -> None:
     typed: PipelineBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "pipeline", typed.results_dir, json_name="summary")
+    finish(result, table(result), "pipeline", typed, json_name="summary")
 
 
 if __name__ == "__main__":

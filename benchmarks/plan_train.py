@@ -53,6 +53,7 @@ class PlanTrainBenchConfig:
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
     cluster: ClusterSpec | None = None
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "plan_train")
 
 
@@ -155,7 +156,7 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "plan_train", typed.results_dir, json_name="summary")
+    finish(result, table(result), "plan_train", typed, json_name="summary")
 
 
 if __name__ == "__main__":

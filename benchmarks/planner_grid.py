@@ -93,9 +93,12 @@ def _plan_cell(index: tuple[int, str]) -> list[dict]:
     return rows
 
 
+PROFILE_FILE = "profile_mlperf_synthetic.json"
+
+
 def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Workload]:
     """MLPerf's tables with the parametric profile, then with a measured one."""
-    path = Path(cfg.profile) if cfg.profile else out_dir / "profile_mlperf_synthetic.json"
+    path = Path(cfg.profile) if cfg.profile else out_dir / PROFILE_FILE
     if not path.exists():
         _measure_profile(path, cfg.profile_batches)
     profile = AccessProfile.load(path)

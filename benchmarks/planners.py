@@ -21,11 +21,17 @@ from pathlib import Path
 import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
-from benchmarks.planner_grid import GridConfig, named_workloads, plot, run_grid, write_csv
+from benchmarks.common import environment, finish, output_dirs, start
+from benchmarks.planner_grid import (
+    PROFILE_FILE,
+    GridConfig,
+    named_workloads,
+    plot,
+    run_grid,
+    write_csv,
+)
 from benchmarks.planner_grid import table as grid_table
 from sharding.cost_model import TableStats
 from sharding.suites import Workload
@@ -53,6 +59,7 @@ class PlannerBenchConfig:
     scale_tables: int = 1000
     scale_devices: int = 1536  # 192 nodes x 8
     grid: GridConfig = field(default_factory=GridConfig)
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "planners")
 
 
@@ -139,7 +146,10 @@ def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
     import recsys.planning as cli
 
     clusters = {c: cli.plan_inputs(_compose(_base(cfg, c)), None, None) for c in cfg.grid.clusters}
-    named = named_workloads(cfg.grid, mlperf_workload(cfg), out_dir)
+    # the measured profile is reused: the published one if there is one, else this run's
+    published = Path(cfg.results_dir)
+    where = published if (published / PROFILE_FILE).exists() else out_dir
+    named = named_workloads(cfg.grid, mlperf_workload(cfg), where)
     return run_grid(cfg.grid, clusters, named)
 
 
@@ -214,18 +224,18 @@ ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_planners")
 def main(cfg: DictConfig) -> None:
     typed: PlannerBenchConfig = start(cfg)
-    out = Path(HydraConfig.get().runtime.output_dir)
+    dirs = output_dirs(typed)
     result = {"config": OmegaConf.to_container(cfg), "environment": environment(),
               "presets": {c: preset(typed, c) for c in typed.clusters}}  # fmt: skip
     if typed.grid.enabled:
-        result["grid"] = grid(typed, Path(typed.results_dir))
-        for d in {out, Path(typed.results_dir)}:
+        result["grid"] = grid(typed, dirs[-1])
+        for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
             write_csv(result["grid"]["cells"], d / "grid.csv")
             plot(result["grid"], d / "grid.png")
     if typed.at_scale:
         result["scale"] = at_scale(typed)
-    finish(result, table(result), "planners", typed.results_dir, json_name="summary")
+    finish(result, table(result), "planners", typed, json_name="summary")
 
 
 if __name__ == "__main__":

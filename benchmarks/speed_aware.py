@@ -31,6 +31,7 @@ class SpeedAwareBenchConfig:
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=1024"])
     steps: int = 80
     repeats: int = 2
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "speed_aware")
 
 
@@ -80,7 +81,7 @@ ConfigStore.instance().store(name="base_bench_speed_aware", node=SpeedAwareBench
 def main(cfg: DictConfig) -> None:
     typed: SpeedAwareBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "speed_aware", typed.results_dir)
+    finish(result, table(result), "speed_aware", typed)
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ def _bench(tmp_path: Path, module: str, *args: str) -> dict:
                            f"hydra.run.dir={tmp_path / 'run'}", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((tmp_path / "summary.json").read_text())
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
 
 
 @pytest.mark.slow

@@ -62,7 +62,8 @@ def test_a_small_benchmark_run_writes_the_names_checks_rely_on(tmp_path: Path) -
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads((tmp_path / "summary.json").read_text())
+    assert not (tmp_path / "summary.json").exists()  # published results only with save=true
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
     p = s["presets"]["hetero_3node"]
     assert p["hybrid_ms"] < p["torchrec_ms"]  # the mixed preset: speed shares alone pay
     assert p["lower_bound_ms"] <= p["hybrid_ms"]

@@ -87,3 +87,22 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples_per_s"] is None and summary["eval_auc"] is None
     assert summary["steps"] == 3 and summary["train_loss"] is not None
+
+
+def test_benchmarks_update_the_published_results_only_with_save(tmp_path: Path) -> None:
+    def bench(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "benchmarks.data", "rows=6000",
+                               "batch_size=256", "epochs=1", "workers=[1]",
+                               f"results_dir={tmp_path / 'published'}",
+                               f"hydra.run.dir={tmp_path / 'run'}", *extra], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    proc = bench()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "run" / "data.json").exists() and (tmp_path / "run" / "data.md").exists()
+    assert not (tmp_path / "published").exists()
+    assert "save=true also writes them to" in proc.stdout
+    proc = bench("save=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    published = json.loads((tmp_path / "published" / "data.json").read_text())
+    assert published == json.loads((tmp_path / "run" / "data.json").read_text())
