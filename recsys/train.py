@@ -203,13 +203,40 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+FAILED_JOBS: list[str] = []  # the run directories of a sweep's failed jobs, in this process
+
+
+def _record_failed_job(job_dir: Path, error: BaseException) -> None:
+    """One job of a sweep (`-m`) failed: say so in its directory (failed.txt: the error,
+    then the traceback) and on the console; the sweep goes on to the next job."""
+    import traceback
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(traceback.format_exception(error))
+    (job_dir / "failed.txt").write_text(f"{type(error).__name__}: {error}\n\n{text}")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    print(f"job {job_dir.name} failed: {first} (see {job_dir / 'failed.txt'})", file=sys.stderr)
+    FAILED_JOBS.append(str(job_dir))
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
     try:
-        summary = train(cfg, HydraConfig.get().runtime.output_dir)
+        summary = train(cfg, hydra_cfg.runtime.output_dir)
     except _user_errors() as e:  # a clear message, not a traceback from deep inside
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
+            return None
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Exception as e:  # in a sweep, any failure is that job's; the others still run
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            raise
+        _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
+        return None
     if summary.get("rank", 0) != 0:
         return None  # under torchrun / Slurm, rank 0 reports
     if summary.get("dry_run"):
@@ -225,7 +252,16 @@ def main(cfg: DictConfig) -> float | None:
     return summary["eval_auc"]  # a sweeper's objective
 
 
+def exit_status_of_sweep() -> int:
+    """0, or the number of this sweep's failed jobs (at most 100), after naming them."""
+    if not FAILED_JOBS:
+        return 0
+    print(f"{len(FAILED_JOBS)} sweep job(s) failed: " + ", ".join(FAILED_JOBS), file=sys.stderr)
+    return min(len(FAILED_JOBS), 100)
+
+
 if __name__ == "__main__":
     main()
     if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now
         launch.exit_now(0)
+    sys.exit(exit_status_of_sweep())

@@ -106,3 +106,18 @@ def test_benchmarks_update_the_published_results_only_with_save(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-3000:]
     published = json.loads((tmp_path / "published" / "data.json").read_text())
     assert published == json.loads((tmp_path / "run" / "data.json").read_text())
+
+
+def test_a_sweep_records_failed_jobs_goes_on_and_exits_with_their_count(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", "-m", "trainer.dry_run=true",
+                           "planner=hybrid", "trainer.lr=-1,0.1,nan",
+                           f"hydra.sweep.dir={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    failed = (tmp_path / "0" / "failed.txt").read_text()
+    assert failed.startswith("TrainConfigError: trainer.lr must be a finite number > 0, got -1.0")
+    assert "Traceback" in failed
+    assert (tmp_path / "1" / "summary.json").exists()  # the job after a failure still ran
+    assert not (tmp_path / "1" / "failed.txt").exists()
+    assert "got nan" in (tmp_path / "2" / "failed.txt").read_text()
+    assert f"2 sweep job(s) failed: {tmp_path / '0'}, {tmp_path / '2'}" in proc.stderr
