@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -228,14 +229,43 @@ def supervise(
     return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)
 
 
-def raise_on_failure(launch: LaunchResult, what: str) -> list[Any]:
-    """The per-rank results, or RankFailedError with every failed rank's last error line."""
+# what a rank's last error line means, and what to do; first match wins
+KNOWN_FAILURES = (
+    (("Connection closed by peer", "Connection reset by peer", "Broken pipe"),
+     "it lost a peer: another rank failed first"),
+    (("Timed out", "timed out", "Timeout", "timeout caused pair closure"),
+     "a peer hung, died or was too slow; see the other ranks (trainer.dist_timeout_s)"),
+    (("can't allocate memory", "MemoryError", "out of memory"),
+     "out of memory: a smaller trainer.batch_size or model, or a cluster with more memory"),
+)  # fmt: skip
+
+
+def known_fix(error_line: str) -> str | None:
+    for needles, fix in KNOWN_FAILURES:
+        if any(n in error_line for n in needles):
+            return fix
+    return None
+
+
+def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = None) -> list[Any]:
+    """The per-rank results, or RankFailedError with one line per failed rank (its last
+    error line and, when known, what it means). The tracebacks are appended to `log_file`
+    when given (the run's log), else the first failure's is part of the message."""
     if not launch.errors and all(c == 0 for c in launch.exitcodes):
         return launch.results
     lines = [f"{what} failed on {len(launch.errors)} of {len(launch.exitcodes)} ranks:"]
     for r in launch.errors:
         last = launch.errors[r].strip().splitlines()[-1]
-        lines.append(f"  rank {r} (exit code {launch.exitcodes[r]}): {last}")
+        fix = known_fix(last)
+        lines.append(f"  rank {r} (exit code {launch.exitcodes[r]}): {last[:400]}"
+                     + (f" [{fix}]" if fix else ""))  # fmt: skip
     first = next(iter(launch.errors))  # the first failure seen, usually the cause
-    lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
+    if log_file is None:
+        lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
+    else:
+        with open(log_file, "a") as f:
+            for r, text in launch.errors.items():
+                f.write(f"\n===== {what}: rank {r} (exit code {launch.exitcodes[r]}) =====\n")
+                f.write(text.rstrip() + "\n")
+        lines.append(f"  every rank's traceback: {log_file} (first failure: rank {first})")
     raise RankFailedError("\n".join(lines))

@@ -67,6 +67,24 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
     return plan
 
 
+def check_tables_fit(cfg: TrainConfig) -> None:
+    """PlanDoesNotFitError when the tables (weights and optimizer state) exceed the whole
+    cluster's memory, whatever the plan: one message before any rank starts."""
+    from recsys.planning import plan_inputs
+    from sharding.plan_eval import PlanDoesNotFitError, check_fits
+
+    inputs = plan_inputs(cfg, None, None)
+    try:
+        check_fits(inputs)
+    except PlanDoesNotFitError as e:
+        if not inputs.cpu:
+            raise
+        raise PlanDoesNotFitError(
+            f"{e} To plan model={cfg.model.name} for a GPU cluster without training: "
+            f"trainer.dry_run=true cluster=<a GPU layout, e.g. 1x8_a100_80g>."
+        ) from None
+
+
 def _rank_main(cfg: TrainConfig, run_dir: str, our_plan=None) -> dict:
     quiet_library_noise()
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
@@ -124,6 +142,8 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         why = refuse_reason(tcfg.cluster)
         if why:  # before planning: one line, nothing made
             raise EmulationError(why)
+    if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
+        check_tables_fit(tcfg)  # TorchRec plans inside the ranks; a hopeless model stops here
     run_dir = Path(run_dir or os.getcwd())
     run_dir.mkdir(parents=True, exist_ok=True)
     our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
@@ -148,7 +168,9 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
             timeout_s=tcfg.trainer.job_timeout_s,
             grace_s=tcfg.trainer.dist_timeout_s + 10,
         )
-        summary = launch.raise_on_failure(job, f"training ({world} ranks)")[0]
+        summary = launch.raise_on_failure(job, f"training ({world} ranks)", run_dir / "train.log")[
+            0
+        ]
     summary["run_dir"] = str(run_dir)
     if writer:
         log.info("summary written to %s", write_summary(run_dir, summary))
@@ -168,7 +190,9 @@ def _train_emulated(cfg: TrainConfig, run_dir: Path, our_plan) -> dict:
         job = emulation.run_ranks(emu, _rank_main, args=(cfg, str(run_dir), our_plan),
                                   timeout_s=cfg.trainer.job_timeout_s,
                                   grace_s=cfg.trainer.dist_timeout_s + 10)  # fmt: skip
-        summary = launch.raise_on_failure(job, f"training ({len(emu.ranks)} emulated ranks)")[0]
+        summary = launch.raise_on_failure(
+            job, f"training ({len(emu.ranks)} emulated ranks)", run_dir / "train.log"
+        )[0]
         summary["link_bytes"] = emu.link_bytes() - before
     return summary
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import rank_jobs
 
-from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
+from recsys.launch import (
+    LaunchResult,
+    RankFailedError,
+    known_fix,
+    raise_on_failure,
+    spawn_ranks,
+)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -28,6 +35,43 @@ def test_a_rank_that_raises_fails_the_job_naming_it() -> None:
     with pytest.raises(RankFailedError, match="rank 1 broke on purpose") as e:
         raise_on_failure(job, "toy job")
     assert "rank 1 (exit code 1)" in str(e.value)
+
+
+def test_a_failure_is_one_line_per_rank_with_the_tracebacks_in_the_log(tmp_path: Path) -> None:
+    rank0 = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: "
+             "[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")  # fmt: skip
+    rank1 = 'Traceback (most recent call last):\n  File "y.py", line 2\nValueError: bad row'
+    job = LaunchResult(results=[None, None], exitcodes=[1, 1], errors={1: rank1, 0: rank0})
+    log = tmp_path / "train.log"
+    log.write_text("earlier lines\n")
+    with pytest.raises(RankFailedError) as e:
+        raise_on_failure(job, "training (2 ranks)", log)
+    assert str(e.value).splitlines() == [
+        "training (2 ranks) failed on 2 of 2 ranks:",
+        "  rank 1 (exit code 1): ValueError: bad row",
+        "  rank 0 (exit code 1): RuntimeError: [pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:4242 [it lost a peer: another rank failed first]",
+        f"  every rank's traceback: {log} (first failure: rank 1)",
+    ]
+    text = log.read_text()
+    assert text.startswith("earlier lines\n") and text.count("Traceback") == 2
+    assert "rank 1 (exit code 1) =====\nTraceback" in text and 'File "x.py"' in text
+
+
+@pytest.mark.parametrize(
+    ("line", "fix"),
+    [
+        ("RuntimeError: Connection reset by peer", "lost a peer"),
+        ("RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms",
+         "a peer hung"),
+        ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+         "memory: you tried to allocate 8 bytes", "out of memory"),
+        ("ValueError: something else", None),
+    ],
+)  # fmt: skip
+def test_known_failures_name_their_meaning(line: str, fix: str | None) -> None:
+    got = known_fix(line)
+    assert got is None if fix is None else fix in got
 
 
 def test_a_hung_rank_makes_the_others_time_out_then_is_killed() -> None:

@@ -48,6 +48,18 @@ def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tm
         train(cfg, tmp_path / "run")
 
 
+def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
+    typed_cfg, tmp_path, monkeypatch
+) -> None:
+    from recsys import launch
+    from sharding.plan_eval import PlanDoesNotFitError
+
+    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(PlanDoesNotFitError, match=r"the tables need 98\.12 GiB .* offers 0\.85 "
+                       r"GiB .* trainer\.dry_run=true cluster=<a GPU layout"):  # fmt: skip
+        train(typed_cfg(["model=dcnv2_mlperf"]), tmp_path)
+
+
 def test_a_gpu_cluster_on_a_machine_without_cuda_is_one_line(typed_cfg, tmp_path) -> None:
     import torch
 

@@ -167,8 +167,10 @@ def test_a_rank_that_dies_fails_the_others_in_bounded_time(tmp_path: Path) -> No
     assert (
         "step 4 failed in a collective" in job.errors[0]
     )  # batch index 3 = 4th step  # rank 0 exits by itself, clearly
-    with pytest.raises(RankFailedError, match="rank 1"):
-        raise_on_failure(job, "training")
+    with pytest.raises(RankFailedError, match="rank 1") as e:
+        raise_on_failure(job, "training", tmp_path / "train.log")
+    assert len(str(e.value).splitlines()) == 4  # a header, a line per rank, the log's path
+    assert (tmp_path / "train.log").read_text().count("Traceback") == 2
 
 
 def test_a_rank_that_hangs_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
