@@ -64,6 +64,14 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if not plan.feasible:
         raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
+    replicated = [t.name for t in plan.tables if t.replicated_rows]
+    if cfg.pipeline.name == PipelineName.semi_sync and replicated:
+        raise TrainConfigError(
+            f"pipeline=semi_sync cannot train the {plan.planner} plan: it replicates rows of "
+            f"{', '.join(replicated[:5])}{' ...' if len(replicated) > 5 else ''} (data-parallel), "
+            f"and TorchRec's SemiSync cannot train data-parallel tables. Use planner=torchrec "
+            f"(it then plans without them) or another pipeline (sparse_dist, nested)"
+        )
     return plan
 
 
@@ -127,6 +135,15 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         log.info("pipeline=nested: cold parts of split tables stay pooled "
                  "(planner.cold_only_exchange=false)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
+    semi_sync = tcfg.pipeline.name == PipelineName.semi_sync
+    if (
+        semi_sync
+        and tcfg.planner.name == PlannerName.torchrec
+        and tcfg.planner.torchrec_data_parallel
+    ):
+        log.info("pipeline=semi_sync: TorchRec's planner replicates no table "
+                 "(planner.torchrec_data_parallel=false; SemiSync cannot train them)")  # fmt: skip
+        tcfg = replace(tcfg, planner=replace(tcfg.planner, torchrec_data_parallel=False))
     ranks = resolve_cluster(tcfg.cluster)
     if (not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda"
             and not torch.cuda.is_available()):  # fmt: skip

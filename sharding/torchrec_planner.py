@@ -142,6 +142,8 @@ def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
         kernels = [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED]
         if max(inputs.host_budget()) > 0:
             kernels += [EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING]
+    if not config.torchrec_data_parallel:
+        types.remove(ShardingType.DATA_PARALLEL)
     out = {}
     for t in inputs.tables:
         cov = inputs.coverage[t.name]

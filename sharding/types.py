@@ -120,3 +120,6 @@ class PlannerConfig:
     # torchrec: stop proposing after this many seconds and keep the best plan so far
     # (TorchRec's own timeout; None: search until its proposers are done)
     torchrec_timeout_s: float | None = None
+    # torchrec: may it replicate whole tables (data_parallel)? pipeline=semi_sync turns it
+    # off: TorchRec's SemiSync cannot train data-parallel tables (docs/pipelines.md)
+    torchrec_data_parallel: bool = True

@@ -60,6 +60,17 @@ def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
         train(typed_cfg(["model=dcnv2_mlperf"]), tmp_path)
 
 
+def test_semi_sync_refuses_a_plan_with_replicated_rows_before_any_rank(
+    typed_cfg, tmp_path, monkeypatch
+) -> None:
+    from recsys import launch
+
+    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
+    with pytest.raises(TrainConfigError, match=r"pipeline=semi_sync cannot train the hybrid "
+                       r"plan: it replicates rows of t_cat_\d+"):  # fmt: skip
+        train(typed_cfg(["pipeline=semi_sync", "planner=hybrid"]), tmp_path)
+
+
 def test_a_gpu_cluster_on_a_machine_without_cuda_is_one_line(typed_cfg, tmp_path) -> None:
     import torch
 

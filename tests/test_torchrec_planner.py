@@ -63,6 +63,9 @@ def test_every_sharding_type_and_kernel_is_offered() -> None:
     cpu = torchrec_constraints(inputs, PlannerConfig())
     assert "row_wise" not in cpu["wide"].sharding_types
     assert set(cpu["wide"].compute_kernels) == {"fused", "dense"}  # fmt: skip
+    no_dp = torchrec_constraints(inputs, PlannerConfig(torchrec_data_parallel=False))
+    assert "data_parallel" in cpu["wide"].sharding_types
+    assert set(no_dp["wide"].sharding_types) == set(cpu["wide"].sharding_types) - {"data_parallel"}
 
 
 def test_cache_statistics_come_from_the_coverage_curve() -> None:

@@ -152,6 +152,14 @@ def test_speed_aware_shares_train_on_prepared_files(tmp_path: Path) -> None:
     assert math.isfinite(summary["train_loss"]) and summary["eval_samples"] == 2 * sum(shares)
 
 
+def test_semi_sync_trains_torchrec_s_plan_without_replicated_tables(tmp_path: Path) -> None:
+    """TorchRec's default plan replicates small tables, which SemiSync cannot train; the
+    run tells its planner not to."""
+    summary = train(compose_config(TINY + ["pipeline=semi_sync"]), tmp_path)
+    assert summary["steps"] == 6 and math.isfinite(summary["train_loss"])
+    assert "data_parallel" not in (tmp_path / "plan.txt").read_text()
+
+
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
     cfg = compose_config(TINY + ["trainer.dense_optimizer=sgd", "trainer.lr=1e30"])
     with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+"):
