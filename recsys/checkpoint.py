@@ -4,11 +4,19 @@ A checkpoint holds the sharded model (embedding shards and dense parameters), bo
 optimizers (fused embedding optimizer state and the dense one) and the data position:
 `trainer.step`, the number of finished steps. Batches are a pure function of the step, so
 resuming at step k continues with exactly the batches an uninterrupted run would see.
-DCP reshards on load, so a checkpoint can be resumed under another plan or world size.
+DCP reshards on load, so a checkpoint can be resumed under another world size or plan as
+long as every table keeps its kind: sharded tables may move between ranks or be cut
+otherwise, but a table that turns from data-parallel (trained by the dense optimizer) to
+sharded (the fused row-wise optimizer), or the other way, or a split table (hybrid's hot
+and cold parts) that is not split the same way, has optimizer state that cannot carry
+over; `check_resumable` refuses those before anything is loaded, naming the table. Beside
+DCP's files rank 0 writes `run.json`: the model config and the plan layout it was saved
+under (`sharding.plan_shards.plan_layout` rows).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -18,6 +26,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizer
 
 STEP_PREFIX = "step_"
+RUN_FILE = "run.json"
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint that this run's model or plan cannot resume; the message names why."""
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -55,12 +68,65 @@ def _state(model: torch.nn.Module, optimizer: KeyedOptimizer, step: int) -> dict
 
 
 def save_checkpoint(
-    root: str | Path, model: torch.nn.Module, optimizer: KeyedOptimizer, step: int
+    root: str | Path,
+    model: torch.nn.Module,
+    optimizer: KeyedOptimizer,
+    step: int,
+    run: dict | None = None,
 ) -> Path:
-    """Collective: every rank writes its shards to `root/step_<step>`."""
+    """Collective: every rank writes its shards to `root/step_<step>`; rank 0 also writes
+    `run` (`{"model": ..., "plan_layout": [...]}`) as run.json."""
     path = checkpoint_path(root, step)
     dcp.save(_state(model, optimizer, step), checkpoint_id=str(path))
+    if run is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+        (path / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
     return path
+
+
+def saved_run(path: str | Path) -> dict | None:
+    """The run.json of a checkpoint (or the newest in a directory); None if it has none."""
+    f = latest_checkpoint(path) / RUN_FILE
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def first_model_difference(saved: dict, model: dict) -> str | None:
+    """'model.<key>: <saved> in the checkpoint, <now> here' for the first differing key
+    (`name` is a label, not a shape)."""
+    for key in sorted((set(saved) | set(model)) - {"name"}):
+        if saved.get(key) != model.get(key):
+            return f"model.{key}: {saved.get(key)} in the checkpoint, {model.get(key)} here"
+    return None
+
+
+def _kinds(layout: list[dict]) -> dict[str, tuple[str, str]]:
+    return {f"{r['module']}.{r['table']}": (r["table"], "data_parallel"
+            if r["sharding_type"] == "data_parallel" else "sharded") for r in layout}  # fmt: skip
+
+
+def check_resumable(path: str | Path, layout: list[dict]) -> None:
+    """CheckpointMismatchError unless every table keeps its module and its kind
+    (data-parallel or sharded) between the checkpoint's plan and `layout` (module
+    docstring). A checkpoint without run.json is left to DCP's own checks."""
+    run = saved_run(path)
+    if run is None or "plan_layout" not in run:
+        return
+    then, now = _kinds(run["plan_layout"]), _kinds(layout)
+    ckpt = latest_checkpoint(path)
+    fix = (f"resume under the plan it was saved with (the same planner, cluster and batch "
+           f"size; its layout is in {ckpt / RUN_FILE}) or start afresh")  # fmt: skip
+    for key in sorted(set(then) | set(now)):
+        if key not in now or key not in then:
+            where = "only in the checkpoint's plan" if key in then else "only in this plan"
+            raise CheckpointMismatchError(
+                f"checkpoint '{ckpt}' was saved under another plan: embedding '{key}' is "
+                f"{where} (split tables differ); {fix}"
+            )
+        if then[key] != now[key]:
+            raise CheckpointMismatchError(
+                f"checkpoint '{ckpt}' was saved under another plan: table {then[key][0]} was "
+                f"{then[key][1]} there and is {now[key][1]} here, so its optimizer state "
+                f"cannot carry over; {fix}"
+            )
 
 
 def load_checkpoint(
@@ -68,9 +134,13 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: KeyedOptimizer,
     dense_optimizer: KeyedOptimizer,
+    layout: list[dict] | None = None,
 ) -> int:
-    """Collective: load in place and return the step to resume from."""
+    """Collective: load in place and return the step to resume from (`layout`: this run's
+    plan, checked against the checkpoint's first; see check_resumable)."""
     path = latest_checkpoint(path)
+    if layout is not None:
+        check_resumable(path, layout)
     dense_optimizer.init_state()  # lazy optimizer state must exist to be loaded in place
     state = _state(model, optimizer, 0)
     try:

@@ -7,12 +7,13 @@ launcher), every process is one rank. `train(cfg)` is the testable core.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import hydra
@@ -119,8 +120,16 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     check_train_config(tcfg)  # fail here, before any rank starts
     validate_model_config(tcfg.model)
     if tcfg.trainer.resume_from:
-        from recsys.checkpoint import checkpoint_step
+        from recsys.checkpoint import checkpoint_step, first_model_difference, saved_run
 
+        saved = saved_run(tcfg.trainer.resume_from)
+        now = json.loads(json.dumps(asdict(tcfg.model)))
+        differs = saved and first_model_difference(saved["model"], now)
+        if differs:
+            raise TrainConfigError(
+                f"trainer.resume_from: the checkpoint holds another model ({differs}); resume "
+                f"with the model it was saved with"
+            )
         step = checkpoint_step(tcfg.trainer.resume_from)
         if step is not None and step >= tcfg.trainer.max_steps:
             raise TrainConfigError(

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -281,6 +281,7 @@ class Training:
     remap: SplitRemap | None
     shares: list[int]  # batch size per rank
     rank: int
+    layout: list[dict]  # the plan (sharding.plan_shards.plan_layout rows)
 
     def batches(self, split: str, first: int, stop: int):
         for b in self.source.batches(split, first, stop, self.rank):
@@ -300,9 +301,10 @@ def build_training(
     shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
     source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
     model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
+    layout = plan_layout(plan)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
-        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(plan_layout(plan), indent=1))
+        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(layout, indent=1))
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
     if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
@@ -315,7 +317,7 @@ def build_training(
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
-    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank)
+    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout)
 
 
 def train_each(runs: list[tuple], steps: int, run_dir: str):
@@ -356,7 +358,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
 
     start = 0
     if tcfg.resume_from:
-        start = load_checkpoint(tcfg.resume_from, model, optimizer, dense_opt)
+        start = load_checkpoint(tcfg.resume_from, model, optimizer, dense_opt, job.layout)
         if start >= tcfg.max_steps:
             raise ValueError(
                 f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
@@ -365,6 +367,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         if rank == 0:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
+    saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
     batches = job.batches
     train_iter = batches("train", start, tcfg.max_steps)
 
@@ -408,14 +411,14 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
             evals.append({"step": done, **run_eval()})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
-            save_checkpoint(ckpt_root, model, optimizer, done)
+            save_checkpoint(ckpt_root, model, optimizer, done, saved_run)
     bar.close()
     elapsed = time.perf_counter() - t_start
     timed_steps = tcfg.max_steps - timed_from
 
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
-        saved = str(save_checkpoint(ckpt_root, model, optimizer, tcfg.max_steps))
+        saved = str(save_checkpoint(ckpt_root, model, optimizer, tcfg.max_steps, saved_run))
     final = run_eval()
     losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)

@@ -14,6 +14,7 @@ import pytest
 import rank_jobs
 from conftest import CONF_DIR, compose_config, plan_with_splits
 
+from recsys.config import TrainConfigError
 from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
 from recsys.train import to_typed, train
 
@@ -64,6 +65,31 @@ def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, p
     assert resumed["step_losses"] == pytest.approx(full["step_losses"][4:], rel=1e-6, abs=1e-7)
     assert resumed["eval_auc"] == pytest.approx(full["eval_auc"], rel=1e-6)
     assert resumed["eval_logloss"] == pytest.approx(full["eval_logloss"], rel=1e-6)
+
+
+def test_resume_under_another_plan_works_if_tables_keep_their_kind_else_is_refused(
+    tmp_path: Path,
+) -> None:
+    first = train(compose_config(TINY + ["trainer.save_checkpoint=true"]), tmp_path / "first")
+    ckpt = Path(first["checkpoint"])
+    saved = json.loads((ckpt / "run.json").read_text())
+    assert saved["model"]["embedding_dim"] == 16 and len(saved["plan_layout"]) == 26
+    resume = [f"trainer.resume_from={ckpt}", "trainer.max_steps=8"]
+    # three ranks: TorchRec's tables move and are cut otherwise, DCP reshards them
+    three = train(compose_config(TINY + resume + ["cluster.nodes.0.devices.0.count=3"]),
+                  tmp_path / "three")  # fmt: skip
+    assert three["start_step"] == 6 and three["world_size"] == 3
+    # greedy_size shards the tables TorchRec replicated: their optimizer state differs
+    with pytest.raises(RankFailedError, match=r"was saved under another plan: table t_cat_\d+ "
+                       r"was data_parallel there and is sharded here"):  # fmt: skip
+        train(compose_config(TINY + resume + ["planner=greedy_size"]), tmp_path / "greedy")
+    # another model: one line before any rank starts
+    differs = r"\(model.over_arch_layer_sizes: \[64, 32, 1\] in the checkpoint, \[32, 1\] here\)"
+    with pytest.raises(TrainConfigError, match=r"the checkpoint holds another model " + differs):
+        train(
+            compose_config(TINY + resume + ["model.over_arch_layer_sizes=[32,1]"]),
+            tmp_path / "other_model",
+        )
 
 
 def test_periodic_checkpoints_are_written(tmp_path: Path) -> None:
