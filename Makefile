@@ -4,12 +4,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install data demo test test-fast lint bench-data clean
+.PHONY: help install data demo test test-fast lint bench-data gpu-probe clean
 
 # fbgemm-gpu-cpu by default; `make install KERNELS=cuda` takes the CUDA fbgemm-gpu instead.
 KERNELS ?= cpu
 # torchrec goes in with --no-deps: its metadata asks for the CUDA fbgemm-gpu.
 TORCHREC := torchrec==1.8.0
+
+help:
+	@echo "make demo        install, make the demo data, train DLRM on 2 local ranks (about 1.5 min)"
+	@echo "make test        install, run the whole test suite (about 15 min; CI runs this)"
+	@echo "make test-fast   the tests not marked slow"
+	@echo "make lint        ruff check and format check"
+	@echo "make install     the virtual environment (.venv); KERNELS=cuda for the CUDA fbgemm-gpu"
+	@echo "make data        the demo data only (synthetic Criteo text, then binary)"
+	@echo "make bench-data  the data path benchmark"
+	@echo "make gpu-probe   how to measure a GPU's cost-model constants"
+	@echo "make clean       remove .venv and outputs"
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -46,6 +57,15 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Needs only torch and a CUDA GPU: prints the command and where its results go.
+gpu-probe:
+	@echo "On a machine with a CUDA GPU and torch (nothing else), from this directory:"
+	@echo "  python -m benchmarks.gpu_probe --out outputs/gpu_probe     # about 4 minutes"
+	@echo "It writes outputs/gpu_probe/gpu_probe.json (every measurement) and <kind>.json."
+	@echo "Copy <kind>.json to sharding/calibration/gpu/ and the planners use it for that"
+	@echo "device kind; to benchmarks/results/gpu/ to publish it. See docs/clusters.md."
+	@echo "Check the probe itself on CPU: python -m benchmarks.gpu_probe --device cpu --quick --out /tmp/p"
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -16,7 +16,13 @@ from recsys.data.multi_hot import resolve_hotness
 from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
-from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
+from sharding.calibration import (
+    Calibration,
+    constants_source,
+    device_costs,
+    load_calibration,
+    network_cost,
+)
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.cost_model import TableStats, schedule_of
 from sharding.plan_check import check_inputs
@@ -186,6 +192,8 @@ def plan_json(plan: Plan) -> dict:
         "planning_s": plan.planning_s,
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
         "devices": plan.devices,
+        # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions
+        "constants": {k: constants_source(k) for k in sorted({d["kind"] for d in plan.devices})},
         "tables": [
             {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
              "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,

@@ -1,14 +1,19 @@
-"""Cost-model constants: calibrated for local CPU ranks, datasheet-derived for GPUs.
+"""Cost-model constants: calibrated for local CPU ranks; for GPUs measured where a probe ran
+on that kind, else datasheet-derived.
 
 `python -m benchmarks.calibrate` measures this machine and writes `calibration/local_cpu.json`
 beside this file; the cost model loads it for every `cpu` rank (scaled by the rank's
 `speed` relative to the catalog's `cpu` speed, so a rank sharing a core is slower).
+`python -m benchmarks.gpu_probe` on a GPU writes `<kind>.json`; copied into
+`calibration/gpu/`, its measured constants replace the datasheet assumptions for that kind
+(scaled by a cluster config's own `hbm_gbps` / `speed` for the device, if it sets them).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from sharding.constants import DEVICE_CATALOG
@@ -22,6 +27,7 @@ from sharding.cost_model import (
 from sharding.types import ClusterSpec, RankDevice
 
 DEFAULT_PATH = Path(__file__).parent / "calibration" / "local_cpu.json"
+GPU_DIR = Path(__file__).parent / "calibration" / "gpu"  # <kind>.json from benchmarks.gpu_probe
 
 
 @dataclass
@@ -61,11 +67,49 @@ def load_calibration(path: Path = DEFAULT_PATH) -> Calibration:
     )
 
 
+@functools.cache
+def _probe_file(path: Path, mtime_ns: int) -> dict:
+    return json.loads(path.read_text())
+
+
+def measured_gpu(kind: str) -> dict | None:
+    """The probe's constants for a GPU kind (`GPU_DIR/<kind>.json`), or None."""
+    path = GPU_DIR / f"{kind}.json"
+    return _probe_file(path, path.stat().st_mtime_ns) if path.exists() else None
+
+
+def gpu_device_cost(r: RankDevice) -> DeviceCost:
+    """The datasheet model's constants with every field the probe measured for this kind
+    replaced by its measurement, scaled by the device's bandwidth and speed against the
+    catalog's (a config that slows a device slows its measured rates alike)."""
+    sheet = datasheet_device_cost(r)
+    probe = measured_gpu(r.kind)
+    if probe is None:
+        return sheet
+    kind = DEVICE_CATALOG[r.kind]
+    mem, compute = r.hbm_gbps / kind.hbm_gbps, r.speed / kind.speed
+    scale = {"emb_read_bytes_per_s": mem, "dense_flops_per_s": compute,
+             "sequence_s_per_lookup": 1 / mem, "sequence_s_per_byte": 1 / mem}  # fmt: skip
+    return replace(sheet, **{k: v * scale.get(k, 1.0) for k, v in probe["device"].items()})
+
+
+def constants_source(kind: str) -> str:
+    """Where a device kind's cost-model constants come from, in a few words."""
+    if kind == "cpu":
+        return f"calibrated on this machine ({DEFAULT_PATH.name})"
+    probe = measured_gpu(kind)
+    if probe is None:
+        return "datasheet with assumed efficiencies (not measured)"
+    m = probe["measured"]
+    return (f"measured by benchmarks.gpu_probe on {m['device_name']}, {m['date'][:10]} "
+            f"(calibration/gpu/{kind}.json; {', '.join(m['assumed'])} assumed)")  # fmt: skip
+
+
 def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[DeviceCost]:
     out = []
     for r in ranks:
         if r.kind != "cpu":
-            out.append(datasheet_device_cost(r))
+            out.append(gpu_device_cost(r))
             continue
         if cal is None:
             raise FileNotFoundError("CPU ranks need a calibration (python -m benchmarks.calibrate)")

@@ -37,3 +37,42 @@ DEVICE_CATALOG: dict[str, DeviceKind] = {
 # fmt: on
 
 GIB = 1024**3
+
+# GPU constants where no calibration exists. Sources: TorchRec's planner defaults
+# (torchrec.distributed.planner.constants: BWD_COMPUTE_MULTIPLIER = 2; it assumes kernels
+# reach about half of HBM bandwidth), and a dense MFU of 0.35 (typical of DLRM MLPs in
+# MLPerf submissions). These are assumptions until calibrated on such a GPU.
+GPU_EMB_EFFICIENCY = 0.5
+GPU_BWD_FACTOR = 2.0
+GPU_DENSE_MFU = 0.35
+A100_DENSE_FLOPS_PER_S = 312e12
+GPU_STEP_OVERHEAD_S = 1e-3
+# The cold-only (sequence) exchange's own work on a GPU, derived, not measured: per cold
+# lookup its vector is written once more than a pooled lookup's (the per-id output), read
+# and written by the exchange's permute, read again by the pooling after it, and the same
+# four passes for its gradient in backward: 8 passes over dim x 4 bytes, plus about 32
+# bytes of id, offset and permute indices, all at GPU_EMB_EFFICIENCY of HBM bandwidth; and
+# per step about 20 more kernel launches and a second variable-length exchange of sizes,
+# ~10 us each. An estimate where `benchmarks.gpu_probe` has not measured it.
+GPU_SEQUENCE_PASSES = 8
+GPU_SEQUENCE_INDEX_BYTES = 32
+GPU_SEQUENCE_FIXED_S = 20 * 10e-6
+
+
+def datasheet_rates(hbm_gbps: float, speed: float, host_to_device_gbps: float) -> dict[str, float]:
+    """`sharding.cost_model.DeviceCost` fields of a GPU from its datasheet figures and the
+    assumptions above (what `benchmarks.gpu_probe` measures instead, where it has run)."""
+    hbm_bytes_per_s = hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY
+    return {
+        "emb_read_bytes_per_s": hbm_bytes_per_s,
+        "host_read_bytes_per_s": host_to_device_gbps * 1e9,
+        "emb_bwd_factor": GPU_BWD_FACTOR,
+        "dense_flops_per_s": speed * A100_DENSE_FLOPS_PER_S * GPU_DENSE_MFU,
+        "step_overhead_s": GPU_STEP_OVERHEAD_S,
+        "input_s_per_sample": 0.0,
+        "interaction_flops_per_s": 0.0,
+        "sample_overhead_s": 0.0,
+        "sequence_s_per_lookup": GPU_SEQUENCE_INDEX_BYTES / hbm_bytes_per_s,
+        "sequence_s_fixed": GPU_SEQUENCE_FIXED_S,
+        "sequence_s_per_byte": GPU_SEQUENCE_PASSES / hbm_bytes_per_s,
+    }

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import TrainConfig, register_configs
 from recsys.models.dlrm import build_model
-from sharding.calibration import Calibration, calibrated_link
+from sharding.calibration import Calibration, calibrated_link, constants_source
 from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
 from sharding.plan_eval import PlanDoesNotFitError
 from sharding.plan_shards import check_layout, plan_layout, shards_from_layout
@@ -82,6 +82,7 @@ def predict(
             "sequence": 1000 * max(cost.sequence_s, default=0.0),
         },
         "memory_bytes": memory_bytes(shards, inputs.world),
+        "constants": {k: constants_source(k) for k in sorted({r.kind for r in inputs.ranks})},
         "a2a_bytes_per_rank": cost.a2a_bytes,
         "layout": layout,
     }
@@ -121,6 +122,8 @@ def main(cfg: DictConfig) -> None:
         print(f"  {stage:20} {ms:9.2f} ms (slowest rank)")
     for r, mem in enumerate(result["memory_bytes"]):
         print(f"  rank {r}: HBM {mem['hbm'] / 2**30:.3f} GiB, host {mem['host'] / 2**30:.3f} GiB")
+    for kind, source in result["constants"].items():
+        print(f"  {kind} constants: {source}")
     print(f"written: {out}")
 
 

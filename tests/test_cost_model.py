@@ -238,7 +238,7 @@ def test_table_row_wise_reduces_within_its_node_before_crossing() -> None:
 
 
 def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> None:
-    from sharding.cost_model import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
+    from sharding.constants import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
 
     h100 = resolve_cluster(ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("h100_80g")])]))
     cost = datasheet_device_cost(h100[0])

@@ -1,0 +1,504 @@
+"""`python -m benchmarks.gpu_probe --out DIR`: measure the device constants the cost model
+assumes for a GPU, on the current CUDA device (or `--device cpu --quick` for a check).
+
+The cost model prices every GPU from its datasheet and assumed efficiencies
+(`sharding.cost_model`: embedding at 0.5 of HBM bandwidth, backward 2x forward, dense at
+0.35 of the bf16 peak, sequence-exchange work from assumed passes over HBM). This probe
+measures each on the device, every figure a median over repeats timed with CUDA events:
+
+- embedding: `embedding_bag` (sum) forward, and its backward with a row-wise Adagrad
+  update of the touched rows (the fused update TorchRec's kernels do), dims 64/128, pooling
+  1/8/32, 1e6 and 4e7 rows, uniform and power-law ids: bytes moved per second;
+- dense: DCNv2 at MLPerf's shapes and `dlrm_small`, forward + backward, fp32, tf32, bf16,
+  batch 2048-65536: achieved TFLOP/s (matmul FLOPs) against the catalog's bf16 peak;
+- copies host<->device from pinned and pageable memory, and a gather of random rows from
+  pinned host memory sent to the device (what a host-memory shard costs per lookup);
+- the cold-only (sequence) exchange's local work: single-id lookups, the pooling after
+  them, and its backward: per lookup and per byte.
+
+It writes `gpu_probe.json` (device, versions, every measurement with its shape) and
+`<kind>.json`, the device constants in the CPU calibration's format (`sharding.calibration`);
+copied to `sharding/calibration/gpu/<kind>.json` the planners and `sharding.predict` use
+them for that device kind. Imports torch and numpy only (no TorchRec, fbgemm-gpu or Hydra,
+which the GPU machines this runs on may not have); hence plain argparse, not a Hydra app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sharding.constants import DEVICE_CATALOG, datasheet_rates
+
+A100_BF16_FLOPS = 312e12  # the catalog's `speed` is relative to this
+FLOAT_BYTES = 4
+HOST_TO_DEVICE_GBPS = 12.0  # a cluster config's default (sharding.types.NodeGroup)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What each section measures; `quick` shrinks everything to a few seconds on a CPU."""
+
+    dims: tuple[int, ...] = (64, 128)
+    poolings: tuple[int, ...] = (1, 8, 32)
+    rows: tuple[int, ...] = (1_000_000, 40_000_000)
+    emb_batch: int = 16384
+    dense_batches: tuple[int, ...] = (2048, 4096, 8192, 16384, 32768, 65536)
+    train_batch: int = 8192  # the dense constant is read at this batch (MLPerf: 65536 / 8)
+    copy_mb: int = 256
+    host_rows: int = 4_000_000
+    seq_lookups: tuple[int, ...] = (65536, 262144)
+    repeats: int = 10
+
+
+QUICK = Sizes(dims=(16, 32), poolings=(1, 8), rows=(10_000,), emb_batch=512,
+              dense_batches=(64,), train_batch=64, copy_mb=4, host_rows=20_000,
+              seq_lookups=(2048, 8192), repeats=3)  # fmt: skip
+
+
+class Timer:
+    """Median milliseconds of `fn()` over repeats: CUDA events on a GPU, else wall time."""
+
+    def __init__(self, device: torch.device, repeats: int, budget_s: float) -> None:
+        self.device, self.repeats = device, repeats
+        self.deadline = time.monotonic() + budget_s
+
+    def over_budget(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def median_ms(self, fn: Callable[[], object], warmup: int = 2) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(self.repeats):
+            if self.device.type == "cuda":
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def power_law_ids(n: int, rows: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Ids whose popularity falls as 1/rank (log-uniform ranks), hot rows scattered over the
+    table by a multiplicative hash, as hashed Criteo ids are."""
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    ranks = torch.exp(u * math.log(rows)).long().clamp_(1, rows) - 1
+    return ((ranks * 2654435761) % rows).to(device)
+
+
+def uniform_ids(n: int, rows: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, rows, (n,), generator=gen).to(device)
+
+
+def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """Forward bytes/s (rows read), and backward + row-wise Adagrad over the forward."""
+    out, gen = [], torch.Generator().manual_seed(0)
+    for rows in sizes.rows:
+        for dim in sizes.dims:
+            if timer.over_budget():
+                return out
+            weight = torch.empty(rows, dim, device=device).uniform_(-0.01, 0.01)
+            momentum = torch.zeros(rows, device=device)
+            for pooling in sizes.poolings:
+                for dist, draw in (("uniform", uniform_ids), ("power_law", power_law_ids)):
+                    ids = draw(sizes.emb_batch * pooling, rows, gen, device)
+                    fwd_ms, bwd_ms = _embedding_case(weight, momentum, ids, pooling, timer)
+                    read = len(ids) * dim * FLOAT_BYTES
+                    out.append({"rows": rows, "dim": dim, "pooling": pooling, "ids": dist,
+                                "batch": sizes.emb_batch, "forward_ms": fwd_ms,
+                                "backward_ms": bwd_ms, "forward_bytes_per_s": read / (fwd_ms / 1e3),
+                                "bwd_over_fwd": bwd_ms / fwd_ms})  # fmt: skip
+            del weight, momentum
+            _empty_cache(device)
+    return out
+
+
+@torch.no_grad()
+def _embedding_case(
+    weight: torch.Tensor, momentum: torch.Tensor, ids: torch.Tensor, pooling: int, timer: Timer
+) -> tuple[float, float]:
+    """Median ms of the pooled forward and of backward + row-wise Adagrad on touched rows."""
+    device, dim = weight.device, weight.shape[1]
+    batch = len(ids) // pooling
+    offsets = torch.arange(0, len(ids), pooling, device=device)
+    bag = torch.arange(batch, device=device).repeat_interleave(pooling)
+    grad_out = torch.randn(batch, dim, device=device)
+
+    def forward() -> torch.Tensor:
+        return F.embedding_bag(ids, weight, offsets, mode="sum")
+
+    def backward() -> None:
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        grad = torch.zeros(len(uniq), dim, device=device).index_add_(0, inverse, grad_out[bag])
+        momentum.index_add_(0, uniq, grad.pow(2).mean(1))
+        weight.index_add_(0, uniq, grad / (momentum[uniq].sqrt() + 1e-8).unsqueeze(1), alpha=-0.01)
+
+    return timer.median_ms(forward), timer.median_ms(backward)
+
+
+class DCNv2(nn.Module):
+    """DLRM-DCNv2's dense part: bottom MLP, low-rank cross layers over [dense, 26 pooled
+    embeddings], top MLP; the embeddings are inputs that take gradients."""
+
+    def __init__(self, dim: int = 128, bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1),
+                 layers: int = 3, rank: int = 512, features: int = 26) -> None:  # fmt: skip
+        super().__init__()
+        self.bottom = _mlp(13, bottom)
+        width = dim * (features + 1)
+        self.v = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(layers))
+        self.u = nn.ModuleList(nn.Linear(rank, width) for _ in range(layers))
+        self.top = _mlp(width, top)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([self.bottom(dense), emb.flatten(1)], 1)
+        x = x0
+        for v, u in zip(self.v, self.u, strict=True):
+            x = x0 * u(v(x)) + x
+        return self.top(x)
+
+    def matmul_flops_per_sample(self) -> float:
+        return 2.0 * _linear_macs(self)
+
+
+class DLRMSmall(nn.Module):
+    """`dlrm_small`'s dense part: bottom 13-64-16, pairwise dots of 27 vectors, top 64-32-1."""
+
+    def __init__(self, dim: int = 16, features: int = 26) -> None:
+        super().__init__()
+        self.bottom = _mlp(13, (64, dim))
+        n = features + 1
+        self.register_buffer("pairs", torch.triu_indices(n, n, offset=1))
+        self.top = _mlp(dim + n * (n - 1) // 2, (64, 32, 1))
+        self.n, self.dim = n, dim
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        d = self.bottom(dense)
+        x = torch.cat([d.unsqueeze(1), emb], 1)
+        dots = torch.bmm(x, x.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return self.top(torch.cat([d, dots], 1))
+
+    def matmul_flops_per_sample(self) -> float:
+        return 2.0 * (_linear_macs(self) + self.n * self.n * self.dim)
+
+
+def _mlp(width: int, sizes) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, s in enumerate(sizes):
+        layers += [nn.Linear(width, s)] + ([nn.ReLU()] if i < len(sizes) - 1 else [])
+        width = s
+    return nn.Sequential(*layers)
+
+
+def _linear_macs(m: nn.Module) -> int:
+    return sum(x.in_features * x.out_features for x in m.modules() if isinstance(x, nn.Linear))
+
+
+def dense(sizes: Sizes, device: torch.device, timer: Timer, peak: float | None) -> list[dict]:
+    """Forward + backward (3x the forward's matmul FLOPs) per model, precision and batch."""
+    out = []
+    precisions = ("fp32", "tf32", "bf16") if device.type == "cuda" else ("fp32", "bf16")
+    for name, make, dim in (("dcnv2_mlperf", DCNv2, 128), ("dlrm_small", DLRMSmall, 16)):
+        model = make().to(device)
+        for precision in precisions:
+            for batch in sizes.dense_batches:
+                if timer.over_budget():
+                    return out
+                ms = _dense_case(model, batch, dim, precision, timer)
+                tflops = 3 * model.matmul_flops_per_sample() * batch / (ms / 1e3) / 1e12
+                out.append({"model": name, "precision": precision, "batch": batch, "ms": ms,
+                            "tflops": tflops,
+                            "of_bf16_peak": tflops * 1e12 / peak if peak else None})  # fmt: skip
+        del model
+        _empty_cache(device)
+    return out
+
+
+def _dense_case(model: nn.Module, batch: int, dim: int, precision: str, timer: Timer) -> float:
+    device = next(model.parameters()).device
+    dense_in = torch.randn(batch, 13, device=device)
+    emb = torch.randn(batch, 26, dim, device=device, requires_grad=True)
+
+    def step() -> None:
+        with _precision(precision, device):
+            loss = model(dense_in, emb).float().mean()
+        loss.backward()
+
+    ms = timer.median_ms(step)
+    model.zero_grad(set_to_none=True)
+    return ms
+
+
+class _precision:
+    """fp32 (no TF32), tf32 (TF32 matmuls), or bf16 autocast."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        self.precision, self.device = precision, device
+
+    def __enter__(self) -> None:
+        if self.device.type == "cuda":
+            self.tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = self.precision == "tf32"
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                       enabled=self.precision == "bf16")  # fmt: skip
+        self.autocast.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.autocast.__exit__(*exc)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+
+
+def copies(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """Host -> device and device -> host GB/s from pinned and pageable host memory."""
+    n = sizes.copy_mb * 2**20 // FLOAT_BYTES
+    on_device = torch.empty(n, device=device)
+    pinned = device.type == "cuda"
+    out = []
+    for memory in ("pinned", "pageable") if pinned else ("pageable",):
+        host = torch.empty(n, pin_memory=memory == "pinned")
+        for direction, fn in (("host_to_device", lambda h=host: on_device.copy_(h)),
+                              ("device_to_host", lambda h=host: h.copy_(on_device))):  # fmt: skip
+            ms = timer.median_ms(fn)
+            out.append({"direction": direction, "host_memory": memory, "mb": sizes.copy_mb,
+                        "ms": ms, "gb_per_s": n * FLOAT_BYTES / (ms / 1e3) / 1e9})  # fmt: skip
+    return out
+
+
+def host_gather(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """Random rows gathered from a (pinned) host table and sent to the device: torch has no
+    device-side zero-copy read of host memory, so this is the CPU gather + copy path."""
+    pinned = device.type == "cuda"
+    gen, out = torch.Generator().manual_seed(1), []
+    for dim in sizes.dims:
+        table = torch.empty(sizes.host_rows, dim, pin_memory=pinned).uniform_(-0.01, 0.01)
+        ids = torch.randint(0, sizes.host_rows, (sizes.emb_batch * 8,), generator=gen)
+        staging = torch.empty(len(ids), dim, pin_memory=pinned)
+
+        def gather(table=table, ids=ids, staging=staging):
+            torch.index_select(table, 0, ids, out=staging)
+            return staging.to(device, non_blocking=True)
+
+        ms = timer.median_ms(gather)
+        out.append({"dim": dim, "rows": sizes.host_rows, "lookups": len(ids), "ms": ms,
+                    "ns_per_lookup": ms * 1e6 / len(ids),
+                    "bytes_per_s": len(ids) * dim * FLOAT_BYTES / (ms / 1e3)})  # fmt: skip
+        del table, staging
+    return out
+
+
+def sequence(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """The cold-only exchange's local work per step: one vector per looked-up id (single-id
+    bags), pooled into bags after the exchange; backward: gradients back to each id's row."""
+    gen, out, rows = torch.Generator().manual_seed(2), [], min(sizes.rows)
+    for dim in sizes.dims:
+        weight = torch.empty(rows, dim, device=device).uniform_(-0.01, 0.01)
+        for n in sizes.seq_lookups:
+            ids = uniform_ids(n, rows, gen, device)
+            out.append({"dim": dim, "lookups": n, "ms": _sequence_case(weight, ids, gen, timer)})
+        del weight
+    return out
+
+
+@torch.no_grad()
+def _sequence_case(
+    weight: torch.Tensor, ids: torch.Tensor, gen: torch.Generator, timer: Timer
+) -> float:
+    device, dim = weight.device, weight.shape[1]
+    bags = max(1, len(ids) // 8)
+    bag = torch.randint(0, bags, (len(ids),), generator=gen).to(device)
+    grad_out = torch.randn(bags, dim, device=device)
+
+    def step() -> torch.Tensor:
+        vectors = F.embedding(ids, weight)  # one output per id
+        pooled = torch.zeros(bags, dim, device=device).index_add_(0, bag, vectors)
+        weight.index_add_(0, ids, grad_out[bag], alpha=-0.01)  # the pooling's backward
+        return pooled
+
+    return timer.median_ms(step)
+
+
+def fit_sequence(points: list[dict]) -> dict[str, float]:
+    """t = fixed + lookups x (per_lookup + per_byte x dim x 4), least squares."""
+    if len(points) < 3:
+        return {}
+    a = torch.tensor([[1.0, p["lookups"], p["lookups"] * p["dim"] * FLOAT_BYTES] for p in points],
+                     dtype=torch.float64)  # fmt: skip
+    t = torch.tensor([p["ms"] / 1e3 for p in points], dtype=torch.float64)
+    fixed, per_lookup, per_byte = torch.linalg.lstsq(a, t.unsqueeze(1)).solution.squeeze(1)
+    return {"sequence_s_fixed": max(0.0, float(fixed)),
+            "sequence_s_per_lookup": max(0.0, float(per_lookup)),
+            "sequence_s_per_byte": max(0.0, float(per_byte))}  # fmt: skip
+
+
+def device_kind(name: str, memory_gib: float) -> str | None:
+    """The catalog kind whose family is in the device's name, nearest in memory."""
+    low = name.lower().replace(" ", "")
+    family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in low]
+    return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gb - memory_gib), default=None)
+
+
+def constants(result: dict) -> dict:
+    """The device constants (`sharding.cost_model.DeviceCost` fields) in the CPU
+    calibration's format: measured where the probe measures them, the datasheet model's
+    (`sharding.constants.datasheet_rates`) for the rest, which `measured.assumed` names."""
+    sizes, kind = result["sizes"], result["device"]["kind"]
+    emb = [e for e in result["embedding"] if e["rows"] == max(sizes["rows"])] or result["embedding"]
+    dcn = [d for d in result["dense"] if d["model"] == "dcnv2_mlperf" and d["precision"] == "bf16"]
+    at = min(dcn, key=lambda d: abs(d["batch"] - sizes["train_batch"]), default=None)
+    measured = {
+        "emb_read_bytes_per_s": _median([e["forward_bytes_per_s"] for e in emb]),
+        "emb_bwd_factor": _median([e["bwd_over_fwd"] for e in emb]),
+        "host_read_bytes_per_s": _median([h["bytes_per_s"] for h in result["host_gather"]]),
+        "dense_flops_per_s": at["tflops"] * 1e12 if at else None,
+        **fit_sequence(result["sequence"]),
+    }
+    measured = {k: v for k, v in measured.items() if v is not None}
+    k = DEVICE_CATALOG[kind] if kind else None
+    sheet = datasheet_rates(k.hbm_gbps, k.speed, HOST_TO_DEVICE_GBPS) if k else None
+    base = sheet or datasheet_rates(1.0, 1.0, HOST_TO_DEVICE_GBPS)  # only its assumed fields
+    return {
+        "kind": kind,
+        "device": {**base, **measured},
+        "links": {},
+        "measured": {
+            "source": "python -m benchmarks.gpu_probe",
+            "device_name": result["device"]["name"],
+            "date": result["environment"]["date"],
+            "torch": result["environment"]["torch"],
+            "assumed": sorted(set(base) - set(measured)),
+            "datasheet": sheet,  # what the cost model assumed for this kind
+            "dense_at": at,
+        },
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run(device: torch.device, sizes: Sizes, budget_s: float, kind: str | None) -> dict:
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info = {"name": props.name, "memory_gib": props.total_memory / 2**30,
+                "multiprocessors": props.multi_processor_count}  # fmt: skip
+        kind = kind or device_kind(props.name, info["memory_gib"])
+    else:
+        info = {"name": platform.processor() or platform.machine(), "memory_gib": None}
+    peak = DEVICE_CATALOG[kind].speed * A100_BF16_FLOPS if kind else None
+    hbm = DEVICE_CATALOG[kind].hbm_gbps * 1e9 if kind else None
+    # each section gets its share of the budget and stops measuring new shapes past it
+    sections = (("embedding", 0.35, lambda t: embedding(sizes, device, t)),
+                ("dense", 0.35, lambda t: dense(sizes, device, t, peak)),
+                ("copies", 0.1, lambda t: copies(sizes, device, t)),
+                ("host_gather", 0.1, lambda t: host_gather(sizes, device, t)),
+                ("sequence", 0.1, lambda t: sequence(sizes, device, t)))  # fmt: skip
+    result: dict = {
+        "device": {**info, "kind": kind, "type": device.type},
+        "environment": {
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+        "datasheet": {"hbm_bytes_per_s": hbm, "bf16_flops_per_s": peak},
+        "sizes": asdict(sizes),
+    }  # fmt: skip
+    start, spent = time.monotonic(), 0.0
+    for name, share, measure in sections:
+        t0 = time.monotonic()
+        print(f"[gpu_probe] {name} ...", flush=True)
+        result[name] = measure(Timer(device, sizes.repeats, budget_s * share))
+        spent = time.monotonic() - t0
+        print(f"[gpu_probe] {name}: {len(result[name])} measurements in {spent:.1f} s", flush=True)
+    result["elapsed_s"] = time.monotonic() - start
+    if hbm:
+        for e in result["embedding"]:
+            e["of_hbm_bandwidth"] = e["forward_bytes_per_s"] / hbm
+    return result
+
+
+def summary_lines(result: dict, consts: dict) -> list[str]:
+    """Each measured constant beside the datasheet model's assumption for this kind."""
+    d, sheet = consts["device"], consts["measured"]["datasheet"]
+    env = result["environment"]
+    lines = [f"device: {result['device']['name']} ({result['device']['kind'] or 'kind unknown'}),"
+             f" torch {env['torch']}, CUDA {env['cuda']}; measured in {result['elapsed_s']:.0f} s",
+             f"{'constant':24} {'measured':>16} {'datasheet model':>16}"]  # fmt: skip
+    for field, unit, scale in (("emb_read_bytes_per_s", "GB/s", 1e-9),
+                               ("emb_bwd_factor", "x", 1.0),
+                               ("dense_flops_per_s", "TFLOP/s", 1e-12),
+                               ("host_read_bytes_per_s", "GB/s", 1e-9),
+                               ("sequence_s_per_lookup", "ns", 1e9),
+                               ("sequence_s_per_byte", "ps", 1e12),
+                               ("sequence_s_fixed", "us", 1e6)):  # fmt: skip
+        if field in consts["measured"]["assumed"]:
+            continue
+        then = f"{sheet[field] * scale:.3g} {unit}" if sheet else "-"
+        lines.append(f"{field:24} {f'{d[field] * scale:.3g} {unit}':>16} {then:>16}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_probe",
+        description="Measure a GPU's embedding, dense, copy and sequence constants for the "
+        "cost model; writes gpu_probe.json and <kind>.json into --out.",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="directory for the results")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a check, seconds")
+    parser.add_argument("--kind", help="catalog kind (h200_141g ...); default: from the name")
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="seconds in all; a section past its share stops")  # fmt: skip
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device here; run on a GPU machine, or --device cpu --quick to "
+              "check the probe itself", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.kind is not None and args.kind not in DEVICE_CATALOG:
+        print(f"error: --kind {args.kind} is not in the catalog: {sorted(DEVICE_CATALOG)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    result = run(device, QUICK if args.quick else Sizes(), args.budget_s, args.kind)
+    consts = constants(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = result["device"]["kind"] or "unknown_kind"
+    (args.out / f"{name}.json").write_text(json.dumps(consts, indent=1) + "\n")
+    print("\n".join(summary_lines(result, consts)))
+    print(f"wrote {args.out / 'gpu_probe.json'} and {args.out / f'{name}.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
