@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,10 +78,27 @@ def output_dirs(cfg: Any) -> list[Path]:
     return [run_dir] + ([Path(cfg.results_dir)] if cfg.save else [])
 
 
-def finish(result: dict, table: str, name: str, cfg: Any, json_name: str | None = None) -> None:
-    """Print the table; save it and the JSON into `output_dirs(cfg)`."""
+def finish(
+    result: dict,
+    table: str,
+    name: str,
+    cfg: Any,
+    json_name: str | None = None,
+    picture: tuple[Callable[[dict, Path], None], str] | None = None,
+) -> None:
+    """Print the table; save it, the JSON and `picture` (a `benchmarks.plots` function and
+    the file it draws) into `output_dirs(cfg)`."""
     print(table)
-    print("saved:", ", ".join(map(str, save(result, table, name, output_dirs(cfg), json_name))))
+    written = save(result, table, name, output_dirs(cfg), json_name)
+    if picture is not None:
+        draw, file = picture
+        try:  # the numbers are saved already; a picture that fails must not lose them
+            for d in output_dirs(cfg):
+                draw(json.loads(json.dumps(result, default=_plain)), d / file)
+                written.append(d / file)
+        except Exception as e:  # noqa: BLE001
+            print(f"picture {file} not drawn: {type(e).__name__}: {e}")
+    print("saved:", ", ".join(map(str, written)))
     if not cfg.save:
         print(f"(save=true also writes them to {cfg.results_dir}, the published results)")
 

@@ -26,7 +26,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks import netns
+from benchmarks import netns, plots
 from benchmarks.calibrate import measured_ms, predict_ms
 from benchmarks.common import (
     BenchTrainer,
@@ -399,7 +399,14 @@ ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfi
 def main(cfg: DictConfig) -> None:
     typed: PipelineBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "pipeline", typed, json_name="summary")
+    finish(
+        result,
+        table(result),
+        "pipeline",
+        typed,
+        json_name="summary",
+        picture=(plots.pipelines, "pipelines.png"),
+    )
 
 
 if __name__ == "__main__":

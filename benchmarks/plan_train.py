@@ -24,7 +24,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks import netns
+from benchmarks import netns, plots
 from benchmarks.calibrate import measured_ms
 from benchmarks.common import (
     BenchTrainer,
@@ -156,7 +156,14 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
     result = run(typed)
-    finish(result, table(result), "plan_train", typed, json_name="summary")
+    finish(
+        result,
+        table(result),
+        "plan_train",
+        typed,
+        json_name="summary",
+        picture=(plots.plan_train, "plan_train.png"),
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from benchmarks import plots
 from benchmarks.common import environment, finish, output_dirs, start
 from benchmarks.planner_grid import (
     PROFILE_FILE,
@@ -235,7 +236,14 @@ def main(cfg: DictConfig) -> None:
             plot(result["grid"], d / "grid.png")
     if typed.at_scale:
         result["scale"] = at_scale(typed)
-    finish(result, table(result), "planners", typed, json_name="summary")
+    finish(
+        result,
+        table(result),
+        "planners",
+        typed,
+        json_name="summary",
+        picture=(plots.planner_gains, "planner_gains.png"),
+    )
 
 
 if __name__ == "__main__":

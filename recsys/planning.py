@@ -191,6 +191,7 @@ def plan_json(plan: Plan) -> dict:
         "micro_batches": plan.micro_batches,
         "planning_s": plan.planning_s,
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
+        "step_parts_ms": plan.step_parts_ms,  # est_step_ms split: slowest rank per stage, ...
         "devices": plan.devices,
         # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions
         "constants": {k: constants_source(k) for k in sorted({d["kind"] for d in plan.devices})},

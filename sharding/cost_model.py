@@ -184,6 +184,25 @@ class StepCost:
         return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense)
 
 
+STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
+              "exchange left exposed")  # fmt: skip
+
+
+def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
+    """`cost.step_s` split into its parts, which add up to it: each per-rank stage at its
+    slowest rank (collectives make every rank wait for it), the all-reduce and the fixed
+    overheads, and what of the id and embedding exchange the schedule leaves exposed."""
+    parts = {
+        "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
+        "dense": max(cost.dense_s),
+        "all-reduce": cost.allreduce_s,
+        "overhead + input": cost.overhead_s + cost.input_s,
+        "sequence work": max(cost.sequence_s, default=0.0),
+    }
+    parts["exchange left exposed"] = cost.step_s(schedule, micro_batches) - sum(parts.values())
+    return parts
+
+
 def exposed_exchange_passes(schedule: Schedule, micro_batches: int = 1) -> float:
     """How many whole embedding exchanges (forward and backward: 2) a schedule leaves
     exposed at least: all of them, except under `nested`, 1/N of them (`StepCost.step_s`)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import hydra
@@ -58,30 +59,89 @@ def plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+STAGE_COLORS = {"lookups": "tab:blue", "dense": "tab:green", "exchange": "tab:orange",
+                "sequence work": "tab:purple", "all-reduce": "tab:red",
+                "overhead + input": "tab:gray", "exchange left exposed": "tab:orange"}  # fmt: skip
+
+
+def _rank_labels(plan: Plan) -> list[str]:
+    many = len(plan.devices) > 16
+    return [f"{d['rank']}:{d['kind']}" if many else f"rank {d['rank']}\n{d['kind']}"
+            for d in plan.devices]  # fmt: skip
+
+
 def plot(plan: Plan, path: Path) -> None:
+    """Per device, memory used against capacity per tier, and its own predicted stage times;
+    beside them the step time split into its parts; the step and the bound as lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = [d["rank"] for d in plan.devices]
-    gib = 2**30
-    fig, (mem, t) = plt.subplots(2, 1, figsize=(max(8, len(ranks) * 0.25), 7), sharex=True)
-    fast = [d["hbm_used_bytes"] / gib for d in plan.devices]
-    host = [d["host_used_bytes"] / gib for d in plan.devices]
-    mem.bar(ranks, fast, label="fast memory (HBM / CPU rank budget)")
-    mem.bar(ranks, host, bottom=fast, label="host memory")
-    mem.plot(
-        ranks, [d["hbm_cap_bytes"] / gib for d in plan.devices], "k_", ms=12, label="fast capacity"
-    )
+    gib, devices, n = 2**30, plan.devices, len(plan.devices)
+    x = list(range(n))
+    labels = _rank_labels(plan)
+    width = max(8.0, 1.0 + 0.9 * n if n <= 16 else 0.22 * n)
+    fig, (mem, t) = plt.subplots(2, 1, figsize=(width, 8), height_ratios=[1, 1.3])
+    tiers = [("hbm", "fast memory (HBM; a CPU rank's budget)", "tab:blue")]
+    if any(d["host_cap_bytes"] for d in devices):
+        tiers.append(("host", "host memory", "tab:olive"))
+    bar = 0.8 / len(tiers)
+    for i, (tier, name, color) in enumerate(tiers):
+        pos = [v + (i - (len(tiers) - 1) / 2) * bar for v in x]
+        mem.bar(pos, [d[f"{tier}_cap_bytes"] / gib for d in devices], bar, fill=False,
+                edgecolor=color, label=f"{name}: capacity after the reserve")  # fmt: skip
+        mem.bar(pos, [d[f"{tier}_used_bytes"] / gib for d in devices], bar, color=color,
+                alpha=0.8, label=f"{name}: used (weights + optimizer state)")  # fmt: skip
     mem.set_ylabel("GiB")
-    mem.legend(fontsize=7)
-    mem.set_title(f"{plan.planner} on {plan.cluster}: {plan.est_step_ms:.2f} ms/step predicted, "
-                  f"lower bound {plan.lower_bound_ms:.2f} ms")  # fmt: skip
-    t.bar(ranks, [d["est_ms"] for d in plan.devices], color="tab:green")
-    t.set_ylabel("predicted ms (own stages)")
-    t.set_xlabel("rank")
-    fig.tight_layout()
+    mem.set_title(f"{plan.planner} plan on {plan.cluster}: memory per device")
+    mem.legend(fontsize=7, loc="upper right")
+
+    mem.set_ylim(0, 1.35 * max(max(d["hbm_cap_bytes"], d["host_cap_bytes"]) for d in devices) / gib)
+    if n <= 16:  # the used amount, readable even when it is a sliver of the capacity
+        for v, d in zip(x, devices, strict=True):
+            used = (d["hbm_used_bytes"] + d["host_used_bytes"]) / gib
+            mem.annotate(f"{used:.3g} GiB used", (v, used), ha="center", va="bottom", fontsize=7,
+                         xytext=(0, 2), textcoords="offset points")  # fmt: skip
+
+    bottom, named = [0.0] * n, set()
+    for key, name in (("lookup_ms", "lookups"), ("dense_ms", "dense"),
+                      ("exchange_ms", "exchange"), ("sequence_ms", "sequence work")):  # fmt: skip
+        values = [d.get(key, 0.0) for d in devices]
+        if any(values):
+            t.bar(x, values, 0.7, bottom=bottom, color=STAGE_COLORS[name], label=name)
+            named.add(name)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    step_x = n + 0.5  # the step: its parts stacked, a bar apart from the devices
+    top = 0.0
+    for name, ms in plan.step_parts_ms.items():
+        if ms > 0:
+            t.bar(step_x, ms, 0.9, bottom=top, color=STAGE_COLORS[name], hatch="//",
+                  edgecolor="white", label=None if name in named else name)  # fmt: skip
+            top += ms
+    t.axhline(plan.est_step_ms, color="k", lw=1.2, label=f"step: {plan.est_step_ms:.2f} ms")
+    if plan.lower_bound_ms:
+        t.axhline(plan.lower_bound_ms, color="k", ls="--", lw=1,
+                  label=f"lower bound: {plan.lower_bound_ms:.2f} ms")  # fmt: skip
+    t.set_xticks(x + [step_x], labels + ["step"], fontsize=7 if n <= 16 else 6,
+                 rotation=0 if n <= 16 else 90)  # fmt: skip
+    mem.set_xticks(x, labels, fontsize=7 if n <= 16 else 6, rotation=0 if n <= 16 else 90)
+    t.set_ylim(0, 1.4 * max(top, plan.est_step_ms, *bottom))
+    t.set_ylabel("predicted ms per step")
+    t.set_title(
+        f"predicted time per device (its own stages) and the step ({plan.schedule}"
+        f"{f', {plan.micro_batches} micro-batches' if plan.schedule == 'nested' else ''})"
+    )
+    t.legend(fontsize=7, loc="upper left", ncol=2)
+    caption = (
+        "The step (hatched bar) is not the tallest device: every stage waits for its "
+        "slowest device (collectives), then the all-reduce and fixed overheads add on, "
+        "and the schedule hides part of the exchange. The lower bound: no plan of these "
+        "tables on these devices is faster under the cost model (docs/planning.md)."
+    )
+    fig.text(0.01, 0.005, "\n".join(textwrap.wrap(caption, int(width * 15))), fontsize=7,
+             va="bottom")  # fmt: skip
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -25,6 +25,7 @@ from sharding.cost_model import (
     Tier,
     memory_bytes,
     step_cost,
+    step_parts_s,
 )
 from sharding.plan_check import check_plan
 from sharding.types import RankDevice
@@ -111,6 +112,7 @@ class Plan:
     # the train pipeline's schedule both est_step_ms and lower_bound_ms assume
     schedule: str = Schedule.sparse_dist.value
     micro_batches: int = 1
+    step_parts_ms: dict[str, float] = field(default_factory=dict)  # they add up to est_step_ms
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]
@@ -172,6 +174,8 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)
     plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
+    parts = step_parts_s(cost, inputs.schedule, inputs.micro_batches)
+    plan.step_parts_ms = {k: 1000 * v for k, v in parts.items()}
     if bound:
         plan.lower_bound_ms = lower_bound_ms(inputs)
     plan.a2a_bytes_per_step = float(sum(cost.a2a_bytes))
@@ -187,6 +191,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
             "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]), "batch": plan.batch_per_rank[r],
             "lookup_ms": 1000 * lookup, "exchange_ms": 1000 * exchange,
             "dense_ms": 1000 * cost.dense_s[r],
+            "sequence_ms": 1000 * (cost.sequence_s[r] if cost.sequence_s else 0.0),
         })  # fmt: skip
     plan.feasible = all(
         d["hbm_used_bytes"] <= d["hbm_cap_bytes"] + 1

@@ -62,25 +62,40 @@ def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
     return profile
 
 
-def plot(profile: AccessProfile, path: Path) -> None:
+def plot(profile: AccessProfile, path: Path, named: int = 8) -> None:
+    """Coverage curves readable for 26 or 1,000 tables: the `named` largest tables in colour,
+    the rest as thin grey lines, and all tables together weighted by their lookups."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
+    tables = sorted(profile.tables, key=lambda t: -t.rows)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for t in profile.tables:
-        ax.plot(
-            [k / t.rows for k in t.curve_k], t.curve_share, lw=1, label=f"{t.name} ({t.rows:,})"
-        )
+    for t in tables[named:]:
+        ax.plot([k / t.rows for k in t.curve_k], t.curve_share, lw=0.6, color="0.75")
+    colors = plt.get_cmap("tab10").colors
+    for t, color in zip(tables[:named], colors, strict=False):
+        ax.plot([k / t.rows for k in t.curve_k], t.curve_share, lw=1.4, color=color,
+                label=f"{t.name}: {t.rows:,} rows")  # fmt: skip
+    if len(tables) > named:
+        ax.plot([], [], lw=0.6, color="0.75", label=f"the other {len(tables) - named} tables")
+    grid = np.geomspace(min(1 / t.rows for t in tables), 1.0, 200)
+    weights = np.array([t.lookups_per_sample for t in tables])
+    if weights.sum() > 0:
+        curves = [np.interp(np.log(grid), np.log([max(k, 1) / t.rows for k in t.curve_k]),
+                            t.curve_share, left=0.0, right=1.0) for t in tables]  # fmt: skip
+        ax.plot(grid, weights @ np.array(curves) / weights.sum(), color="k", lw=2.2,
+                label="all tables, weighted by lookups")  # fmt: skip
     ax.set_xscale("log")
-    ax.set_xlabel("hottest share of the table's rows")
-    ax.set_ylabel("share of lookups covered")
-    ax.set_title(
-        f"Access frequency: {profile.source.get('dataset', '')}, {profile.samples:,} samples"
-    )
+    ax.set_xlabel("hottest share of a table's rows (kept in fast memory or replicated)")
+    ax.set_ylabel("share of its lookups they serve")
+    ax.set_title(f"Access frequency: {profile.source.get('dataset', '')}, "
+                 f"{profile.samples:,} samples, {len(tables)} tables")  # fmt: skip
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=5, ncol=2, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", title=f"the {min(named, len(tables))} largest "
+              "tables", title_fontsize=7)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -340,6 +340,13 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
                 "replicated_rows"):  # fmt: skip
         assert key in plan["tables"][0]
     assert plan["feasible"] and plan["lower_bound_ms"] <= plan["est_step_ms"]
+    parts = plan["step_parts_ms"]  # the picture's step bar: its parts add up to the step
+    assert set(parts) == {"lookups", "dense", "all-reduce", "overhead + input", "sequence work",
+                          "exchange left exposed"}  # fmt: skip
+    assert sum(parts.values()) == pytest.approx(plan["est_step_ms"])
+    assert all(v >= -1e-9 for v in parts.values())
+    assert plan["constants"] == {k: "datasheet with assumed efficiencies (not measured)"
+                                 for k in ("h100_80g", "t4_16g", "v100_16g")}  # fmt: skip
     assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
     text = (tmp_path / "plan_torchrec.txt").read_text()
     assert "model.sparse_arch.embedding_bag_collection" in text  # a real TorchRec plan
