@@ -51,6 +51,8 @@ def check_train_config(cfg: TrainConfig) -> None:
         value = getattr(t, key)
         if not (math.isfinite(value) and value > 0):
             raise TrainConfigError(f"trainer.{key} must be a finite number > 0, got {value}")
+    if t.log_level not in ("info", "debug"):
+        raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
     if not cfg.dataset.eval_batches >= 0:
         raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation), got "
                                f"{cfg.dataset.eval_batches}")  # fmt: skip

@@ -33,8 +33,11 @@ from sharding.types import PlannerName
 log = logging.getLogger(__name__)
 
 
-def quiet_library_noise() -> None:
-    """Filter warnings TorchRec and torch print on every run (see TORCHREC_NOTES.md)."""
+def quiet_library_noise(log_level: str = "info") -> None:
+    """Filter warnings TorchRec and torch print on every run (see TORCHREC_NOTES.md);
+    `log_level="debug"` (trainer.log_level) keeps every library message."""
+    if log_level == "debug":
+        return
     for pattern in (
         ".*Topology constructed directly.*",
         ".*HeuristicalStorageReservation.*",
@@ -95,7 +98,7 @@ def check_tables_fit(cfg: TrainConfig) -> None:
 
 
 def _rank_main(cfg: TrainConfig, run_dir: str, our_plan=None) -> dict:
-    quiet_library_noise()
+    quiet_library_noise(cfg.trainer.log_level)
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
     # launch.exit_now), which would leak it. One process needs only a thread lock.
     tqdm.set_lock(threading.RLock())
@@ -115,8 +118,8 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     """Run the job `cfg` describes; return rank 0's summary (also written to summary.json)."""
     from recsys.trainer import plan_only, write_summary
 
-    quiet_library_noise()
     tcfg = to_typed(cfg)
+    quiet_library_noise(tcfg.trainer.log_level)
     check_train_config(tcfg)  # fail here, before any rank starts
     validate_model_config(tcfg.model)
     if tcfg.trainer.resume_from:

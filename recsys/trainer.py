@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -88,7 +89,8 @@ class TrainerConfig:
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
     warmup_steps: int = 5  # steps left out of samples/s
-    progress_bar: bool = True
+    progress_bar: bool = True  # a bar on a terminal; a line every tenth of the run otherwise
+    log_level: str = "info"  # debug: also every library warning TorchRec and torch print
     dry_run: bool = False  # plan on the meta device, print the plan, train nothing
 
 
@@ -129,6 +131,44 @@ def _device() -> torch.device:
         torch.cuda.set_device(launch.local_rank())
         return torch.device("cuda", launch.local_rank())
     return torch.device("cpu")
+
+
+class Progress:
+    """Rank 0's progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe) a plain
+    line every tenth of the run or 30 s, whichever comes first, never a wall of `\\r`."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = enabled and self.stream.isatty()
+        self.enabled, self.total, self.desc = enabled, total, desc
+        self.done = self.initial = initial
+        self.loss: str = ""
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
+                        file=self.stream, disable=not self.tty)  # fmt: skip
+        self.every = max(1, (total - initial) // 10)
+        self.t0 = self.last = time.monotonic()
+
+    def set_postfix(self, loss: str) -> None:
+        self.loss = loss
+        self.bar.set_postfix(loss=loss)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.bar.update(n)
+        now = time.monotonic()
+        if (
+            self.enabled
+            and not self.tty
+            and (self.done % self.every == 0 or now - self.last >= 30 or self.done == self.total)
+        ):
+            speed = (self.done - self.initial) / max(now - self.t0, 1e-9)
+            line = (f"{self.desc}: step {self.done}/{self.total} ({self.done / self.total:.0%}), "
+                    f"loss {self.loss or 'n/a'}, {speed:.1f} step/s")  # fmt: skip
+            print(line, file=self.stream, flush=True)
+            self.last = now
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class LossWatch:
@@ -379,14 +419,8 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
 
     watch = LossWatch(start, rank)
     evals: list[dict] = []
-    bar = tqdm(
-        total=tcfg.max_steps,
-        initial=start,
-        disable=rank != 0 or not tcfg.progress_bar,
-        desc=f"train {cfg.pipeline.name.value} x{world}",
-        unit="step",
-        dynamic_ncols=True,
-    )
+    bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
+                   enabled=rank == 0 and tcfg.progress_bar)  # fmt: skip
     t_start, timed_from = time.perf_counter(), start
     for step in range(start, tcfg.max_steps):
         try:

@@ -3,6 +3,7 @@ end that never crashes on undefined figures (null in summary.json, n/a on the co
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
         ("trainer.dist_timeout_s=0", "trainer.dist_timeout_s must be a finite number > 0"),
         ("trainer.job_timeout_s=-5", "trainer.job_timeout_s must be a finite number > 0"),
         ("dataset.eval_batches=-1", "dataset.eval_batches must be >= 0"),
+        ("trainer.log_level=verbose", "trainer.log_level must be info or debug, got 'verbose'"),
     ],
 )
 def test_bad_trainer_values_are_refused_naming_the_key(typed_cfg, override, message) -> None:
@@ -144,3 +146,32 @@ def test_a_sweep_records_failed_jobs_goes_on_and_exits_with_their_count(tmp_path
     assert not (tmp_path / "1" / "failed.txt").exists()
     assert "got nan" in (tmp_path / "2" / "failed.txt").read_text()
     assert f"2 sweep job(s) failed: {tmp_path / '0'}, {tmp_path / '2'}" in proc.stderr
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(tty: bool) -> None:
+    from recsys.trainer import Progress
+
+    stream = _Stream(tty)
+    bar = Progress(20, 0, "train plain x2", enabled=True, stream=stream)
+    for step in range(20):
+        bar.set_postfix(loss=f"{0.5 + step / 100:.4f}")
+        bar.update(1)
+    bar.close()
+    text = stream.getvalue()
+    if tty:
+        assert "\r" in text and "20/20" in text
+    else:
+        lines = text.splitlines()
+        assert "\r" not in text and len(lines) == 10  # one line every tenth of the run
+        assert lines[0].startswith("train plain x2: step 2/20 (10%), loss 0.5100, ")
+        assert lines[-1].startswith("train plain x2: step 20/20 (100%), loss 0.6900, ")
