@@ -77,6 +77,8 @@ def test_a_small_benchmark_run_writes_the_names_checks_rely_on(tmp_path: Path) -
                                              "greedy_size", "round_robin"}  # fmt: skip
     assert set(s["grid"]["wins"]) == {c["planner"] for c in cells}
     assert isinstance(s["grid"]["hybrid_losses"], list)
-    assert (tmp_path / "grid.csv").read_text().count("\n") == len(cells) + 1
-    assert (tmp_path / "grid.png").stat().st_size > 10_000
-    assert "## Grid: 4 cells" in (tmp_path / "planners.md").read_text()
+    run = tmp_path / "run"
+    assert (run / "grid.csv").read_text().count("\n") == len(cells) + 1
+    assert (run / "grid.png").stat().st_size > 10_000
+    assert (run / "planner_gains.png").stat().st_size > 10_000
+    assert "## Grid: 4 cells" in (run / "planners.md").read_text()
