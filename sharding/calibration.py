@@ -175,12 +175,14 @@ def network_cost(
             )
         return cal.links[name]
     net = spec.network
+    tree = net.allreduce == "nccl"
     per_node: dict[int, int] = {}
     for r in ranks:
         per_node[r.node] = per_node.get(r.node, 0) + 1
     if len(per_node) == 1:
-        return spec_network_cost(net.intra_node_gbps, net.latency_us)
+        return replace(spec_network_cost(net.intra_node_gbps, net.latency_us), tree_allreduce=tree)
     a2a = spec_network_cost(net.inter_node_gbps, net.latency_us).alltoall
     intra = spec_network_cost(net.intra_node_gbps, net.latency_us).alltoall
     ring_gbps = min(net.intra_node_gbps, net.inter_node_gbps * min(per_node.values()))
-    return NetworkCost(a2a, spec_network_cost(ring_gbps, net.latency_us).allreduce, intra)
+    ring = spec_network_cost(ring_gbps, net.latency_us).allreduce
+    return NetworkCost(a2a, ring, intra, tree_allreduce=tree)

@@ -30,6 +30,11 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
             f"{spec.network.latency_us}. Fix it in conf/cluster/{spec.name}.yaml or the "
             f"override that set it."
         )
+    if spec.network.allreduce not in ("ring", "nccl"):
+        raise ClusterConfigError(
+            f"cluster '{spec.name}': network.allreduce must be ring or nccl, got "
+            f"'{spec.network.allreduce}'"
+        )
     if spec.emulation.enabled and not spec.emulation.cfs_period_us >= 1000:
         raise ClusterConfigError(
             f"cluster '{spec.name}': emulation.cfs_period_us must be >= 1000 (the kernel's "

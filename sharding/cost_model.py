@@ -29,6 +29,7 @@ Each stage ends in a collective, so the step is the sum over stages of the slowe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -139,6 +140,7 @@ class NetworkCost:
     alltoall: LinkCost
     allreduce: LinkCost
     intra: LinkCost | None = None
+    tree_allreduce: bool = False  # a double binary tree where it beats the ring (NCCL's)
 
     @property
     def intra_alltoall(self) -> LinkCost:
@@ -301,6 +303,9 @@ def step_cost(
         link = network.allreduce
         ring_bytes = 2 * (world - 1) / world * grad_bytes
         allreduce = 2 * (world - 1) * link.latency_s + ring_bytes / link.bytes_per_s
+        if network.tree_allreduce:  # up and down a tree: 2 log2 W hops, the bytes twice
+            hops = 2 * math.ceil(math.log2(world))
+            allreduce = min(allreduce, hops * link.latency_s + 2 * grad_bytes / link.bytes_per_s)
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],

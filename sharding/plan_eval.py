@@ -21,6 +21,7 @@ from sharding.cost_model import (
     OptimizerState,
     Schedule,
     Shard,
+    StepCost,
     TableStats,
     Tier,
     memory_bytes,
@@ -156,14 +157,11 @@ def finish_table(tp: TablePlan) -> TablePlan:
     return tp
 
 
-def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
-    """Check the plan (`check_plan`), then fill its predicted times, memory per rank and (with
-    `bound`) the lower bound; in place, and returns the plan."""
-    check_plan(plan, inputs)
-    shards = plan.shards()
-    cost = step_cost(
+def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
+    """The cost model's per-rank stage times of one step of `plan`."""
+    return step_cost(
         inputs.tables,
-        shards,
+        plan.shards(),
         plan.batch_per_rank,
         inputs.devices,
         inputs.network,
@@ -171,6 +169,14 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
         inputs.interaction_flops_per_sample,
         nodes=[r.node for r in inputs.ranks],
     )
+
+
+def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:
+    """Check the plan (`check_plan`), then fill its predicted times, memory per rank and (with
+    `bound`) the lower bound; in place, and returns the plan."""
+    check_plan(plan, inputs)
+    shards = plan.shards()
+    cost = plan_cost(plan, inputs)
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)
     plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)

@@ -43,6 +43,10 @@ class NetworkSpec:
     intra_node_gbps: float = 100.0
     inter_node_gbps: float = 25.0
     latency_us: float = 10.0
+    # ring: the all-reduce is a ring, 2(W-1) latency hops (what gloo does, and what the
+    # presets' published plans assumed); nccl: NCCL's choice, a ring or a double binary
+    # tree (2 log2 W hops) whichever is faster, as it is at hundreds of GPUs
+    allreduce: str = "ring"
 
 
 @dataclass

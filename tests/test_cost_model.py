@@ -178,6 +178,36 @@ def test_gpu_devices_use_datasheet_numbers(typed_cfg) -> None:
     assert one_node.allreduce.bytes_per_s == pytest.approx(300e9 / 8)
 
 
+def test_nccl_all_reduce_takes_a_tree_where_the_ring_is_latency_bound(typed_cfg) -> None:
+    from dataclasses import replace
+
+    from sharding.cluster import ClusterConfigError
+
+    cfg = typed_cfg(["cluster=2x8_h100"])
+    ring_net = network_cost(cfg.cluster, resolve_cluster(cfg.cluster), None, None)
+    assert not ring_net.tree_allreduce  # the presets' default: a ring
+    nccl = replace(cfg.cluster, network=replace(cfg.cluster.network, allreduce="nccl"))
+    tree_net = network_cost(nccl, resolve_cluster(nccl), None, None)
+    assert tree_net.tree_allreduce and tree_net.allreduce == ring_net.allreduce
+    world, grad_bytes = 1536, 4e6
+    shards = [Shard("t", 0, 10, 4)]
+    tables = [TableStats("t", 10, 4, 1.0)]
+    devices = device_costs(resolve_cluster(cfg.cluster), None)[:1] * world
+
+    def allreduce(net: NetworkCost) -> float:
+        return step_cost(tables, shards, [1] * world, devices, net, int(grad_bytes / 4)).allreduce_s
+
+    link = ring_net.allreduce
+    hops, share = 2 * (world - 1), 2 * (world - 1) / world
+    ring = hops * link.latency_s + share * grad_bytes / link.bytes_per_s
+    tree = 2 * 11 * link.latency_s + 2 * grad_bytes / link.bytes_per_s  # log2(1536) -> 11
+    assert allreduce(ring_net) == pytest.approx(ring)
+    assert allreduce(tree_net) == pytest.approx(min(ring, tree)) and tree < ring
+    bad = replace(cfg.cluster, network=replace(cfg.cluster.network, allreduce="butterfly"))
+    with pytest.raises(ClusterConfigError, match="network.allreduce must be ring or nccl"):
+        resolve_cluster(bad)
+
+
 def test_predict_command_plans_and_prints_the_step(tmp_path) -> None:
     import subprocess
     import sys

@@ -4,7 +4,8 @@ table's rows, and every results path they name exists.
 
 - A figure, as a link a reader can follow to its numbers:
   `[1.54x](benchmarks/results/plan_train_emu_mixed4/summary.json#rows.planner=hybrid.speedup_vs_first)`
-  (the path: dot-separated keys; `key=value` picks the list element whose `key` is `value`):
+  (the path: dot-separated keys; `key=value`, or several joined by `&`, picks the list
+  element that matches):
   its first number (a `%` figure: the value x 100) must equal the value at the decimals shown.
 - A table: a line `<!-- rows from benchmarks/results/<dir>/<name>.md -->` right above it;
   its header and each row must be lines of that file (a subset of its rows, unchanged).
@@ -27,9 +28,9 @@ PATH = re.compile(r"benchmarks/results/[\w*./-]*")
 
 def _resolve(data, path: str):
     for token in path.split("."):
-        if "=" in token:
-            key, value = token.split("=", 1)
-            matches = [x for x in data if str(x.get(key)) == value]
+        if "=" in token:  # key=value, or several joined by &: the one element matching all
+            conditions = [c.split("=", 1) for c in token.split("&")]
+            matches = [x for x in data if all(str(x.get(k)) == v for k, v in conditions)]
             assert len(matches) == 1, f"{token}: {len(matches)} matches"
             data = matches[0]
         elif isinstance(data, list):

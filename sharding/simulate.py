@@ -1,0 +1,144 @@
+"""A discrete-event simulation of training steps: where `cost_model.StepCost.step_s` adds
+stage maxima in closed form, this runs each rank's stages as tasks on the resources they
+use and lets the schedule's overlap fall out.
+
+Resources are in-order queues, as CUDA streams and a NIC's send queue are: `compute:r`
+(rank r's device), `net:r` (its share of the network: its own all-to-all sends and its part
+of the all-reduce). A task starts when every task it depends on has ended and its resource
+has finished the task before it in program order. A collective is one task per rank that
+starts once every rank's input is ready and whose result every rank waits for (the barrier
+of an all-to-all). The durations are the cost model's per-rank stage times, so the
+simulator and the closed form share every constant; they differ only in how stages overlap.
+
+Schedules (the train pipelines):
+- `plain`: ids -> lookup -> embedding exchange -> dense forward and backward -> gradient
+  exchange -> lookup backward and update -> all-reduce -> fixed overheads, per step.
+- `sparse_dist`: TorchRec's; the next batch's id exchange runs under this batch's dense work.
+- `nested`: also the embedding exchange and its gradients in N micro-batch chunks, each
+  chunk's dense work waiting for its own chunk only.
+Steady state: several steps are simulated and the step time is the last step's period.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sharding.cost_model import Schedule, StepCost
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    resource: str
+    duration: float
+    deps: tuple[str, ...] = ()
+
+
+@dataclass
+class Timeline:
+    """Each task's start and end (s), in the order simulated."""
+
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+    resources: dict[str, str] = field(default_factory=dict)
+
+    def end(self, name: str) -> float:
+        return self.spans[name][1]
+
+
+def run(tasks: Sequence[Task]) -> Timeline:
+    """Simulate `tasks` (listed in program order; a task's dependencies come before it)."""
+    free: dict[str, float] = {}
+    out = Timeline()
+    for t in tasks:
+        missing = [d for d in t.deps if d not in out.spans]
+        if missing:
+            raise ValueError(f"task '{t.name}' depends on {missing}, not listed before it")
+        if t.duration < 0:
+            raise ValueError(f"task '{t.name}' has a negative duration {t.duration}")
+        start = max([free.get(t.resource, 0.0), *(out.end(d) for d in t.deps)])
+        out.spans[t.name] = (start, start + t.duration)
+        out.resources[t.name] = t.resource
+        free[t.resource] = start + t.duration
+    return out
+
+
+@dataclass
+class SimResult:
+    step_s: float  # the steady-state step time
+    exposed_comm_s: float  # step time less the same schedule's with a free network
+    timeline: Timeline  # every simulated step, for a Gantt chart
+    last_step: int
+
+
+def simulate(
+    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4
+) -> SimResult:
+    """Steady-state step time of `cost`'s stages under `schedule`, and its exposed
+    communication (the step time less that of the same run with instant communication)."""
+    timeline = run(step_tasks(cost, schedule, micro_batches, steps))
+    free_net = run(step_tasks(cost, schedule, micro_batches, steps, network=False))
+    step = _period(timeline, steps)
+    return SimResult(step, max(0.0, step - _period(free_net, steps)), timeline, steps - 1)
+
+
+def _period(t: Timeline, steps: int) -> float:
+    return t.end(f"s{steps - 1}:done") - t.end(f"s{steps - 2}:done")
+
+
+def step_tasks(
+    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4,
+    network: bool = True,
+) -> list[Task]:  # fmt: skip
+    """The tasks of `steps` consecutive training steps (module docstring)."""
+    world = len(cost.dense_s)
+    n = max(1, micro_batches) if schedule == Schedule.nested else 1
+    net = 1.0 if network else 0.0
+    fixed = cost.overhead_s + cost.input_s
+    seq = cost.sequence_s or [0.0] * world
+    tasks: list[Task] = []
+    ranks = range(world)
+
+    def collective(name: str, durations: Sequence[float], deps: Sequence[str]) -> list[str]:
+        """One task per rank on its net queue, all after every rank's input (a zero-length
+        barrier task keeps this linear in the ranks); returns the barrier after them."""
+        tasks.append(Task(f"{name}:in", f"{name}:in", 0.0, tuple(deps)))
+        for r in ranks:
+            tasks.append(Task(f"{name}@{r}", f"net:{r}", durations[r] * net, (f"{name}:in",)))
+        tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(f"{name}@{r}" for r in ranks)))
+        return [f"{name}:out"]
+
+    def ids(k: int, after: Sequence[str]) -> list[str]:
+        return collective(f"s{k}:ids", cost.ids_a2a_s, after)
+
+    ahead = schedule in (Schedule.sparse_dist, Schedule.nested)
+    pending = ids(0, [])  # the first batch's ids
+    prev_done: list[str] = []
+    for k in range(steps):
+        p = f"s{k}"
+        lookups = []
+        for r in ranks:
+            lookups.append(f"{p}:lookup@{r}")
+            tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
+                              (*pending, *prev_done)))  # fmt: skip
+        # every forward chunk is sent as soon as the lookups are done
+        fwd = [collective(f"{p}:emb{c}", [x / n for x in cost.emb_a2a_fwd_s], lookups)
+               for c in range(n)]  # fmt: skip
+        if ahead and k + 1 < steps:  # the next batch's ids, under this batch's dense work
+            pending = ids(k + 1, fwd[0])
+        grads: list[str] = []
+        for c in range(n):  # each chunk's dense work waits for its own chunk only
+            dense = [f"{p}:dense{c}@{r}" for r in ranks]
+            for r in ranks:
+                tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / n, tuple(fwd[c])))
+            grads += collective(f"{p}:grad{c}", [x / n for x in cost.emb_a2a_bwd_s], dense)
+        reduce = collective(f"{p}:allreduce", [cost.allreduce_s] * world, dense)
+        done = [f"{p}:update@{r}" for r in ranks]
+        for r in ranks:
+            tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,
+                              (*grads, *reduce)))  # fmt: skip
+        tasks.append(Task(f"{p}:done", "step", 0.0, tuple(done)))
+        prev_done = [f"{p}:done"]
+        if not ahead and k + 1 < steps:
+            pending = ids(k + 1, prev_done)
+    return tasks

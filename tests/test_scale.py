@@ -1,0 +1,61 @@
+"""The scale study: a tiny grid end to end, and its validation against measured runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.scale import ScaleConfig, cluster_at, schedule_of_label
+from sharding.cost_model import Schedule
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_families_scale_their_base_preset_and_divide_the_network() -> None:
+    from recsys.config import register_configs
+
+    register_configs()
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        compose(config_name="config")  # a Hydra context for the family builder
+        h = cluster_at("homogeneous", 64, 2.0)
+        assert sum(n.count * sum(d.count for d in n.devices) for n in h.nodes) == 64
+        assert h.network.inter_node_gbps == 200  # 2x8_h100's 400, oversubscribed 2:1
+        m = cluster_at("mixed", 128, 1.0)
+        assert sum(n.count * sum(d.count for d in n.devices) for n in m.nodes) == 128
+        assert cluster_at("mixed", 96, 1.0) is None  # not a whole number of hetero_64 units
+    assert schedule_of_label("nested8") == (Schedule.nested, 8)
+    assert schedule_of_label("sparse_dist") == (Schedule.sparse_dist, 1)
+    assert ScaleConfig().workers[-1] == 1536
+
+
+@pytest.mark.slow
+def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "families=[homogeneous]",
+                           "workers=[8,16]", "planners=[hybrid,round_robin]",
+                           "schedules=[plain,sparse_dist,nested4]", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert len(s["points"]) == 2 * 2 * 3
+    for p in s["points"]:
+        assert {"workers", "schedule", "planner", "step_ms", "exposed_comm_ms",
+                "scaling_efficiency"} <= set(p)  # fmt: skip
+        assert 0 < p["step_ms"] and 0 <= p["exposed_comm_ms"] < p["step_ms"]
+    smallest = [p for p in s["points"] if p["workers"] == 8]
+    assert all(p["scaling_efficiency"] == pytest.approx(1.0) for p in smallest)
+    nested = {(p["workers"], p["planner"]): p for p in s["points"] if p["schedule"] == "nested4"}
+    plain = {(p["workers"], p["planner"]): p for p in s["points"] if p["schedule"] == "plain"}
+    assert all(nested[k]["exposed_comm_ms"] <= plain[k]["exposed_comm_ms"] for k in plain)
+    v = s["validation"]
+    assert len(v) >= 10 and {"setting", "predicted_ms", "measured_ms", "rel_error"} <= set(v[0])
+    assert s["median_abs_error"] == pytest.approx(
+        sorted(abs(r["rel_error"]) for r in v)[len(v) // 2], rel=0.5
+    )
+    for png in ("scaling.png", "timeline.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,63 @@
+"""The step simulator: the event engine on hand-checked schedules, and the schedules
+against the cost model's closed form where they must agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding.cost_model import Schedule, StepCost
+from sharding.simulate import Task, run, simulate
+
+
+def test_two_stages_on_one_resource_run_one_after_the_other() -> None:
+    t = run([Task("a", "gpu", 2.0), Task("b", "gpu", 3.0)])
+    assert t.spans == {"a": (0.0, 2.0), "b": (2.0, 5.0)}
+
+
+def test_stages_on_two_resources_overlap_unless_one_waits_for_the_other() -> None:
+    t = run([Task("a", "gpu", 2.0), Task("send", "nic", 3.0), Task("b", "gpu", 1.0, ("send",))])
+    assert t.spans["send"] == (0.0, 3.0)  # beside a, not after it
+    assert t.spans["b"] == (3.0, 4.0)  # waits for the send, not only for a
+
+
+def test_a_shared_resource_serialises_two_stages_in_program_order() -> None:
+    t = run([Task("x", "gpu", 1.0), Task("y", "nic", 4.0, ("x",)),
+             Task("z", "nic", 1.0), Task("w", "gpu", 1.0, ("z",))])  # fmt: skip
+    assert t.spans["y"] == (1.0, 5.0)
+    assert t.spans["z"] == (5.0, 6.0)  # ready at 0, but the queue is in order
+    assert t.spans["w"] == (6.0, 7.0)
+
+
+def test_a_dependency_listed_later_or_a_negative_duration_is_refused() -> None:
+    with pytest.raises(ValueError, match="depends on \\['b'\\], not listed before it"):
+        run([Task("a", "gpu", 1.0, ("b",)), Task("b", "gpu", 1.0)])
+    with pytest.raises(ValueError, match="negative duration"):
+        run([Task("a", "gpu", -1.0)])
+
+
+def _cost(world: int = 2, dense: float = 10.0, emb: float = 4.0, ids: float = 1.0) -> StepCost:
+    return StepCost(lookup_fwd_s=[1.0] * world, lookup_bwd_s=[2.0] * world,
+                    ids_a2a_s=[ids] * world, emb_a2a_fwd_s=[emb] * world,
+                    emb_a2a_bwd_s=[emb] * world, dense_s=[dense] * world, allreduce_s=1.5,
+                    overhead_s=0.5, input_s=0.25)  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
+def test_equal_ranks_take_the_closed_forms_step(schedule: Schedule) -> None:
+    cost = _cost()
+    assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
+
+
+def test_the_plain_loop_exposes_the_whole_exchange() -> None:
+    r = simulate(_cost(), Schedule.plain)
+    assert r.exposed_comm_s == pytest.approx(1.0 + 4.0 + 4.0 + 1.5)  # ids, fwd, bwd, reduce
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_nested_leaves_about_one_nth_of_the_exchange_exposed_when_compute_covers_it(n: int):
+    """NestPipe's shape: with N micro-batches, the first forward chunk and the last gradient
+    chunk stay exposed, 1/N of each exchange; the rest hides under dense work."""
+    emb, cost = 4.0, _cost(dense=40.0, emb=4.0)
+    r = simulate(cost, Schedule.nested, n)
+    exposed_exchange = r.exposed_comm_s - cost.allreduce_s
+    assert exposed_exchange == pytest.approx(2 * emb / n, rel=0.01)
