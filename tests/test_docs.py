@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FIGURE = re.compile(r"\[([^\]]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]+)\)")
+FIGURE = re.compile(r"\[([^\]\[\n]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]+)\)")
 TABLE = re.compile(r"<!-- rows from (benchmarks/results/\S+\.md) -->\n((?:(?:\||- ).*\n)+)")
 PATH = re.compile(r"benchmarks/results/[\w*./-]*")
 
