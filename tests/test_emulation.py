@@ -106,9 +106,11 @@ def test_a_share_really_limits_a_rank() -> None:
     with emulation.emulated(spec) as emu:
         fractions = raise_on_failure(emulation.run_ranks(emu, busy_cpu_fraction, (3.0,)), "busy")
     fast, slow_a, slow_b = fractions
-    assert 0.65 <= fast <= 0.85  # share 0.8
+    # the shares cap each rank (the claim); what a rank gets below its cap depends on what
+    # else the 2 cores run, so the floor only says the 0.8 rank ran well ahead of the others
+    assert fast <= 0.85 and fast >= 2 * max(slow_a, slow_b)  # share 0.8
     for slow in (slow_a, slow_b):
-        assert 0.15 <= slow <= 0.3  # share 0.25: "at most ~0.3 of a core"
+        assert 0.1 <= slow <= 0.3  # share 0.25: "at most ~0.3 of a core"
 
 
 @pytest.mark.slow
