@@ -45,7 +45,14 @@ class ScaleConfig:
     planners: list[str] = field(default_factory=lambda: ["hybrid", "round_robin", "torchrec"])
     torchrec_max_workers: int = 64  # TorchRec's own planner is slow past this; skipped above
     schedules: list[str] = field(
-        default_factory=lambda: ["plain", "sparse_dist", "nested2", "nested4", "nested8"]
+        default_factory=lambda: [
+            "plain",
+            "sparse_dist",
+            "semi_sync",
+            "nested2",
+            "nested4",
+            "nested8",
+        ]
     )
     model: str = "dcnv2_mlperf"
     batch_per_worker: int = 4096
@@ -79,13 +86,16 @@ def cluster_at(family: str, workers: int, oversubscription: float, allreduce: st
 
 
 def schedule_of_label(label: str):
+    """A schedule label -> (cost-model schedule, micro-batches, stale): `nested<N>`,
+    `semi_sync` (SparseDist's ids ahead, and the next batch's embeddings: stale), or a
+    schedule's name."""
     from sharding.cost_model import Schedule
 
     if label.startswith("nested"):
-        return Schedule.nested, int(label[len("nested") :] or 4)
-    if label == "semi_sync":  # the next batch's embeddings under this batch's dense work
-        return Schedule.nested, 64
-    return Schedule(label), 1
+        return Schedule.nested, int(label[len("nested") :] or 4), False
+    if label == "semi_sync":
+        return Schedule.sparse_dist, 1, True
+    return Schedule(label), 1, False
 
 
 def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
@@ -116,8 +126,8 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                 headroom = min(1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1)
                                for d in plan.devices)  # fmt: skip
                 for label in cfg.schedules:
-                    schedule, n = schedule_of_label(label)
-                    sim = simulate(cost, schedule, n)
+                    schedule, n, stale = schedule_of_label(label)
+                    sim = simulate(cost, schedule, n, stale=stale)
                     points.append({
                         "family": family, "workers": workers, "planner": planner,
                         "schedule": label, "step_ms": 1000 * sim.step_s,
@@ -175,7 +185,10 @@ def validate() -> list[dict]:
         plan = make_plan(tcfg, inputs)
         cost = plan_cost(plan, inputs)
         schedule = schedule_of(tcfg.pipeline.name.value)
-        sim = simulate(cost, schedule, tcfg.pipeline.micro_batches)
+        if tcfg.pipeline.name.value == "semi_sync":
+            sim = simulate(cost, *schedule_of_label("semi_sync")[:2], stale=True)
+        else:
+            sim = simulate(cost, schedule, tcfg.pipeline.micro_batches)
         predicted = 1000 * sim.step_s
         rows.append({**s, "predicted_ms": predicted,
                      "closed_form_ms": 1000 * cost.step_s(schedule, tcfg.pipeline.micro_batches),
@@ -207,12 +220,8 @@ def plot_scaling(points: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(w) for w in sizes], fontsize=7)
         ax.set_xlabel("workers")
-        ax.set_ylabel("scaling efficiency (throughput per worker vs the smallest)")
-        ax.set_title(
-            f"{family} family (simulated): colour = schedule, line = planner "
-            "(solid hybrid, dotted torchrec, dashed round_robin)",
-            fontsize=8,
-        )
+        ax.set_ylabel("throughput per worker / the smallest size's")
+        ax.set_title(f"{family} family (simulated)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle("Scaling efficiency; colour: schedule, line: planner (solid hybrid, dotted "

@@ -16,6 +16,8 @@ Schedules (the train pipelines):
 - `sparse_dist`: TorchRec's; the next batch's id exchange runs under this batch's dense work.
 - `nested`: also the embedding exchange and its gradients in N micro-batch chunks, each
   chunk's dense work waiting for its own chunk only.
+- SemiSync (`stale=True`): TorchRec's; the next batch's lookups and embedding exchange run
+  under this batch's dense work, before its update (one step stale).
 Steady state: several steps are simulated and the step time is the last step's period.
 """
 
@@ -72,12 +74,13 @@ class SimResult:
 
 
 def simulate(
-    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4
-) -> SimResult:
-    """Steady-state step time of `cost`'s stages under `schedule`, and its exposed
-    communication (the step time less that of the same run with instant communication)."""
-    timeline = run(step_tasks(cost, schedule, micro_batches, steps))
-    free_net = run(step_tasks(cost, schedule, micro_batches, steps, network=False))
+    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4,
+    stale: bool = False,
+) -> SimResult:  # fmt: skip
+    """Steady-state step time of `cost`'s stages under `schedule` (`stale`: SemiSync's),
+    and its exposed communication (the step less the same run's with instant communication)."""
+    timeline = run(step_tasks(cost, schedule, micro_batches, steps, stale=stale))
+    free_net = run(step_tasks(cost, schedule, micro_batches, steps, False, stale))
     step = _period(timeline, steps)
     return SimResult(step, max(0.0, step - _period(free_net, steps)), timeline, steps - 1)
 
@@ -88,9 +91,10 @@ def _period(t: Timeline, steps: int) -> float:
 
 def step_tasks(
     cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4,
-    network: bool = True,
+    network: bool = True, stale: bool = False,
 ) -> list[Task]:  # fmt: skip
-    """The tasks of `steps` consecutive training steps (module docstring)."""
+    """The tasks of `steps` consecutive training steps (module docstring); `stale`: SemiSync,
+    the next batch's lookups and embedding exchange under this batch's dense work."""
     world = len(cost.dense_s)
     n = max(1, micro_batches) if schedule == Schedule.nested else 1
     net = 1.0 if network else 0.0
@@ -111,21 +115,30 @@ def step_tasks(
     def ids(k: int, after: Sequence[str]) -> list[str]:
         return collective(f"s{k}:ids", cost.ids_a2a_s, after)
 
-    ahead = schedule in (Schedule.sparse_dist, Schedule.nested)
+    ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
+
+    def forward(k: int, deps: Sequence[str]) -> list[list[str]]:
+        """Step k's lookups, then every forward chunk as soon as they are done."""
+        lookups = [f"s{k}:lookup@{r}" for r in ranks]
+        for r in ranks:
+            tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
+                              tuple(deps)))  # fmt: skip
+        return [collective(f"s{k}:emb{c}", [x / n for x in cost.emb_a2a_fwd_s], lookups)
+                for c in range(n)]  # fmt: skip
+
     pending = ids(0, [])  # the first batch's ids
     prev_done: list[str] = []
+    fwd_next = forward(0, pending) if stale else []
     for k in range(steps):
         p = f"s{k}"
-        lookups = []
-        for r in ranks:
-            lookups.append(f"{p}:lookup@{r}")
-            tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
-                              (*pending, *prev_done)))  # fmt: skip
-        # every forward chunk is sent as soon as the lookups are done
-        fwd = [collective(f"{p}:emb{c}", [x / n for x in cost.emb_a2a_fwd_s], lookups)
-               for c in range(n)]  # fmt: skip
-        if ahead and k + 1 < steps:  # the next batch's ids, under this batch's dense work
+        fwd = fwd_next if stale else forward(k, (*pending, *prev_done))
+        # the next batch's ids under this batch's dense work (the last step's too: the
+        # steady state prefetches); with SemiSync its lookups and exchange as well, before
+        # this batch's update (one step stale)
+        if ahead:
             pending = ids(k + 1, fwd[0])
+        if stale:
+            fwd_next = forward(k + 1, pending)
         grads: list[str] = []
         for c in range(n):  # each chunk's dense work waits for its own chunk only
             dense = [f"{p}:dense{c}@{r}" for r in ranks]

@@ -29,8 +29,9 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
         m = cluster_at("mixed", 128, 1.0)
         assert sum(n.count * sum(d.count for d in n.devices) for n in m.nodes) == 128
         assert cluster_at("mixed", 96, 1.0) is None  # not a whole number of hetero_64 units
-    assert schedule_of_label("nested8") == (Schedule.nested, 8)
-    assert schedule_of_label("sparse_dist") == (Schedule.sparse_dist, 1)
+    assert schedule_of_label("nested8") == (Schedule.nested, 8, False)
+    assert schedule_of_label("sparse_dist") == (Schedule.sparse_dist, 1, False)
+    assert schedule_of_label("semi_sync") == (Schedule.sparse_dist, 1, True)
     assert ScaleConfig().workers[-1] == 1536
 
 
@@ -38,11 +39,12 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
 def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "families=[homogeneous]",
                            "workers=[8,16]", "planners=[hybrid,round_robin]",
-                           "schedules=[plain,sparse_dist,nested4]", f"hydra.run.dir={tmp_path}"],
+                           "schedules=[plain,sparse_dist,semi_sync,nested4]",
+                           f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert len(s["points"]) == 2 * 2 * 3
+    assert len(s["points"]) == 2 * 2 * 4
     for p in s["points"]:
         assert {"workers", "schedule", "planner", "step_ms", "exposed_comm_ms",
                 "scaling_efficiency"} <= set(p)  # fmt: skip

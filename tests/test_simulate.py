@@ -61,3 +61,12 @@ def test_nested_leaves_about_one_nth_of_the_exchange_exposed_when_compute_covers
     r = simulate(cost, Schedule.nested, n)
     exposed_exchange = r.exposed_comm_s - cost.allreduce_s
     assert exposed_exchange == pytest.approx(2 * emb / n, rel=0.01)
+
+
+def test_semi_sync_hides_the_forward_exchange_but_not_the_gradients() -> None:
+    cost = _cost(dense=40.0, emb=4.0)
+    semi = simulate(cost, Schedule.sparse_dist, stale=True)
+    sparse = simulate(cost, Schedule.sparse_dist)
+    assert sparse.exposed_comm_s == pytest.approx(4.0 + 4.0 + 1.5)  # fwd, grads, reduce
+    assert semi.exposed_comm_s == pytest.approx(4.0 + 1.5)  # grads and the all-reduce
+    assert semi.step_s == pytest.approx(sparse.step_s - 4.0)
