@@ -50,24 +50,27 @@ def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tm
         train(cfg, tmp_path / "run")
 
 
-def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
-    typed_cfg, tmp_path, monkeypatch
-) -> None:
+@pytest.fixture
+def no_ranks(monkeypatch) -> None:
+    """A test that fails if any rank is spawned: what it checks must stop before that."""
     from recsys import launch
-    from sharding.plan_eval import PlanDoesNotFitError
 
     monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
+
+
+def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
+    typed_cfg, tmp_path, no_ranks
+) -> None:
+    from sharding.plan_eval import PlanDoesNotFitError
+
     with pytest.raises(PlanDoesNotFitError, match=r"the tables need 98\.12 GiB .* offers 0\.85 "
                        r"GiB .* trainer\.dry_run=true cluster=<a GPU layout"):  # fmt: skip
         train(typed_cfg(["model=dcnv2_mlperf"]), tmp_path)
 
 
 def test_semi_sync_refuses_a_plan_with_replicated_rows_before_any_rank(
-    typed_cfg, tmp_path, monkeypatch
+    typed_cfg, tmp_path, no_ranks
 ) -> None:
-    from recsys import launch
-
-    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
     with pytest.raises(TrainConfigError, match=r"pipeline=semi_sync cannot train the hybrid "
                        r"plan: it replicates rows of t_cat_\d+"):  # fmt: skip
         train(typed_cfg(["pipeline=semi_sync", "planner=hybrid"]), tmp_path)
