@@ -2,8 +2,9 @@
 
 Two ranks in two network namespaces joined by a veth pair limited by tbf (`link_rate`,
 chosen so that the plain loop spends 40-50% of its step waiting on the link), and the
-same runs again over a fast link (`fast_rate`): the difference of a pipeline's step time
-between the two is the communication it leaves exposed. Every run trains the same plan
+same runs again over a fast link (`fast_rate`; `fast_link=false` skips them, halving the
+runs): the difference of a pipeline's step time between the two is the communication it
+leaves exposed. Every run trains the same plan
 from the same seed, so each pipeline's per-step losses are compared with the plain
 loop's (`equal_to_plain`: within 1e-5 relative at every step; `bit_identical`: equal).
 A second row set trains multi-hot bags (`multi_hot`, MLPerf DLRM-DCNv2's sizes by
@@ -69,6 +70,7 @@ class PipelineBenchConfig:
     # tables x 16 floats a rank, in 4 micro-batches)
     probe_chunk_bytes: int = 2048 * 13 * 16 * 4 // 4
     fast_rate: str = "20gbit"
+    fast_link: bool = True  # False: no fast-link runs (no exposed communication; half the time)
     # the headline's sensitivity to the burst: these pipelines at each burst
     burst_sensitivity: list[str] = field(default_factory=lambda: ["24kb", "64kb", "256kb"])
     sensitivity_pipelines: list[str] = field(default_factory=lambda: ["sparse_dist", "nested4"])
@@ -244,7 +246,8 @@ def run(cfg: PipelineBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
         slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), cfg.pipelines)
-        fast = _train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
+        fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
+                if cfg.fast_link else None)  # fmt: skip
         for burst in cfg.burst_sensitivity:
             runs = _train_all(cfg, None, burst, Path(tmp), cfg.sensitivity_pipelines)
             base = runs["sparse_dist"]["summary"]["samples_per_s"]
@@ -257,8 +260,10 @@ def run(cfg: PipelineBenchConfig) -> dict:
         if cfg.multi_hot is not None:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
             pipes = cfg.multi_hot_pipelines
-            multi = _rows(pipes, *(_train_all(cfg, rate, cfg.link_burst, Path(tmp), pipes, extra)
-                                   for rate in (None, cfg.fast_rate)))  # fmt: skip
+            multi_slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), pipes, extra)
+            multi_fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), pipes, extra)
+                          if cfg.fast_link else None)  # fmt: skip
+            multi = _rows(pipes, multi_slow, multi_fast)
     rows = _rows(cfg.pipelines, slow, fast)
     by = {r["pipeline"]: r for r in rows}
     base = by.get("sparse_dist")
@@ -271,9 +276,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
         else {},  # fmt: skip
         "exposed_comm_ms": {r["pipeline"]: r["exposed_comm_ms"] for r in rows},
         "equal_to_plain": {r["pipeline"]: r["equal_to_plain"] for r in rows},
-        "plain_comm_share": by["plain"]["exposed_comm_ms"] / by["plain"]["step_ms"]
-        if "plain" in by
-        else None,
+        "plain_comm_share": _comm_share(by),
         "rows": rows,
         "link": link,
         "burst_sensitivity": sensitivity,
@@ -289,19 +292,21 @@ def _hydra_value(value) -> str:
     return value if isinstance(value, str) else f"[{','.join(str(int(h)) for h in value)}]"
 
 
-def _rows(pipelines: list[str], slow: dict, fast: dict) -> list[dict]:
+def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
     """One row per pipeline: its speed on the slow link, and the exposed communication
-    (the slow link's step minus the fast one's), its losses against the plain loop's."""
+    (the slow link's step minus the fast one's; None without `fast`), its losses against
+    the plain loop's."""
     plain_losses = slow["plain"]["losses"] if "plain" in slow else None
     rows = []
     for label in pipelines:
-        s, f = slow[label]["summary"], fast[label]["summary"]
+        s = slow[label]["summary"]
+        fast_ms = measured_ms(fast[label]["summary"]) if fast else None
         diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
         rows.append({
             "pipeline": label, "samples_per_s": s["samples_per_s"],
-            "step_ms": measured_ms(s), "fast_link_step_ms": measured_ms(f),
+            "step_ms": measured_ms(s), "fast_link_step_ms": fast_ms,
             "measured_ms": measured_ms(s), "predicted_ms": slow[label].get("predicted_ms"),
-            "exposed_comm_ms": measured_ms(s) - measured_ms(f),
+            "exposed_comm_ms": None if fast_ms is None else measured_ms(s) - fast_ms,
             "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
             "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
             "bit_identical": diff == 0.0,
@@ -322,10 +327,16 @@ def _summary(rows: list[dict]) -> dict:
         }
         if base
         else {},  # fmt: skip
-        "plain_comm_share": by["plain"]["exposed_comm_ms"] / by["plain"]["step_ms"]
-        if "plain" in by
-        else None,
+        "plain_comm_share": _comm_share(by),
     }
+
+
+def _comm_share(by: dict[str, dict]) -> float | None:
+    """The share of the plain loop's step spent on the link (None without fast-link runs)."""
+    plain = by.get("plain")
+    if plain is None or plain["exposed_comm_ms"] is None:
+        return None
+    return plain["exposed_comm_ms"] / plain["step_ms"]
 
 
 def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
@@ -338,9 +349,13 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
         equal = "bit for bit" if x.get("bit_identical") else "yes" if x["equal_to_plain"] else "no"
         lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
-                     f"{x['exposed_comm_ms']:.1f} | {x['link_bytes'] / 1e6:.2f} | "
+                     f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
                      f"{equal} ({diff:.1e}) | {_waits(x.get('wait_ms_per_step'))} |")  # fmt: skip
     return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _waits(w: dict | None) -> str:
@@ -365,8 +380,9 @@ def table(r: dict) -> str:
     lines += _row_lines(r["rows"], r["speedup_vs_sparse_dist"])
     if r.get("multi_hot"):
         m = r["multi_hot"]
-        lines += ["", f"Multi-hot bags (dataset.hotness={m['hotness']}); the plain loop spends "
-                  f"{m['plain_comm_share']:.0%} of its step on the link:", ""]  # fmt: skip
+        share = m["plain_comm_share"]
+        spends = f"; the plain loop spends {share:.0%} of its step on the link" if share else ""
+        lines += ["", f"Multi-hot bags (dataset.hotness={m['hotness']}){spends}:", ""]
         lines += _row_lines(m["rows"], m["speedup_vs_sparse_dist"])
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]

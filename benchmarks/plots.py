@@ -38,7 +38,7 @@ def pipelines(result: dict, path: Path) -> None:
     speed = [r["samples_per_s"] / first for r in rows]
     if "sparse_dist" in names:
         speed = [result["speedup_vs_sparse_dist"][n] for n in names]
-    exposed = [r["exposed_comm_ms"] for r in rows]
+    exposed = [r["exposed_comm_ms"] or 0.0 for r in rows]  # 0: no fast-link runs
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.35 * len(rows) + 1.8), sharey=True)
     y = list(range(len(rows)))[::-1]
     panels = ((a, speed, "tab:green", f"samples/s over {versus}"),

@@ -256,12 +256,16 @@ def test_the_plan_benchmark_trains_every_plan_on_the_emulated_cluster(tmp_path: 
 def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
     tmp_path: Path,
 ) -> None:
+    # fast_link=false: the slow link's runs only (the fast link's are the loopback test's)
     s = _bench(tmp_path, "benchmarks.pipeline", "pipelines=[plain,sparse_dist,nested2]",
-               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2")  # fmt: skip
+               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2",
+               "fast_link=false")  # fmt: skip
     rows = {r["pipeline"]: r for r in s["rows"]}
     assert set(rows) == {"plain", "sparse_dist", "nested2"}
     for r in rows.values():
         assert r["link_bytes"] > 100_000 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
+        assert r["exposed_comm_ms"] is None and r["fast_link_step_ms"] is None
+    assert s["plain_comm_share"] is None
     assert rows["nested2"]["equal_to_plain"] and rows["sparse_dist"]["equal_to_plain"]
     assert s["link"]["burst_bytes"] == 8 * 1024  # the cluster's own burst
     assert s["link"]["rate_mbit"] == pytest.approx(200)
