@@ -2,11 +2,15 @@
 
 Per table: lookups per sample (pooling factor), distinct ids per batch, the frequency curve
 (share of lookups covered by the hottest k rows), coverage at 0.1% / 1% / 10% of the rows,
-and the hottest ids. Built by streaming over batches of ids with bounded memory: exact
-counts (`np.bincount`, 4 bytes a row) for tables up to `exact_max_rows`, else a Misra-Gries
-heavy-hitter summary of `sketch_capacity` counters, merged batch by batch (Agarwal et al.,
-"Mergeable summaries", 2012): every count it keeps is low by at most N / (capacity + 1), N
-being the table's lookups, and that bound is written into the profile.
+the hottest ids, and (when the caller measures them, `sharding.profile` does) the distinct
+ids among s consecutive samples for s a power of two: what a deduplicated exchange of a
+micro-batch of s samples sends, in data order and after key-centric clustering.
+
+Built by streaming over batches of ids with bounded memory: exact counts (`np.bincount`, 4
+bytes a row) for tables up to `exact_max_rows`, else a Misra-Gries heavy-hitter summary of
+`sketch_capacity` counters, merged batch by batch (Agarwal et al., "Mergeable summaries",
+2012): every count it keeps is low by at most N / (capacity + 1), N being the table's
+lookups, and that bound is written into the profile.
 
 The curve is stored at log-spaced k (every power of 2^(1/4), plus the coverage points);
 `hit_rate(cache_rows)` interpolates it. No Hydra, no torch: ids come in as numpy arrays.
@@ -38,6 +42,25 @@ class TableProfile:
     counting: str  # "exact" or "misra_gries"
     max_count_error: int  # counts are low by at most this much (0 when exact)
     lookups: int
+    # mean distinct ids among s consecutive samples, by s (a power of two, as a string: JSON
+    # keys), in data order and after `pipelines.clustering.cluster_order`; empty: not measured
+    distinct_per_samples: dict[str, float] = field(default_factory=dict)
+    distinct_per_samples_clustered: dict[str, float] = field(default_factory=dict)
+
+    def distinct(self, samples: float, clustered: bool = False) -> float | None:
+        """Distinct ids among `samples` samples (micro-batch), interpolated in log-log
+        between the measured sizes (and scaled past them); None if not measured."""
+        measured = self.distinct_per_samples_clustered if clustered else self.distinct_per_samples
+        if not measured or samples <= 0:
+            return None
+        s = np.array(sorted(int(k) for k in measured), dtype=np.float64)
+        d = np.array([max(measured[str(int(k))], 1e-9) for k in s])
+        if len(s) == 1:
+            return float(d[0] * samples / s[0])
+        x = np.log(samples)
+        lo = int(np.clip(np.searchsorted(np.log(s), x) - 1, 0, len(s) - 2))
+        slope = (np.log(d[lo + 1]) - np.log(d[lo])) / (np.log(s[lo + 1]) - np.log(s[lo]))
+        return float(np.exp(np.log(d[lo]) + slope * (x - np.log(s[lo]))))
 
     def hit_rate(self, cache_rows: int) -> float:
         """Share of lookups served by a cache holding the hottest `cache_rows` rows."""

@@ -1,9 +1,12 @@
 """`python -m sharding.profile dataset=... model=...`: measure each table's access profile.
 
 Streams `batches` training batches of `batch_size` from the dataset (in-memory synthetic or
-prepared Criteo files; ids hashed to the model's table sizes, as training sees them) and
-writes `profile.json` and `profile.png` (frequency curves) into `output` (default: the
-Hydra run dir). A command module: the library is `sharding.access_profile`.
+prepared Criteo files; ids hashed to the model's table sizes, as training sees them),
+measures on the first `distinct_batches` of them how many distinct ids micro-batches of 64,
+128, ... samples hold, in data order and after key-centric clustering (what the nested
+pipeline's dedup sends; `benchmarks.scale` reads them), and writes `profile.json` and
+`profile.png` (frequency curves) into `output` (default: the Hydra run dir). A command
+module: the library is `sharding.access_profile`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
+import numpy as np
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -33,13 +37,16 @@ class ProfileAppConfig:
     hot_ids: int = 1000  # hottest ids kept per table
     exact_max_rows: int = 1 << 25  # larger tables use the heavy-hitter sketch
     sketch_capacity: int = 1 << 16  # counters per sketched table
+    distinct_batches: int = 8  # batches on which distinct ids per micro-batch are counted
+    min_micro_samples: int = 64  # the smallest micro-batch counted (then 128, ... batch_size)
     output: str | None = None  # default: the Hydra run dir
 
 
 def check_profile_config(cfg: ProfileAppConfig) -> None:
     """The keys `profile_dataset` reads, each refused by name before any batch is read."""
     for key, low in (("batches", 1), ("batch_size", 1), ("hot_ids", 0), ("exact_max_rows", 0),
-                     ("sketch_capacity", 1)):  # fmt: skip
+                     ("sketch_capacity", 1), ("distinct_batches", 0),
+                     ("min_micro_samples", 1)):  # fmt: skip
         value = getattr(cfg, key)
         if value < low:
             raise ValueError(f"{key} must be >= {low}, got {value}")
@@ -51,15 +58,69 @@ def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
     names = feature_names(cfg.model)
     rows = dict(zip((f"t_{n}" for n in names), cfg.model.num_embeddings_per_feature, strict=True))
 
+    sizes = micro_sizes_to_count(cfg.batch_size, cfg.min_micro_samples)
+    distinct = MicroBatchDistinct(names, sizes)
+
     def batches():
         for index in range(cfg.batches):
             kjt = source.batch("train", index, 0).sparse_features
+            if index < cfg.distinct_batches:
+                distinct.add(kjt)
             yield cfg.batch_size, {f"t_{n}": kjt[n].values().numpy() for n in names}
 
     profile = build_profile(batches(), rows, cfg.hot_ids, cfg.exact_max_rows, cfg.sketch_capacity)
+    distinct.write_into(profile)
     profile.source = {"dataset": cfg.dataset.name, "model": cfg.model.name,
                       "batch_size": cfg.batch_size}  # fmt: skip
     return profile
+
+
+def micro_sizes_to_count(batch_size: int, smallest: int) -> list[int]:
+    """Micro-batch sizes whose distinct ids are counted: powers of two from `smallest`
+    up to the batch, each dividing it into whole micro-batches."""
+    sizes, s = [], 1 << max(0, (smallest - 1).bit_length())
+    while s <= batch_size:
+        if batch_size % s == 0:
+            sizes.append(s)
+        s *= 2
+    return sizes
+
+
+class MicroBatchDistinct:
+    """Mean distinct ids per table in micro-batches of each size: consecutive samples in
+    data order, and after `cluster_order` cuts the batch into batch / size micro-batches."""
+
+    def __init__(self, features: list[str], sizes: list[int]) -> None:
+        self.features, self.sizes = features, sizes
+        self.sums = {(f, s, c): 0.0 for f in features for s in sizes for c in (False, True)}
+        self.counts = {(s, c): 0 for s in sizes for c in (False, True)}
+
+    def add(self, kjt) -> None:
+        from pipelines.clustering import cluster_order, permute_kjt
+
+        batch = kjt.stride()
+        for size in self.sizes:
+            n = batch // size
+            for clustered in (False, True):
+                ordered = permute_kjt(kjt, cluster_order(kjt, n)) if clustered and n > 1 else kjt
+                for f in self.features:
+                    jt = ordered[f]
+                    offsets, values = jt.offsets().numpy(), jt.values().numpy()
+                    for k in range(n):
+                        ids = values[offsets[k * size] : offsets[(k + 1) * size]]
+                        self.sums[(f, size, clustered)] += len(np.unique(ids))
+                self.counts[(size, clustered)] += n
+
+    def write_into(self, profile: AccessProfile) -> None:
+        for f in self.features:
+            t = profile.table(f"t_{f}")
+            for clustered in (False, True):
+                out = {str(s): self.sums[(f, s, clustered)] / self.counts[(s, clustered)]
+                       for s in self.sizes if self.counts[(s, clustered)]}  # fmt: skip
+                if clustered:
+                    t.distinct_per_samples_clustered = out
+                else:
+                    t.distinct_per_samples = out
 
 
 def plot(profile: AccessProfile, path: Path, named: int = 8) -> None:

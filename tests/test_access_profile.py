@@ -77,3 +77,45 @@ def test_profile_command_writes_json_and_png(tmp_path: Path) -> None:
     loaded = AccessProfile.load(tmp_path / "profile.json")
     assert loaded.samples == 5120 and loaded.table("t_cat_2").rows == 20_000
     assert "top 1%" in proc.stdout
+    # distinct ids per micro-batch of 64 ... 512 samples, counted in both orders
+    t = loaded.table("t_cat_2")
+    assert set(t.distinct_per_samples) == {"64", "128", "256", "512"}
+    assert set(t.distinct_per_samples_clustered) == set(t.distinct_per_samples)
+    counts = [t.distinct_per_samples[k] for k in ("64", "128", "256", "512")]
+    assert counts == sorted(counts) and counts[0] <= 64 and counts[-1] <= 512
+
+
+def _kjt(bags: list[list[int]]):
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return KeyedJaggedTensor(keys=["f"], values=torch.tensor([i for b in bags for i in b]),
+                             lengths=torch.tensor([len(b) for b in bags]))  # fmt: skip
+
+
+def test_distinct_ids_per_micro_batch_are_counted_in_data_order_and_clustered() -> None:
+    from sharding.profile import MicroBatchDistinct, micro_sizes_to_count
+
+    assert micro_sizes_to_count(512, 64) == [64, 128, 256, 512]
+    assert micro_sizes_to_count(96, 30) == [32]  # powers of two that divide the batch
+    # ids 1 and 2 alternate: each half of the batch holds both in data order; clustered,
+    # the samples of each id share a micro-batch (a multi-hot bag and an empty one too)
+    bags = [[1], [2], [1, 1], [2], [1], [], [1], [2]]
+    counter = MicroBatchDistinct(["f"], [4, 8])
+    counter.add(_kjt(bags))
+    profile = build_profile([(8, {"t_f": np.array([1, 2, 1, 1, 2, 1, 1, 2])})], {"t_f": 10})
+    counter.write_into(profile)
+    t = profile.table("t_f")
+    assert t.distinct_per_samples == {"4": 2.0, "8": 2.0}
+    assert t.distinct_per_samples_clustered == {"4": 1.0, "8": 2.0}
+    assert t.distinct(4) == 2.0 and t.distinct(4, clustered=True) == 1.0
+    assert t.distinct(6, clustered=True) == pytest.approx(1.5)  # 1 at 4, 2 at 8: log-log
+
+
+def test_distinct_interpolates_log_log_and_is_none_unmeasured() -> None:
+    profile = build_profile([(4, {"t": np.array([0, 1, 2, 3])})], {"t": 10})
+    t = profile.table("t")
+    assert t.distinct(64) is None
+    t.distinct_per_samples = {"64": 40.0, "256": 100.0}
+    assert t.distinct(64) == pytest.approx(40.0) and t.distinct(256) == pytest.approx(100.0)
+    assert t.distinct(128) == pytest.approx(np.sqrt(40.0 * 100.0))  # the geometric middle
