@@ -14,9 +14,9 @@ shaped link and on the emulated mixed cluster (the settings and measurements in
 `benchmarks/results/calibrate/` and `pipeline_emu_mixed4/`), error per setting.
 
 Writes summary.json (`points`: `family`, `workers`, `schedule`, `planner`, `step_ms`,
-`exposed_comm_ms`, `scaling_efficiency`, `headroom`; `validation`: `setting`,
-`predicted_ms`, `measured_ms`, `rel_error`), scale.md, scaling.png and timeline.png (one
-step of `timeline_workers` workers, a few ranks).
+`exposed_comm_ms`, `scaling_efficiency`, `headroom`, `lookup_ms`, `dedup_counts`;
+`validation`: `setting`, `predicted_ms`, `measured_ms`, `rel_error`), scale.md, scaling.png
+and timeline.png (one step of `timeline_workers` workers, a few ranks).
 """
 
 from __future__ import annotations
@@ -26,12 +26,20 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
+
+if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay fast
+    from sharding.access_profile import AccessProfile
+    from sharding.cost_model import StepCost
+    from sharding.distinct import DedupVolume
+    from sharding.plan_eval import Plan, PlanInputs
+    from sharding.simulate import SimResult
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -52,9 +60,14 @@ class ScaleConfig:
             "nested2",
             "nested4",
             "nested8",
+            "nested4+dedup",
+            "nested4+dedup+cluster",
         ]
     )
     model: str = "dcnv2_mlperf"
+    # the model's profile.json (python -m sharding.profile): the planners' coverage curves
+    # and dedup's distinct ids per micro-batch; null: the parametric power law (no +cluster)
+    profile: str | None = str(RESULTS / "planners" / "profile_mlperf_synthetic.json")
     batch_per_worker: int = 4096
     oversubscription: float = 1.0  # the inter-node bandwidth divided by this
     allreduce: str = "nccl"  # the families' network.allreduce: NCCL picks ring or tree
@@ -85,25 +98,78 @@ def cluster_at(family: str, workers: int, oversubscription: float, allreduce: st
     return replace(base, name=f"{family}_{workers}", nodes=nodes, network=net)
 
 
-def schedule_of_label(label: str):
-    """A schedule label -> (cost-model schedule, micro-batches, stale): `nested<N>`,
-    `semi_sync` (SparseDist's ids ahead, and the next batch's embeddings: stale), or a
-    schedule's name."""
+@dataclass(frozen=True)
+class ScheduleLabel:
+    """A schedule label parsed: `plain`, `sparse_dist`, `semi_sync` (SparseDist's ids ahead,
+    and the next batch's embeddings: stale) or `nested<N>`, the last with `+dedup` (each
+    micro-batch's distinct ids and rows exchanged, `sharding.distinct`) and `+cluster`
+    (key-centric clustering first: it changes only what dedup sends)."""
+
+    schedule: Any  # sharding.cost_model.Schedule
+    micro_batches: int = 1
+    stale: bool = False
+    dedup: bool = False
+    clustered: bool = False
+
+
+def schedule_of_label(label: str) -> ScheduleLabel:
     from sharding.cost_model import Schedule
 
-    if label.startswith("nested"):
-        return Schedule.nested, int(label[len("nested") :] or 4), False
-    if label == "semi_sync":
-        return Schedule.sparse_dist, 1, True
-    return Schedule(label), 1, False
+    name, *extras = label.split("+")
+    if set(extras) - {"dedup", "cluster"} or (extras and not name.startswith("nested")):
+        raise ValueError(f"schedule '{label}': only nested<N> takes +dedup and +cluster")
+    if name.startswith("nested"):
+        return ScheduleLabel(Schedule.nested, int(name[len("nested") :] or 4),
+                             dedup="dedup" in extras, clustered="cluster" in extras)  # fmt: skip
+    if name == "semi_sync":
+        return ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
+    return ScheduleLabel(Schedule(name))
+
+
+def simulate_label(
+    cost: StepCost, label: ScheduleLabel, plan: Plan, inputs: PlanInputs,
+    profile: AccessProfile | None,
+) -> tuple[SimResult, StepCost, DedupVolume | None]:  # fmt: skip
+    """The simulated steady state of `cost` under a parsed label, the cost simulated (with
+    dedup, its exchange priced by `sharding.distinct` from `profile`) and dedup's volume."""
+    from sharding.distinct import dedup_volume, with_dedup
+    from sharding.simulate import simulate
+
+    volume = None
+    if label.dedup:
+        volume = dedup_volume(plan, inputs, label.micro_batches, profile, label.clustered)
+        cost = with_dedup(cost, volume)
+    return simulate(cost, label.schedule, label.micro_batches, stale=label.stale), cost, volume
+
+
+def schedules_and_profile(
+    cfg: ScaleConfig,
+) -> tuple[dict[str, ScheduleLabel], AccessProfile | None]:
+    """The parsed schedules and the profile, refused together if a schedule needs counts
+    the profile lacks (one line, before anything is planned)."""
+    from sharding.access_profile import AccessProfile
+
+    try:
+        labels = {label: schedule_of_label(label) for label in cfg.schedules}
+        profile = AccessProfile.load(cfg.profile) if cfg.profile else None
+    except ValueError as e:
+        raise SystemExit(f"benchmarks.scale: {e}") from e
+    clustered = [label for label, x in labels.items() if x.clustered]
+    if clustered and not (profile and profile.tables[0].distinct_per_samples_clustered):
+        raise SystemExit(
+            f"benchmarks.scale: {clustered} need distinct ids counted after clustering, and "
+            f"profile={cfg.profile} has none. Fix: a profile.json from python -m "
+            "sharding.profile, or no +cluster in schedules"
+        )
+    return labels, profile
 
 
 def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
     """Every (family, size, planner, schedule) point, and the plans' timelines source."""
     from recsys.planning import make_plan, plan_inputs
     from sharding.plan_eval import plan_cost
-    from sharding.simulate import simulate
 
+    labels, profile = schedules_and_profile(cfg)
     points, keep = [], {}
     # the timeline's size: the largest one simulated up to timeline_workers
     shown = max((w for w in cfg.workers if w <= cfg.timeline_workers), default=min(cfg.workers))
@@ -119,25 +185,27 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                                  f"trainer.batch_size={cfg.batch_per_worker}"])  # fmt: skip
                 tcfg = replace(tcfg, cluster=spec)
                 t0 = time.perf_counter()
-                inputs = plan_inputs(tcfg, None, None)
+                inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
                 plan = make_plan(tcfg, inputs)
                 planning_s = time.perf_counter() - t0
                 cost = plan_cost(plan, inputs)
                 headroom = min(1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1)
                                for d in plan.devices)  # fmt: skip
-                for label in cfg.schedules:
-                    schedule, n, stale = schedule_of_label(label)
-                    sim = simulate(cost, schedule, n, stale=stale)
+                for label, parsed in labels.items():
+                    sim, priced, volume = simulate_label(cost, parsed, plan, inputs, profile)
                     points.append({
                         "family": family, "workers": workers, "planner": planner,
                         "schedule": label, "step_ms": 1000 * sim.step_s,
                         "exposed_comm_ms": 1000 * sim.exposed_comm_s,
-                        "closed_form_ms": 1000 * cost.step_s(schedule, n),
+                        "closed_form_ms": 1000 * priced.step_s(parsed.schedule,
+                                                               parsed.micro_batches),
+                        "dedup_counts": volume.source if volume else None,
+                        "lookup_ms": 1000 * (max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s)),
                         "samples_per_s": sum(plan.batch_per_rank) / sim.step_s,
                         "headroom": headroom, "feasible": plan.feasible,
                         "planning_s": planning_s,
                     })  # fmt: skip
-                    if workers == shown and planner == cfg.planners[0]:
+                    if workers == shown and planner == cfg.planners[0] and not parsed.dedup:
                         keep[(family, label)] = sim
                 print(f"{family} {workers:>5} workers, {planner}: planned in {planning_s:.1f} s",
                       flush=True)  # fmt: skip
@@ -160,62 +228,106 @@ def validation_settings() -> list[dict]:
                     "measured_ms": v["measured_ms"]})  # fmt: skip
     emu = json.loads((RESULTS / "pipeline_emu_mixed4" / "summary.json").read_text())
     c = emu["config"]
+    from benchmarks.pipeline import pipeline_overrides
+
+    link_bytes = {row["pipeline"]: row["link_bytes"] for row in emu["rows"]}
     for row in emu["rows"]:
         label = row["pipeline"]
-        if "+" in label:  # dedup: the cost model does not price it
-            continue
-        from benchmarks.pipeline import pipeline_overrides
+        extra = {}
+        if "+dedup" in label and label.replace("+dedup", "") in link_bytes:
+            extra["measured_link_ratio"] = (
+                row["link_bytes"] / link_bytes[label.replace("+dedup", "")]
+            )
 
         overrides = ["cluster=emu_mixed4", *c["overrides"], *pipeline_overrides(label)]
         out.append({"setting": f"emu_mixed4 {label}", "overrides": overrides,
-                    "link": "emu_mixed4", "measured_ms": row["step_ms"]})  # fmt: skip
+                    "link": "emu_mixed4", "measured_ms": row["step_ms"], **extra})  # fmt: skip
     return out
+
+
+def label_of(tcfg) -> str:
+    """The schedule label of a training config's pipeline (`schedule_of_label`'s input)."""
+    p = tcfg.pipeline
+    if p.name.value != "nested":
+        return p.name.value
+    return (
+        f"nested{p.micro_batches}"
+        + "+dedup" * p.dedup
+        + "+cluster" * (p.dedup and p.cluster_samples)
+    )
+
+
+def measured_profile(tcfg, batch_size: int = 2048, batches: int = 4):
+    """The access profile of a setting's own data, with distinct ids per micro-batch."""
+    from sharding.profile import ProfileAppConfig, profile_dataset
+
+    cfg = ProfileAppConfig(dataset=tcfg.dataset, model=tcfg.model, batches=batches,
+                           batch_size=batch_size, distinct_batches=batches)  # fmt: skip
+    return profile_dataset(cfg)
 
 
 def validate() -> list[dict]:
     from recsys.planning import make_plan, plan_inputs
-    from sharding.cost_model import schedule_of
     from sharding.plan_eval import plan_cost
-    from sharding.simulate import simulate
 
-    rows = []
+    rows, profiles = [], {}
     for s in validation_settings():
         tcfg = _compose(s["overrides"])
         inputs = plan_inputs(tcfg, None, s["link"])
         plan = make_plan(tcfg, inputs)
         cost = plan_cost(plan, inputs)
-        schedule = schedule_of(tcfg.pipeline.name.value)
-        if tcfg.pipeline.name.value == "semi_sync":
-            sim = simulate(cost, *schedule_of_label("semi_sync")[:2], stale=True)
-        else:
-            sim = simulate(cost, schedule, tcfg.pipeline.micro_batches)
+        label = schedule_of_label(label_of(tcfg))
+        profile = None
+        if label.dedup:  # the distinct ids of the run's own data
+            key = repr((tcfg.dataset, tcfg.model))
+            profile = profiles.get(key) or profiles.setdefault(key, measured_profile(tcfg))
+        sim, priced, volume = simulate_label(cost, label, plan, inputs, profile)
         predicted = 1000 * sim.step_s
-        rows.append({**s, "predicted_ms": predicted,
-                     "closed_form_ms": 1000 * cost.step_s(schedule, tcfg.pipeline.micro_batches),
-                     "rel_error": (predicted - s["measured_ms"]) / s["measured_ms"]})  # fmt: skip
+        closed = 1000 * priced.step_s(label.schedule, label.micro_batches)
+        rows.append({**s, "predicted_ms": predicted, "closed_form_ms": closed,
+                     "rel_error": (predicted - s["measured_ms"]) / s["measured_ms"],
+                     "dedup": label.dedup})  # fmt: skip
+        if volume is not None:  # what dedup sends, embedding rows / pooled vectors
+            rows[-1]["predicted_volume_ratio"] = statistics.mean(volume.vectors)
+    return rows
+
+
+def validation_summary(rows: list[dict]) -> dict:
+    """Median absolute error over every setting, and over the exact pipelines only (the
+    simulator prices dedup's wire volume, not its CPU work: see docs/scale.md)."""
+    exact = [r for r in rows if not r["dedup"]]
+    return {
+        "median_abs_error": statistics.median(abs(r["rel_error"]) for r in rows),
+        "median_abs_error_without_dedup": statistics.median(abs(r["rel_error"]) for r in exact),
+        "worst_setting": max(rows, key=lambda r: abs(r["rel_error"]))["setting"],
+        "worst_setting_without_dedup": max(exact, key=lambda r: abs(r["rel_error"]))["setting"],
+    }
     return rows
 
 
 def plot_scaling(points: list[dict], path: Path) -> None:
+    """Scaling efficiency per family: a colour per schedule, a line style per planner, one
+    legend for each beside the panels (schedules equal at every size share a line)."""
     from benchmarks.plots import _plt
 
     plt = _plt()
     families = sorted({p["family"] for p in points})
-    fig, axes = plt.subplots(1, len(families), figsize=(6.5 * len(families), 4.5), squeeze=False)
-    schedules = sorted({p["schedule"] for p in points})
+    fig, axes = plt.subplots(1, len(families), figsize=(5.8 * len(families) + 2.2, 4.5),
+                             squeeze=False)  # fmt: skip
+    schedules = list(dict.fromkeys(p["schedule"] for p in points))
+    planners = list(dict.fromkeys(p["planner"] for p in points))
     color = dict(zip(schedules, plt.get_cmap("tab10").colors, strict=False))
     style = {"hybrid": "-", "torchrec": ":", "round_robin": "--", "greedy_size": "-."}
     for ax, family in zip(axes[0], families, strict=True):
-        for planner in sorted({p["planner"] for p in points}):
+        for planner in planners:
             for schedule in schedules:
                 pts = sorted((p for p in points if p["family"] == family and
                               p["planner"] == planner and p["schedule"] == schedule),
                              key=lambda p: p["workers"])  # fmt: skip
                 if pts:
                     ax.plot([p["workers"] for p in pts], [p["scaling_efficiency"] for p in pts],
-                            marker="o", ms=3, lw=1.4 if planner == "hybrid" else 0.9,
-                            ls=style.get(planner, "-"), color=color[schedule],
-                            label=f"{planner}, {schedule}")  # fmt: skip
+                            marker="o", ms=3, lw=1.6 if planner == "hybrid" else 0.9,
+                            ls=style.get(planner, "-"), color=color[schedule])  # fmt: skip
         sizes = sorted({p["workers"] for p in points if p["family"] == family})
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(w) for w in sizes], fontsize=7)
@@ -223,10 +335,16 @@ def plot_scaling(points: list[dict], path: Path) -> None:
         ax.set_ylabel("throughput per worker / the smallest size's")
         ax.set_title(f"{family} family (simulated)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
-    fig.suptitle("Scaling efficiency; colour: schedule, line: planner (solid hybrid, dotted "
-                 "torchrec, dashed round_robin)", fontsize=9)  # fmt: skip
-    fig.tight_layout()
+    line = plt.Line2D
+    by_schedule = [line([], [], color=color[s], lw=2, label=s) for s in schedules]
+    by_planner = [line([], [], color="k", ls=style.get(p, "-"), label=p) for p in planners]
+    first = fig.legend(handles=by_schedule, title="schedule", fontsize=7, title_fontsize=8,
+                       loc="upper right", bbox_to_anchor=(1.0, 0.93))  # fmt: skip
+    fig.add_artist(first)
+    fig.legend(handles=by_planner, title="planner", fontsize=7, title_fontsize=8,
+               loc="lower right", bbox_to_anchor=(1.0, 0.12))  # fmt: skip
+    fig.suptitle("Scaling efficiency per schedule (colour) and planner (line)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -283,8 +401,17 @@ def table(result: dict) -> str:
         for r in v:
             lines.append(f"| {r['setting']} | {r['predicted_ms']:.1f} | {r['closed_form_ms']:.1f} "
                          f"| {r['measured_ms']:.1f} | {r['rel_error']:+.0%} |")  # fmt: skip
-        lines += ["", f"Simulator: median absolute error {result['median_abs_error']:.1%}, worst "
-                  f"{result['worst_setting']}.", ""]  # fmt: skip
+        lines += ["", f"Simulator: median absolute error {result['median_abs_error']:.1%} over "
+                  f"every setting, worst {result['worst_setting']}; without dedup "
+                  f"{result['median_abs_error_without_dedup']:.1%}, worst "
+                  f"{result['worst_setting_without_dedup']}.", ""]  # fmt: skip
+        dedup = [r for r in v if "measured_link_ratio" in r]
+        if dedup:
+            lines += ["| dedup setting | predicted exchange volume vs without | measured link "
+                      "bytes vs without |", "|---|---|---|"]  # fmt: skip
+            lines += [f"| {r['setting']} | {r['predicted_volume_ratio']:.2f} | "
+                      f"{r['measured_link_ratio']:.2f} |" for r in dedup]  # fmt: skip
+            lines.append("")
     lines += ["| family | workers | planner | schedule | step ms | exposed comm ms | scaling "
               "efficiency | headroom |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in result["points"]:
@@ -304,13 +431,13 @@ def main(cfg: DictConfig) -> None:
 
     register_configs()
     typed: ScaleConfig = start(cfg)
+    schedules_and_profile(typed)  # bad schedules or profile: refused before the long work
     t0 = time.perf_counter()
     result: dict = {"config": OmegaConf.to_container(cfg), "environment": environment()}
     if typed.validation:
         v = validate()
         result["validation"] = v
-        result["median_abs_error"] = statistics.median(abs(r["rel_error"]) for r in v)
-        result["worst_setting"] = max(v, key=lambda r: abs(r["rel_error"]))["setting"]
+        result.update(validation_summary(v))
     result["points"], sims = scale_points(typed)
     result["elapsed_s"] = time.perf_counter() - t0
     finish(result, table(result), "scale", typed, json_name="summary")

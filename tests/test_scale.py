@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from benchmarks.scale import ScaleConfig, cluster_at, schedule_of_label
+from benchmarks.scale import ScaleConfig, ScheduleLabel, cluster_at, schedule_of_label
 from sharding.cost_model import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,9 +30,14 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
         m = cluster_at("mixed", 128, 1.0)
         assert sum(n.count * sum(d.count for d in n.devices) for n in m.nodes) == 128
         assert cluster_at("mixed", 96, 1.0) is None  # not a whole number of hetero_64 units
-    assert schedule_of_label("nested8") == (Schedule.nested, 8, False)
-    assert schedule_of_label("sparse_dist") == (Schedule.sparse_dist, 1, False)
-    assert schedule_of_label("semi_sync") == (Schedule.sparse_dist, 1, True)
+    assert schedule_of_label("nested8") == ScheduleLabel(Schedule.nested, 8)
+    assert schedule_of_label("sparse_dist") == ScheduleLabel(Schedule.sparse_dist, 1)
+    assert schedule_of_label("semi_sync") == ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
+    both = schedule_of_label("nested2+dedup+cluster")
+    assert (both.micro_batches, both.dedup, both.clustered) == (2, True, True)
+    for bad in ("plain+dedup", "nested4+fast"):
+        with pytest.raises(ValueError, match="only nested"):
+            schedule_of_label(bad)
     assert ScaleConfig().workers[-1] == 1536
 
 
@@ -39,12 +45,12 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
 def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "families=[homogeneous]",
                            "workers=[8,16]", "planners=[hybrid,round_robin]",
-                           "schedules=[plain,sparse_dist,semi_sync,nested4]",
+                           "schedules=[plain,sparse_dist,semi_sync,nested4,nested4+dedup]",
                            f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert len(s["points"]) == 2 * 2 * 4
+    assert len(s["points"]) == 2 * 2 * 5
     for p in s["points"]:
         assert {"workers", "schedule", "planner", "step_ms", "exposed_comm_ms",
                 "scaling_efficiency"} <= set(p)  # fmt: skip
@@ -54,10 +60,31 @@ def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> No
     nested = {(p["workers"], p["planner"]): p for p in s["points"] if p["schedule"] == "nested4"}
     plain = {(p["workers"], p["planner"]): p for p in s["points"] if p["schedule"] == "plain"}
     assert all(nested[k]["exposed_comm_ms"] <= plain[k]["exposed_comm_ms"] for k in plain)
+    # dedup's distinct ids come from the measured profile; one-hot ids repeat, so it sends less
+    dedup = {
+        (p["workers"], p["planner"]): p for p in s["points"] if p["schedule"].endswith("dedup")
+    }
+    assert all(p["dedup_counts"] == "measured" for p in dedup.values())
+    assert all(dedup[k]["exposed_comm_ms"] <= nested[k]["exposed_comm_ms"] for k in nested)
     v = s["validation"]
     assert len(v) >= 10 and {"setting", "predicted_ms", "measured_ms", "rel_error"} <= set(v[0])
+    ratios = [r for r in v if "measured_link_ratio" in r]  # the dedup runs: volume vs bytes
+    assert ratios and all(0 < r["predicted_volume_ratio"] < 1 for r in ratios)
+    exact = sorted(abs(r["rel_error"]) for r in v if not r["dedup"])
+    assert len(exact) < len(v)
+    assert s["median_abs_error_without_dedup"] == pytest.approx(float(np.median(exact)))
     assert s["median_abs_error"] == pytest.approx(
         sorted(abs(r["rel_error"]) for r in v)[len(v) // 2], rel=0.5
     )
     for png in ("scaling.png", "timeline.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_schedules_the_profile_cannot_price_are_refused_before_planning(tmp_path: Path) -> None:
+    for args, says in ((["profile=null"], "counted after clustering"),
+                       (["schedules=[plain+dedup]"], "only nested")):  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", *args,
+                               f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "planned" not in proc.stdout
