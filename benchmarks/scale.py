@@ -349,42 +349,53 @@ def plot_scaling(points: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_timeline(sims: dict, path: Path, ranks: int = 4) -> None:
-    """One steady-state step per schedule: each of a few ranks' compute and network queue."""
+def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
+    """One steady-state step per schedule: each of a few ranks' queues (device, NIC share,
+    link within the node, host-device link), the queues a step leaves empty left out."""
     from benchmarks.plots import _plt
 
     plt = _plt()
     colors = {"lookup": "tab:blue", "dense": "tab:green", "emb": "tab:orange",
               "grad": "tab:red", "ids": "tab:purple", "allreduce": "tab:brown",
-              "update": "tab:gray"}  # fmt: skip
-    names = {"emb": "embedding chunks", "grad": "gradient chunks",
-             "update": "lookup backward, update, overheads"}  # fmt: skip
-    fig, axes = plt.subplots(len(sims), 1, figsize=(11, 1.6 + 1.1 * len(sims)), squeeze=False)
-    for ax, ((family, label), sim) in zip(axes[:, 0], sims.items(), strict=True):
+              "update": "tab:gray", "copy": "tab:olive"}  # fmt: skip
+    names = {
+        "emb": "embedding chunks",
+        "grad": "gradient chunks",
+        "update": "lookup backward, update, overheads",
+        "copy": "batch to the device",
+    }
+    panels = []
+    for (family, label), sim in sims.items():
         t, k = sim.timeline, sim.last_step
         t0 = t.end(f"s{k - 1}:done")
         rows = []
         for name, (a, b) in t.spans.items():
             step, _, rest = name.partition(":")
-            if "@" not in rest or step not in (f"s{k}", f"s{k + 1}") or b <= t0:
+            if "@" not in rest or step not in (f"s{k}", f"s{k + 1}") or b <= t0 or b <= a:
                 continue
             kind, rank = rest.split("@")
+            rank = rank.split("/")[0]  # an exchange's task per link: <rank>/<link>
             if int(rank) >= ranks:
                 continue
-            lane = f"rank {rank} {'net' if t.resources[name].startswith('net') else 'compute'}"
-            base = kind.rstrip("0123456789")
-            rows.append((lane, a - t0, b - a, colors.get(base, "k")))
+            lane = f"rank {rank} {t.resources[name].split(':')[0]}"
+            rows.append((lane, a - t0, b - a, colors.get(kind.rstrip("0123456789"), "k")))
+        panels.append((f"{family}, {label}: one step, {sim.step_s * 1e3:.1f} ms", sim, rows))
+    heights = [max(2, len({r[0] for r in rows})) for _, _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.0 + 0.22 * sum(heights) + 0.45 *
+                                                      len(panels)),
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)  # fmt: skip
+    for ax, (title, sim, rows) in zip(axes[:, 0], panels, strict=True):
         lanes = sorted({r[0] for r in rows})
         for lane, a, w, c in rows:
             ax.barh(lanes.index(lane), w * 1e3, left=a * 1e3, color=c, edgecolor="white", lw=0.3)
         ax.set_yticks(range(len(lanes)), lanes, fontsize=6)
-        ax.set_title(f"{family}, {label}: one step, {sim.step_s * 1e3:.1f} ms", fontsize=8)
+        ax.set_title(title, fontsize=8)
         ax.axvline(sim.step_s * 1e3, color="k", lw=0.8)
     axes[-1, 0].set_xlabel("ms from the previous step's end")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, [names.get(k, k) for k in colors], fontsize=7, ncol=len(colors),
+    fig.legend(handles, [names.get(k, k) for k in colors], fontsize=7, ncol=4,
                loc="lower center")  # fmt: skip
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -170,6 +170,14 @@ class StepCost:
     input_s: float = 0.0  # batch assembly and per-sample framework work
     sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
     a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
+    # per rank, for the step simulator's resources (empty: not split): each exchange's part
+    # across nodes (the rank's NIC share) and within its node (NVLink / loopback), each with
+    # its latency (the exchange's time above is their larger, with one latency), and the
+    # batch's copy to the device over the host-device link (GPU ranks; 0 on CPU ranks)
+    ids_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
+    emb_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
+    input_copy_s: list[float] = field(default_factory=list)
+    allreduce_link: str = "fabric"  # the all-reduce's queue: "nic" when it crosses nodes
 
     def step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
@@ -291,7 +299,7 @@ def step_cost(
         ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
         ex.add(s.rank, vec, ids, group, members_batch)
     lookup += b * local * read_s
-    emb, ids, sent = ex.times(network)
+    emb, ids, sent, (emb_parts, ids_parts) = ex.times(network)
     dense = []
     for r, d in enumerate(devices):
         inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
@@ -320,6 +328,9 @@ def step_cost(
             for n, d in zip(b, devices, strict=True)
         ),
         a2a_bytes=sent,
+        ids_a2a_parts_s=ids_parts,
+        emb_a2a_parts_s=emb_parts,
+        allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
         sequence_s=[
             n * d.sequence_s_per_lookup
             + nb * d.sequence_s_per_byte
@@ -370,9 +381,36 @@ class _Exchange:
         self.sent_intra[owner] += vec * local
         self.sent_inter[owner] += vec * remote
 
-    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float]]:
-        """Per rank: the embedding exchange's time (one way), the ids', and bytes it sends
-        in all of them (forward, backward and ids)."""
+    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float], tuple]:
+        """Per rank: the embedding exchange's time (one way), the ids', the bytes it sends
+        in all of them (forward, backward and ids), and both times split by link: per
+        rank, on its NIC share (`nic`, across nodes) and within its node (`fabric`), each
+        with that link's latency."""
+        (si, ri, se, re), (isi, iri, ise, ire) = self._bytes()
+        intra, inter = network.intra_alltoall, network.alltoall
+
+        def time(si, ri, se, re) -> list[float]:
+            out = []
+            for a, c, e, f in zip(si, ri, se, re, strict=True):
+                busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
+                latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
+                out.append(latency + busy if busy > 0 else 0.0)
+            return out
+
+        def on(link: LinkCost, sent: np.ndarray, received: np.ndarray) -> list[float]:
+            busy = np.maximum(sent, received) / link.bytes_per_s
+            return np.where(busy > 0, link.latency_s + busy, 0.0).tolist()
+
+        emb = time(si, ri, se, re)
+        ids = time(isi, iri, ise, ire)
+        sent = 2 * (si + se) + isi + ise
+        parts = ({"nic": on(inter, se, re), "fabric": on(intra, si, ri)},
+                 {"nic": on(inter, ise, ire), "fabric": on(intra, isi, iri)})  # fmt: skip
+        return emb, ids, sent.tolist(), parts
+
+    def _bytes(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Per rank (sent within its node, received within, sent across, received across),
+        for the embeddings (one way) and for the ids."""
         b, node = self.b, self.node
         per_node = lambda x: np.bincount(node, weights=x, minlength=len(self.node_batch))  # noqa: E731
         vec_node, ids_node, cross_node = (
@@ -390,20 +428,8 @@ class _Exchange:
         ids_sent_inter = b * (ids_node.sum() - ids_node[node])
         ids_recv_intra = self.ids_own * (self.node_batch[node] - b)
         ids_recv_inter = self.ids_own * (self.total - self.node_batch[node])
-        intra, inter = network.intra_alltoall, network.alltoall
-
-        def time(si, ri, se, re) -> list[float]:
-            out = []
-            for a, c, e, f in zip(si, ri, se, re, strict=True):
-                busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
-                latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
-                out.append(latency + busy if busy > 0 else 0.0)
-            return out
-
-        emb = time(self.sent_intra, recv_intra, self.sent_inter, recv_inter)
-        ids = time(ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter)
-        sent = 2 * (self.sent_intra + self.sent_inter) + ids_sent_intra + ids_sent_inter
-        return emb, ids, sent.tolist()
+        return ((self.sent_intra, recv_intra, self.sent_inter, recv_inter),
+                (ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter))  # fmt: skip
 
 
 def dot_interaction_flops(features: int, dim: int) -> float:

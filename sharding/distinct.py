@@ -129,4 +129,6 @@ def with_dedup(cost: StepCost, volume: DedupVolume) -> StepCost:
         ids_a2a_s=scale(cost.ids_a2a_s, volume.ids),
         emb_a2a_fwd_s=scale(cost.emb_a2a_fwd_s, volume.vectors),
         emb_a2a_bwd_s=scale(cost.emb_a2a_bwd_s, volume.vectors),
+        ids_a2a_parts_s={k: scale(v, volume.ids) for k, v in cost.ids_a2a_parts_s.items()},
+        emb_a2a_parts_s={k: scale(v, volume.vectors) for k, v in cost.emb_a2a_parts_s.items()},
     )

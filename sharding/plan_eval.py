@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from sharding.bound import lower_bound_ms
 from sharding.cost_model import (
     FLOAT_BYTES,
+    ID_BYTES,
+    LENGTH_BYTES,
     DeviceCost,
     NetworkCost,
     OptimizerState,
@@ -158,8 +160,9 @@ def finish_table(tp: TablePlan) -> TablePlan:
 
 
 def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
-    """The cost model's per-rank stage times of one step of `plan`."""
-    return step_cost(
+    """The cost model's per-rank stage times of one step of `plan`, with each GPU rank's
+    copy of its batch's ids and lengths over the host-device link (for the simulator)."""
+    cost = step_cost(
         inputs.tables,
         plan.shards(),
         plan.batch_per_rank,
@@ -169,6 +172,11 @@ def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
         inputs.interaction_flops_per_sample,
         nodes=[r.node for r in inputs.ranks],
     )
+    if not inputs.cpu:
+        per_sample = sum(t.lookups_per_sample * ID_BYTES + LENGTH_BYTES for t in inputs.tables)
+        pairs = zip(plan.batch_per_rank, inputs.devices, strict=True)
+        cost.input_copy_s = [b * per_sample / d.host_read_bytes_per_s for b, d in pairs]
+    return cost
 
 
 def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True) -> Plan:

@@ -2,13 +2,16 @@
 stage maxima in closed form, this runs each rank's stages as tasks on the resources they
 use and lets the schedule's overlap fall out.
 
-Resources are in-order queues, as CUDA streams and a NIC's send queue are: `compute:r`
-(rank r's device), `net:r` (its share of the network: its own all-to-all sends and its part
-of the all-reduce). A task starts when every task it depends on has ended and its resource
-has finished the task before it in program order. A collective is one task per rank that
+Resources are in-order queues, as CUDA streams and a NIC's send queue are: `compute:r` (rank
+r's device), `nic:r` (its share of its node's NICs: the all-to-alls' traffic across nodes,
+and the all-reduce when it crosses nodes), `fabric:r` (its link within the node: NVLink, or
+loopback on CPU ranks), `h2d:r` (its host-device link: the batch's copy, on GPU ranks). A
+cost without the split by link (`StepCost.emb_a2a_parts_s` empty) puts each exchange on one
+`net:r` queue. A task starts when every task it depends on has ended and its resource has
+finished the task before it in program order. A collective is one task per rank and link that
 starts once every rank's input is ready and whose result every rank waits for (the barrier
-of an all-to-all). The durations are the cost model's per-rank stage times, so the
-simulator and the closed form share every constant; they differ only in how stages overlap.
+of an all-to-all). The durations are the cost model's per-rank stage times, so the simulator and
+the closed form share every constant; they differ only in how stages overlap.
 
 Schedules (the train pipelines):
 - `plain`: ids -> lookup -> embedding exchange -> dense forward and backward -> gradient
@@ -103,17 +106,34 @@ def step_tasks(
     tasks: list[Task] = []
     ranks = range(world)
 
-    def collective(name: str, durations: Sequence[float], deps: Sequence[str]) -> list[str]:
-        """One task per rank on its net queue, all after every rank's input (a zero-length
-        barrier task keeps this linear in the ranks); returns the barrier after them."""
+    def parts(durations: Sequence[float], split: dict[str, list[float]], scale: float = 1.0):
+        """An exchange's per-rank durations by queue: split by link where the cost has it."""
+        chosen = split or {"net": list(durations)}
+        return {link: [x * scale * net for x in xs] for link, xs in chosen.items()}
+
+    def collective(
+        name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str]
+    ) -> list[str]:
+        """One task per rank and link on its queue, all after every rank's input (a
+        zero-length barrier task keeps this linear in the ranks); returns the barrier after
+        them."""
         tasks.append(Task(f"{name}:in", f"{name}:in", 0.0, tuple(deps)))
+        ends = []
         for r in ranks:
-            tasks.append(Task(f"{name}@{r}", f"net:{r}", durations[r] * net, (f"{name}:in",)))
-        tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(f"{name}@{r}" for r in ranks)))
+            for link, durations in by_link.items():
+                ends.append(f"{name}@{r}/{link}")
+                tasks.append(Task(ends[-1], f"{link}:{r}", durations[r], (f"{name}:in",)))
+        tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(ends)))
         return [f"{name}:out"]
 
+    copy = cost.input_copy_s or [0.0] * world
+
     def ids(k: int, after: Sequence[str]) -> list[str]:
-        return collective(f"s{k}:ids", cost.ids_a2a_s, after)
+        """Batch k's copy to the device (in the host-device link's order), then its ids."""
+        for r in ranks:
+            tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", copy[r], tuple(after)))
+        copies = [f"s{k}:copy@{r}" for r in ranks]
+        return collective(f"s{k}:ids", parts(cost.ids_a2a_s, cost.ids_a2a_parts_s), copies)
 
     ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
 
@@ -123,9 +143,12 @@ def step_tasks(
         for r in ranks:
             tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
                               tuple(deps)))  # fmt: skip
-        return [collective(f"s{k}:emb{c}", [x / n for x in cost.emb_a2a_fwd_s], lookups)
-                for c in range(n)]  # fmt: skip
+        fwd = parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, 1 / n)
+        return [collective(f"s{k}:emb{c}", fwd, lookups) for c in range(n)]
 
+    bwd = parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, 1 / n)
+    reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
+    allreduce = {reduce_on: [cost.allreduce_s * net] * world}
     pending = ids(0, [])  # the first batch's ids
     prev_done: list[str] = []
     fwd_next = forward(0, pending) if stale else []
@@ -144,8 +167,8 @@ def step_tasks(
             dense = [f"{p}:dense{c}@{r}" for r in ranks]
             for r in ranks:
                 tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / n, tuple(fwd[c])))
-            grads += collective(f"{p}:grad{c}", [x / n for x in cost.emb_a2a_bwd_s], dense)
-        reduce = collective(f"{p}:allreduce", [cost.allreduce_s] * world, dense)
+            grads += collective(f"{p}:grad{c}", bwd, dense)
+        reduce = collective(f"{p}:allreduce", allreduce, dense)
         done = [f"{p}:update@{r}" for r in ranks]
         for r in ranks:
             tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.calibrate import _fit_comm, fit_line
@@ -294,3 +295,22 @@ def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typ
     for batch in CalibrateConfig().sequence_batches:
         cfg = typed_cfg(["planner=hybrid", f"trainer.batch_size={batch}"])
         assert has_split_tables(plan_with_splits(cfg, cal, link)), batch
+
+
+def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
+    """Two ranks on one node exchange over the fabric; on two nodes over their NIC shares,
+    each part with its link's latency; the exchange's time is the slower part's."""
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    net = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
+                      intra=LinkCost(1e-5, 1e9))  # fmt: skip
+    one = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 0])
+    two = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 1])
+    assert one.emb_a2a_parts_s["nic"] == [0.0, 0.0]
+    assert one.emb_a2a_parts_s["fabric"] == pytest.approx([1e-5 + 4000 / 1e9] * 2)
+    assert two.emb_a2a_parts_s["fabric"] == [0.0, 0.0]
+    assert two.emb_a2a_parts_s["nic"] == pytest.approx([1e-4 + 4000 / 1e8] * 2)
+    for cost in (one, two):
+        for whole, parts in ((cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s),
+                             (cost.ids_a2a_s, cost.ids_a2a_parts_s)):  # fmt: skip
+            assert whole == pytest.approx(np.maximum(parts["nic"], parts["fabric"]))
+    assert (one.allreduce_link, two.allreduce_link) == ("fabric", "nic")
