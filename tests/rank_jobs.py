@@ -92,14 +92,15 @@ def train_variants(
     run_dir: str,
     plans: list | None = None,
     stale: bool = False,
-    shuffled: bool = False,
+    shuffled: int = 0,
 ) -> dict:
     """Train each config (with its plan of ours, or TorchRec's planner where None) for
     `steps` steps in this rank, one process group for all; return each run's per-step
     losses, final parameters (this rank's shards) and pipeline stats. `stale`: the
     nested pipeline skips its refresh (a control: the results must then differ).
-    `shuffled`: one more run, the first config with each batch's samples in another
-    order (`benchmarks.order_noise`'s control: how far reordered sums alone go)."""
+    `shuffled`: that many more runs, the first config with each batch's samples in
+    another order, each run its own (`benchmarks.order_noise`'s control: how far reordered
+    sums alone go)."""
     if stale:
         from pipelines.lookups import Lookups
 
@@ -109,15 +110,15 @@ def train_variants(
 
     quiet_library_noise()
     todo = [(cfg, plan, None) for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]
-    if shuffled:
-        from pipelines.clustering import permute_batch
+    from pipelines.clustering import permute_batch
 
-        gen = torch.Generator().manual_seed(1)
+    for seed in range(1, shuffled + 1):
+        gen = torch.Generator().manual_seed(seed)
         todo.append(
             (
                 cfgs[0],
                 todo[0][1],
-                lambda b: permute_batch(b, torch.randperm(len(b.labels), generator=gen)),
+                lambda b, gen=gen: permute_batch(b, torch.randperm(len(b.labels), generator=gen)),
             )
         )
     runs = []

