@@ -4,9 +4,13 @@ A piece is a table's rows x columns (a whole table, a column piece, a cold part 
 its row parts). The placer keeps, per rank, the seconds of work placed so far (dense work
 of its batch, lookups) and the bytes it sends and receives in the embedding all-to-all,
 within its node and across nodes, as the cost model counts them (`sharding.cost_model`).
-Each piece goes where the slowest rank then ends fastest, never over a rank's memory:
-device memory first; on GPU clusters host memory with an HBM cache of the piece's hottest
-rows (hit rate from the coverage curve) where no device has room.
+Each piece goes where the step then ends soonest as the cost model adds it up: the slowest
+rank's lookups plus the slowest rank's exchange (collectives make every rank wait for the
+slowest at each stage, so a rank slow at lookups and another slow at sending both count;
+ties go to the placement with the smaller sum of squares of both stages over all ranks),
+never over a rank's memory: device memory first; on GPU clusters host memory with an HBM
+cache of the piece's hottest rows (hit rate from the coverage curve) where no device has
+room.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Placer:
             self.per_byte[:] = self.per_byte[0]
             self.per_byte_host[:] = self.per_byte_host[0]
             self.load[:] = 0.0
+        self.dense = self.load.copy()  # each rank's dense work; load - dense: its lookups
         net = inputs.network  # forward + backward
         self.intra_per_byte = 2.0 / net.intra_alltoall.bytes_per_s
         self.inter_per_byte = 2.0 / net.alltoall.bytes_per_s
@@ -108,20 +113,29 @@ class Placer:
         return np.maximum(np.maximum(si, ri) * self.intra_per_byte,
                           np.maximum(se, re) * self.inter_per_byte)  # fmt: skip
 
-    def now(self) -> np.ndarray:
-        """Each rank's predicted time so far."""
-        return self.load + self._exchange_s(
-            self.sent_intra, self.recv_intra, self.sent_inter, self.recv_inter
-        )
+    def exchange(self) -> np.ndarray:
+        """Each rank's predicted exchange so far."""
+        return self._exchange_s(self.sent_intra, self.recv_intra, self.sent_inter, self.recv_inter)
 
-    def _finish(self, p: Piece, lookup_s: np.ndarray) -> np.ndarray:
-        """Each rank's predicted time with the piece placed there: its work so far, the
-        piece's lookups, and the larger of what it would send and receive on each link."""
+    def now(self) -> np.ndarray:
+        """Each rank's predicted time so far: dense work, lookups and exchange."""
+        return self.load + self.exchange()
+
+    def score(self) -> tuple[float, float]:
+        """What placement minimises, then what breaks its ties: the slowest rank's lookups
+        plus the slowest rank's exchange, then the sum of both stages' squares over all
+        ranks (so several ranks tied at the top drain one by one)."""
+        look, exch = self.load - self.dense, self.exchange()
+        return float(look.max() + exch.max()), float(np.sum(look**2) + np.sum(exch**2))
+
+    def _finish_exchange(self, p: Piece) -> np.ndarray:
+        """Each rank's exchange with the piece placed there: the larger of what it would
+        send and receive on each link."""
         v = p.volume()
         si = self.sent_intra + (self.node_batch - self.b) * v
         se = self.sent_inter + (self.total - self.node_batch) * v
         re = self.recv_inter - self.b * v  # its own samples' vectors stay home
-        return self.load + lookup_s + self._exchange_s(si, self.recv_intra, se, re)
+        return self._exchange_s(si, self.recv_intra, se, re)
 
     def _commit(self, r: int, p: Piece, lookup_s: float, sign: float = 1.0) -> None:
         """Account for the piece on rank r (sign -1: take it away again)."""
@@ -134,36 +148,44 @@ class Placer:
         mates[r] = False
         self.recv_intra[mates] += self.b[mates] * v
 
-    def _best(self, p: Piece, finish: np.ndarray, allowed: np.ndarray) -> int:
-        """The rank that leaves the slowest rank fastest: the candidate's own time, its node
-        mates' (they now get the piece's vectors within the node, not across) and every
-        other node's, unchanged. Among equals, the rank whose own time grows least (a rank
-        that receives more than it sends gets faster by holding the piece)."""
+    def _best(self, p: Piece, lookup_s: np.ndarray, allowed: np.ndarray) -> int:
+        """The allowed rank where the step ends soonest (`score`) with the piece placed there
+        (`lookup_s`: its lookup seconds on each rank), counting the candidate, its node
+        mates (they now get the piece's vectors within the node, not across) and every other
+        node (unchanged)."""
         v = p.volume()
-        now = self.now()
-        mates = self.load + self._exchange_s(
+        look = self.load - self.dense
+        exch = self.exchange()
+        exch_fin = self._finish_exchange(p)
+        mates = self._exchange_s(
             self.sent_intra,
             self.recv_intra + self.b * v,
             self.sent_inter,
             self.recv_inter - self.b * v,
         )
+        first, second = _top_two(look)
+        others = np.where(self.index == first, second, look[first])
+        slowest = np.maximum(look + lookup_s, others) + self._max_with(exch_fin, mates, exch)
+        slowest = np.where(allowed, slowest, np.inf)
+        # ties: the change in both stages' sum of squares over all ranks
+        mate_gain = mates**2 - exch**2
+        node_gain = np.add.reduceat(mate_gain, self.starts)[self.node]
+        spread = (look + lookup_s) ** 2 - look**2 + node_gain - mate_gain + exch_fin**2 - exch**2
+        return int(np.lexsort((spread, slowest))[0])
+
+    def _max_with(self, own: np.ndarray, mates: np.ndarray, now: np.ndarray) -> np.ndarray:
+        """Per candidate rank r: the largest of own[r], the `mates` value of r's node mates
+        and the `now` value of every rank on another node."""
         starts, idx = self.starts, self.index
-        node_now = np.maximum.reduceat(now, starts)
-        # per node, the largest and second largest time of a mate, and who has the largest
+        # per node, the largest and second largest value of a mate, and who has the largest
         top1 = np.maximum.reduceat(mates, starts)
         who = np.minimum.reduceat(np.where(mates == top1[self.node], idx, len(idx)), starts)
         masked = mates.copy()
         masked[who] = -np.inf
         top2 = np.maximum.reduceat(masked, starts)
         mate_max = np.where(who[self.node] == idx, top2[self.node], top1[self.node])
-        if len(starts) > 1:
-            first, second = np.argsort(-node_now)[:2]
-            outside = np.where(self.node == first, node_now[second], node_now[first])
-        else:
-            outside = np.full(len(idx), -np.inf)
-        slowest = np.maximum(np.maximum(finish, mate_max), outside)
-        slowest = np.where(allowed, slowest, np.inf)
-        return int(np.lexsort((finish - now, slowest))[0])
+        outside = self._outside(now)[self.node]
+        return np.maximum(np.maximum(own, mate_max), outside)
 
     def fits_somewhere(self, p: Piece) -> bool:
         need = p.rows * self.inputs.row_bytes(p.cols)
@@ -183,7 +205,7 @@ class Placer:
         lookup_s = looked * self.per_byte + sequence_s
         fits = self.free_hbm >= need
         if fits.any():
-            r = self._best(p, self._finish(p, lookup_s), fits)
+            r = self._best(p, lookup_s, fits)
             self.free_hbm[r] -= need
             self._commit(r, p, lookup_s[r])
             shard = Shard(
@@ -206,7 +228,7 @@ class Placer:
         hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth
         lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host) + sequence_s
-        r = self._best(p, self._finish(p, lookup_s), host_fits)
+        r = self._best(p, lookup_s, host_fits)
         self.free_host[r] -= need
         self.free_hbm[r] -= cache_rows[r] * row_bytes
         self._commit(r, p, lookup_s[r])
@@ -217,15 +239,26 @@ class Placer:
         self.placed.append((p, shard))
         return shard
 
+    def _outside(self, values: np.ndarray) -> np.ndarray:
+        """Per node: the largest of `values` on the other nodes."""
+        node_max = np.maximum.reduceat(values, self.starts)
+        first, second = _top_two(node_max)
+        out = np.full(len(node_max), node_max[first])
+        out[first] = second
+        return out
+
     def place_group(self, p: Piece) -> list[Shard] | None:
         """The piece as TorchRec's table-row-wise: its rows in even blocks over every rank
         of one node (ceil(rows / ranks) each, as TorchRec cuts them), partial sums reduced
         within the node, one vector per other node's sample sent across by the node's ranks
-        together. On the node whose slowest rank then ends soonest (groups come longest
+        together. On the node where the step then ends soonest (`score`; groups come longest
         first, so this balances them over the nodes); None if no node's ranks all have room
         in device memory."""
         v = p.volume()
         best, best_key = None, None
+        look, exch = self.load - self.dense, self.exchange()
+        look_outside = self._outside(look)
+        exch_outside = self._outside(exch)
         for n in np.unique(self.node):
             members = np.flatnonzero(self.node == n)
             size = len(members)
@@ -237,11 +270,15 @@ class Placer:
             lookup_s = p.looked_up_bytes(self.total) * rows / p.rows * self.per_byte[members]
             scatter = v * self.total * (size - 1) / size
             remote = (self.total - self.node_batch[members]) * v / size
-            times = self.load[members] + lookup_s + self._exchange_s(
+            look_n = look[members] + lookup_s
+            exch_n = self._exchange_s(
                 self.sent_intra[members] + scatter, self.recv_intra[members] + scatter,
                 self.sent_inter[members] + remote, self.recv_inter[members] - self.b[members] * v,
             )  # fmt: skip
-            key = (float(times.max()), float(times.sum()))  # longest first, least loaded node
+            key = (
+                max(look_n.max(), look_outside[n]) + max(exch_n.max(), exch_outside[n]),
+                float(look_n.sum() + exch_n.sum()),
+            )  # then the least loaded node
             if best_key is None or key < best_key:
                 best, best_key = (members, rows, need, lookup_s, scatter, remote), key
         if best is None:
@@ -264,18 +301,16 @@ class Placer:
 
     def improve(self, max_moves: int) -> int:
         """Local search after the greedy pass: move a piece in device memory to the rank
-        where the slowest rank ends fastest, when that keeps the slowest rank's time and
-        lowers the sum of squared times (so several ranks tied at the top drain one by one,
-        and no move is ever undone). Candidates: the pieces of the slowest rank, then the
-        largest others (a rank slow from receiving gets faster by holding a piece).
-        Returns the moves made."""
+        where the step ends soonest (`_best`), when that keeps the step's `score` and lowers
+        its sum of squares (no move is ever undone). Candidates: the pieces of the rank
+        slowest at lookups and of the rank slowest at exchanging, then the largest others (a
+        rank slow from receiving gets faster by holding a piece). Returns the moves made."""
         moves = 0
         by_size = sorted(range(len(self.placed)), key=lambda i: -self.placed[i][0].volume())
         while moves < max_moves:
-            now = self.now()
-            worst, slowest = float(now.max()), int(np.argmax(now))
-            spread = float(np.sum(now**2))
-            mine = [i for i in by_size if self.placed[i][1].rank == slowest]
+            worst, spread = self.score()
+            slowest = {int(np.argmax(self.load - self.dense)), int(np.argmax(self.exchange()))}
+            mine = [i for i in by_size if self.placed[i][1].rank in slowest]
             moved = False
             for i in mine + [i for i in by_size[:64] if i not in mine]:
                 p, shard = self.placed[i]
@@ -287,11 +322,10 @@ class Placer:
                 self._commit(a, p, lookup_s[a], sign=-1.0)
                 self.free_hbm[a] += need
                 fits = self.free_hbm >= need
-                r = self._best(p, self._finish(p, lookup_s), fits)
+                r = self._best(p, lookup_s, fits)
                 self._commit(r, p, lookup_s[r])
-                after = self.now()
-                if (r != a and after.max() <= worst * (1 + 1e-12)
-                        and np.sum(after**2) < spread * (1 - 1e-9)):  # fmt: skip
+                after, after_spread = self.score()
+                if r != a and after <= worst * (1 + 1e-12) and after_spread < spread * (1 - 1e-9):
                     self.free_hbm[r] -= need
                     self.placed[i] = (p, replace(shard, rank=r))
                     moves, moved = moves + 1, True
@@ -302,3 +336,11 @@ class Placer:
             if not moved:
                 break
         return moves
+
+
+def _top_two(values: np.ndarray) -> tuple[int, float]:
+    """Where the largest value is, and the largest of the others (-inf if none)."""
+    first = int(values.argmax())
+    others = values.copy()
+    others[first] = -np.inf
+    return first, float(others.max())

@@ -110,9 +110,9 @@ def _equal_to_plain(
     reorders the sums of a row's gradient, so it is held to the order noise of the same
     config: at most `noise_factor` times what the plain loop with each batch's samples
     shuffled differs by (`benchmarks.order_noise`'s control, run beside; with `shuffles` > 1,
-    the largest of that many shuffles); so is clustering when a rank's batch is not a whole number of
-    32-sample units (`aligned=False`: the scalar tail of its last micro-batch holds other
-    samples). `exact=False`: all within 1e-5."""
+    the largest of that many shuffles); so is clustering when a rank's batch is not a whole
+    number of 32-sample units (`aligned=False`: the scalar tail of its last micro-batch
+    holds other samples). `exact=False`: all within 1e-5."""
     overrides = [[]] + [_nested(*v) for v in variants]
     cfgs = [to_typed(compose_config(base + o)) for o in overrides]
     # one plan for every run: a plan made per config could differ by the pipeline's schedule
