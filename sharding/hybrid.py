@@ -9,9 +9,10 @@
    exchanges only its own lookups (a variable-length exchange). h comes from the table's
    coverage curve; h = rows is a small table replicated whole.
 3. The rest is cut into pieces small enough to balance (column-wise; a cold part in row
-   parts, each its own table), and placed longest first where the slowest rank ends
-   fastest (`sharding.placer`): each rank's lookups, dense work, and the larger of the
-   bytes it sends and receives on each link, never over its memory.
+   parts, each its own table), and placed longest first where the step then ends soonest
+   as the cost model adds it up (`sharding.placer`): the slowest rank's lookups plus the
+   slowest rank's exchange (the larger of the bytes a rank sends and receives on each
+   link), never over a rank's memory.
 4. Memory: a piece too large for any rank is cut further (columns, then row parts), and
    pieces that fit no device's fast memory go to host memory with an HBM cache of their
    hottest rows (sized by the coverage curve and the free HBM); when placement still fails,

@@ -117,10 +117,6 @@ class Placer:
         """Each rank's predicted exchange so far."""
         return self._exchange_s(self.sent_intra, self.recv_intra, self.sent_inter, self.recv_inter)
 
-    def now(self) -> np.ndarray:
-        """Each rank's predicted time so far: dense work, lookups and exchange."""
-        return self.load + self.exchange()
-
     def score(self) -> tuple[float, float]:
         """What placement minimises, then what breaks its ties: the slowest rank's lookups
         plus the slowest rank's exchange, then the sum of both stages' squares over all
