@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @dataclass
 class BenchTrainer:
@@ -66,6 +68,13 @@ def start(cfg: Any) -> Any:
 
     quiet_library_noise()
     return OmegaConf.to_object(cfg)
+
+
+def results_dir_for(name: str, cluster: Any) -> str:
+    """A benchmark's published results directory: benchmarks/results/<name>, or
+    <name>_<preset> with `cluster=<preset>`, so a run on an emulated cluster never replaces
+    the default link's results."""
+    return str(REPO / "benchmarks" / "results" / (f"{name}_{cluster.name}" if cluster else name))
 
 
 def output_dirs(cfg: Any) -> list[Path]:

@@ -34,6 +34,7 @@ from benchmarks.common import (
     emulated_preset,
     environment,
     finish,
+    results_dir_for,
     start,
     train_emulated,
 )
@@ -41,7 +42,6 @@ from recsys.config import register_configs
 from sharding.calibration import load_calibration
 from sharding.types import ClusterSpec
 
-REPO = Path(__file__).resolve().parents[1]
 EQUAL_RTOL = 1e-5
 
 
@@ -85,7 +85,7 @@ class PipelineBenchConfig:
     cluster: ClusterSpec | None = None
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
-    results_dir: str = str(REPO / "benchmarks" / "results" / "pipeline")
+    results_dir: str = ""  # "": benchmarks/results/pipeline, pipeline_<preset> with cluster=
 
 
 def pipeline_overrides(label: str) -> list[str]:
@@ -414,6 +414,7 @@ ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfi
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_pipeline")
 def main(cfg: DictConfig) -> None:
     typed: PipelineBenchConfig = start(cfg)
+    typed.results_dir = typed.results_dir or results_dir_for("pipeline", typed.cluster)
     result = run(typed)
     finish(
         result,

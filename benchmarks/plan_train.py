@@ -32,13 +32,12 @@ from benchmarks.common import (
     environment,
     finish,
     planner_overrides,
+    results_dir_for,
     start,
     train_emulated,
 )
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -54,7 +53,7 @@ class PlanTrainBenchConfig:
     cluster: ClusterSpec | None = None
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
-    results_dir: str = str(REPO / "benchmarks" / "results" / "plan_train")
+    results_dir: str = ""  # "": benchmarks/results/plan_train, plan_train_<preset> with cluster=
 
 
 def _overrides(cfg: PlanTrainBenchConfig, planner: str) -> list[str]:
@@ -155,6 +154,7 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_plan_train")
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
+    typed.results_dir = typed.results_dir or results_dir_for("plan_train", typed.cluster)
     result = run(typed)
     finish(
         result,

@@ -136,6 +136,17 @@ def test_benchmarks_update_the_published_results_only_with_save(tmp_path: Path) 
     assert published == json.loads((tmp_path / "run" / "data.json").read_text())
 
 
+def test_a_training_benchmark_on_an_emulated_cluster_publishes_beside_the_default() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.common import results_dir_for
+
+    results = REPO / "benchmarks" / "results"
+    assert results_dir_for("plan_train", None) == str(results / "plan_train")
+    emulated = SimpleNamespace(name="emu_mixed4")
+    assert results_dir_for("pipeline", emulated) == str(results / "pipeline_emu_mixed4")
+
+
 def test_a_sweep_records_failed_jobs_goes_on_and_exits_with_their_count(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "recsys.train", "-m", "trainer.dry_run=true",
                            "planner=hybrid", "trainer.lr=-1,0.1,nan",
