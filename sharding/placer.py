@@ -90,6 +90,11 @@ class Placer:
         self.index = np.arange(len(self.node))
         self.node_batch = np.bincount(self.node, weights=self.b)[self.node]  # per rank
         self.total = float(self.b.sum())
+        # samples a rank's piece serves per vector byte: its node mates', other nodes'
+        self.to_mates = self.node_batch - self.b
+        self.to_others = self.total - self.node_batch
+        ends = [*self.starts[1:], len(self.node)]
+        self.mates = [slice(a, e) for a, e in zip(self.starts, ends, strict=True)]  # per node
         w = len(batch)
         self.sent_intra, self.sent_inter = np.zeros(w), np.zeros(w)
         self.recv_intra, self.recv_inter = np.zeros(w), np.zeros(w)
@@ -105,8 +110,7 @@ class Placer:
         counted in full: the piece's size, for ordering and cutting."""
         v = p.volume()
         return p.looked_up_bytes(self.total) * self.per_byte + (
-            (self.node_batch - self.b) * v * self.intra_per_byte
-            + (self.total - self.node_batch) * v * self.inter_per_byte
+            self.to_mates * v * self.intra_per_byte + self.to_others * v * self.inter_per_byte
         )
 
     def _exchange_s(self, si, ri, se, re) -> np.ndarray:
@@ -128,8 +132,8 @@ class Placer:
         """Each rank's exchange with the piece placed there: the larger of what it would
         send and receive on each link."""
         v = p.volume()
-        si = self.sent_intra + (self.node_batch - self.b) * v
-        se = self.sent_inter + (self.total - self.node_batch) * v
+        si = self.sent_intra + self.to_mates * v
+        se = self.sent_inter + self.to_others * v
         re = self.recv_inter - self.b * v  # its own samples' vectors stay home
         return self._exchange_s(si, self.recv_intra, se, re)
 
@@ -137,12 +141,13 @@ class Placer:
         """Account for the piece on rank r (sign -1: take it away again)."""
         v = sign * p.volume()
         self.load[r] += sign * lookup_s
-        self.sent_intra[r] += (self.node_batch[r] - self.b[r]) * v
-        self.sent_inter[r] += (self.total - self.node_batch[r]) * v
-        mates = self.node == self.node[r]  # they now receive it within the node
+        self.sent_intra[r] += self.to_mates[r] * v
+        self.sent_inter[r] += self.to_others[r] * v
+        mates = self.mates[self.node[r]]  # they now receive it within the node
         self.recv_inter[mates] -= self.b[mates] * v
-        mates[r] = False
+        own = self.recv_intra[r]  # r itself receives nothing of it
         self.recv_intra[mates] += self.b[mates] * v
+        self.recv_intra[r] = own
 
     def _best(self, p: Piece, lookup_s: np.ndarray, allowed: np.ndarray) -> int:
         """The allowed rank where the step ends soonest (`score`) with the piece placed there
@@ -159,10 +164,10 @@ class Placer:
             self.sent_inter,
             self.recv_inter - self.b * v,
         )
-        first, second = _top_two(look)
-        others = np.where(self.index == first, second, look[first])
-        slowest = np.maximum(look + lookup_s, others) + self._max_with(exch_fin, mates, exch)
-        slowest = np.where(allowed, slowest, np.inf)
+        # the slowest lookups: the candidate's with the piece, or the slowest rank's now
+        # (lookup_s >= 0: the slowest rank itself only gets slower)
+        slowest = np.maximum(look + lookup_s, look.max()) + self._max_with(exch_fin, mates, exch)
+        slowest[~allowed] = np.inf
         # ties: the change in both stages' sum of squares over all ranks
         mate_gain = mates**2 - exch**2
         node_gain = np.add.reduceat(mate_gain, self.starts)[self.node]
