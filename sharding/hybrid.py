@@ -66,6 +66,11 @@ MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
 MAX_REPLICATED_SHARE = 0.85  # of the smallest rank's fast memory, for all hot rows together
 MAX_FIT_TRIES = 24  # memory retries, each with pieces half as large
 BALANCE_PIECES = 4  # pieces are cut to about 1 / (this x ranks) of all pieces' cost
+# which pooled tables `_place` offers as table-row-wise groups: none; those whose column
+# pieces' ids outweigh a vector (`_group_worth`); those and every other whole one, each
+# placed as a group only where that ends the step sooner than on one rank
+NO_GROUPS, WORTH_GROUPS, EACH_GROUP = 0, 1, 2
+EACH_GROUP_MAX_RANKS = 32  # EACH_GROUP is tried on up to this many ranks (planning time)
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         other_batches(inputs, guides, best),
         key=lambda batch: (
             evaluate(
-                replace(best, batch_per_rank=batch, devices=[]), inputs, bound=False
+                replace(best, batch_per_rank=batch, devices=[]), inputs, False, check=False
             ).est_step_ms
         ),
     )
@@ -122,7 +127,7 @@ class _Recipe:
     options: HybridOptions
     hot: dict | None = None
     uncut: bool = False
-    groups: bool = False
+    groups: int = 0  # NO_GROUPS, WORTH_GROUPS or EACH_GROUP (`_place`)
 
     def plan(self, inputs: PlanInputs, polish: bool = True) -> Plan:
         made = _hybrid(inputs, self.batch, self.options, self.hot, polish, self.uncut,
@@ -200,7 +205,7 @@ def with_speed_aware_batch(
     guides = guides or bound_guides(inputs)
     for batch in [speed_batch(inputs), *other_batches(inputs, guides, best)]:
         moved = replace(plan, batch_per_rank=batch, devices=[])
-        best = min(best, evaluate(moved, inputs, bound=False), key=_step_ms)
+        best = min(best, evaluate(moved, inputs, bound=False, check=False), key=_step_ms)
     return best
 
 
@@ -224,8 +229,9 @@ def _variants(
 ) -> tuple[Plan, _Recipe]:
     """The best of: the placement with every idea allowed, without row parts, without
     split tables, with pieces cut for memory only (fewer, larger pieces send fewer ids),
-    and with large pooled tables as table-row-wise groups; each of the last two with its
-    best batch split when `guides` are given."""
+    with large pooled tables as table-row-wise groups, and (up to EACH_GROUP_MAX_RANKS)
+    with every whole pooled table a group where that ends the step sooner; each of the last
+    three with its best batch split when `guides` are given."""
     recipe = _Recipe(batch, options)
     best = (recipe.plan(inputs), recipe)
     tables = best[0].tables
@@ -239,7 +245,9 @@ def _variants(
     lean = replace(recipe, options=best_options(best[0], options))
     others = [replace(lean, uncut=True)]
     if group_ready(inputs):  # large pooled tables TorchRec's table-row-wise way instead
-        others.append(replace(lean, groups=True))
+        others.append(replace(lean, groups=WORTH_GROUPS))
+        if inputs.world <= EACH_GROUP_MAX_RANKS:
+            others.append(replace(lean, groups=EACH_GROUP))
     for trial in others:
         plan = trial.plan(inputs)
         if guides is not None:
@@ -254,11 +262,16 @@ def _group_worth(p: Piece, pieces: int, inputs: PlanInputs) -> bool:
     would add outweigh a vector: each column piece receives every id (8 bytes a lookup),
     while the group receives each id once and reduce-scatters whole vectors within the
     node; by memory too, when even narrow columns are large."""
-    if p.sparse_exchange or p.hot or p.rows < inputs.world:
+    if not _groupable(p, inputs):
         return False
     ids = p.table.lookups_per_sample * ID_BYTES
     narrowest = p.rows * inputs.row_bytes(MIN_COLS)
     return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or narrowest > min(inputs.hbm_budget())
+
+
+def _groupable(p: Piece, inputs: PlanInputs) -> bool:
+    """A pooled piece of a table with no replicated rows and a row for every rank."""
+    return not (p.sparse_exchange or p.hot or p.rows < inputs.world)
 
 
 def group_ready(inputs: PlanInputs) -> bool:
@@ -322,11 +335,12 @@ def _hybrid(
     hot: dict | None = None,
     polish: bool = True,
     uncut: bool = False,
-    groups: bool = False,
+    groups: int = NO_GROUPS,
 ) -> Plan:
     """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides;
     `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
-    for memory; `groups`: whole tables TorchRec's table-row-wise way, `group_ready`); on a
+    for memory; `groups`: which whole tables go TorchRec's table-row-wise way, `group_ready`
+    and NO_GROUPS); on a
     memory failure, again with pieces half as large and half the room
     for hot rows, until it fits (or pieces cannot get smaller)."""
     limit, share = math.inf, MAX_REPLICATED_SHARE
@@ -360,7 +374,7 @@ def _place(
     hot: dict | None,
     polish: bool,
     uncut: bool,
-    groups: bool,
+    groups: int,
 ) -> Plan:
     placer = Placer(inputs, batch, speed_aware=True)
     budget = share * min(inputs.hbm_budget())
@@ -404,6 +418,9 @@ def _place(
         if groups and _group_worth(p, len(cut), inputs):
             cuts[p.table.name] = (cost, cut)
             cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
+        elif groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs):
+            cuts[p.table.name] = (cost, cut)
+            cut = [replace(p, group=True, either=True)]
         push(cost, cut)
     placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
     placer.expect([q for _, _, q in split])
@@ -412,7 +429,7 @@ def _place(
         if p.group:
             if placer.place_group(p) is not None:
                 continue
-            push(*cuts[p.table.name])  # no node holds the group: its memory-sized pieces
+            push(*cuts[p.table.name])  # no node holds it (or it is better alone): its pieces
             continue
         if not placer.fits_somewhere(p):
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))

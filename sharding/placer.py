@@ -34,6 +34,7 @@ class Piece:
     part: int = 0  # a row part's index (row c in part c mod k)
     hot: int = 0  # the table's hottest rows replicated elsewhere (a cold part's offset)
     group: bool = False  # placed as a table-row-wise group on one whole node (`place_group`)
+    either: bool = False  # a group only where it ends the step sooner than the piece alone
 
     def cache_hit(self, coverage: Callable[[int], float], cache_rows: int) -> float:
         """Share of the piece's lookups a cache of its `cache_rows` hottest rows serves: its
@@ -149,11 +150,11 @@ class Placer:
         self.recv_intra[mates] += self.b[mates] * v
         self.recv_intra[r] = own
 
-    def _best(self, p: Piece, lookup_s: np.ndarray, allowed: np.ndarray) -> int:
+    def _best(self, p: Piece, lookup_s: np.ndarray, allowed: np.ndarray) -> tuple[int, float]:
         """The allowed rank where the step ends soonest (`score`) with the piece placed there
-        (`lookup_s`: its lookup seconds on each rank), counting the candidate, its node
-        mates (they now get the piece's vectors within the node, not across) and every other
-        node (unchanged)."""
+        (`lookup_s`: its lookup seconds on each rank), and that score; counting the
+        candidate, its node mates (they now get the piece's vectors within the node, not
+        across) and every other node (unchanged)."""
         v = p.volume()
         look = self.load - self.dense
         exch = self.exchange()
@@ -172,7 +173,8 @@ class Placer:
         mate_gain = mates**2 - exch**2
         node_gain = np.add.reduceat(mate_gain, self.starts)[self.node]
         spread = (look + lookup_s) ** 2 - look**2 + node_gain - mate_gain + exch_fin**2 - exch**2
-        return int(np.lexsort((spread, slowest))[0])
+        r = int(np.lexsort((spread, slowest))[0])
+        return r, float(slowest[r])
 
     def _max_with(self, own: np.ndarray, mates: np.ndarray, now: np.ndarray) -> np.ndarray:
         """Per candidate rank r: the largest of own[r], the `mates` value of r's node mates
@@ -206,7 +208,7 @@ class Placer:
         lookup_s = looked * self.per_byte + sequence_s
         fits = self.free_hbm >= need
         if fits.any():
-            r = self._best(p, lookup_s, fits)
+            r, _ = self._best(p, lookup_s, fits)
             self.free_hbm[r] -= need
             self._commit(r, p, lookup_s[r])
             shard = Shard(
@@ -229,7 +231,7 @@ class Placer:
         hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth
         lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host) + sequence_s
-        r = self._best(p, lookup_s, host_fits)
+        r, _ = self._best(p, lookup_s, host_fits)
         self.free_host[r] -= need
         self.free_hbm[r] -= cache_rows[r] * row_bytes
         self._commit(r, p, lookup_s[r])
@@ -239,6 +241,15 @@ class Placer:
                       cache_rows=int(cache_rows[r]))  # fmt: skip
         self.placed.append((p, shard))
         return shard
+
+    def _alone_s(self, p: Piece) -> float:
+        """The step's `score` with the piece whole on the best rank with room in device
+        memory (inf if none has)."""
+        fits = self.free_hbm >= p.rows * self.inputs.row_bytes(p.cols)
+        if not fits.any():
+            return float("inf")
+        lookup_s = p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
+        return self._best(p, lookup_s, fits)[1]
 
     def _outside(self, values: np.ndarray) -> np.ndarray:
         """Per node: the largest of `values` on the other nodes."""
@@ -254,7 +265,7 @@ class Placer:
         within the node, one vector per other node's sample sent across by the node's ranks
         together. On the node where the step then ends soonest (`score`; groups come longest
         first, so this balances them over the nodes); None if no node's ranks all have room
-        in device memory."""
+        in device memory, or (`p.either`) if the piece on one rank ends the step as soon."""
         v = p.volume()
         best, best_key = None, None
         look, exch = self.load - self.dense, self.exchange()
@@ -282,7 +293,7 @@ class Placer:
             )  # then the least loaded node
             if best_key is None or key < best_key:
                 best, best_key = (members, rows, need, lookup_s, scatter, remote), key
-        if best is None:
+        if best is None or (p.either and self._alone_s(p) <= best_key[0] * (1 + 1e-12)):
             return None
         members, rows, need, lookup_s, scatter, remote = best
         self.free_hbm[members] -= need
@@ -323,7 +334,7 @@ class Placer:
                 self._commit(a, p, lookup_s[a], sign=-1.0)
                 self.free_hbm[a] += need
                 fits = self.free_hbm >= need
-                r = self._best(p, lookup_s, fits)
+                r, _ = self._best(p, lookup_s, fits)
                 self._commit(r, p, lookup_s[r])
                 after, after_spread = self.score()
                 if r != a and after <= worst * (1 + 1e-12) and after_spread < spread * (1 - 1e-9):

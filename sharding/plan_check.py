@@ -83,8 +83,9 @@ def check_inputs(inputs: PlanInputs) -> None:
             raise PlanInputError(f"table '{t.name}' has no access statistics (coverage)")
 
 
-def check_plan(plan: Plan, inputs: PlanInputs) -> None:
-    """Raise MalformedPlanError naming the table and the fault (module docstring)."""
+def check_plan(plan: Plan, inputs: PlanInputs, tables: bool = True) -> None:
+    """Raise MalformedPlanError naming the table and the fault (module docstring);
+    `tables=False`: the batch split only (a checked placement with another split)."""
     w = inputs.world
     batch = plan.batch_per_rank
     if len(batch) != w or min(batch, default=0) < 1 or sum(batch) != inputs.global_batch:
@@ -92,6 +93,8 @@ def check_plan(plan: Plan, inputs: PlanInputs) -> None:
             f"plan '{plan.planner}': batch_per_rank {batch[:8]}{'...' if len(batch) > 8 else ''} "
             f"must give each of the {w} ranks >= 1 sample, {inputs.global_batch} in all"
         )
+    if not tables:
+        return
     want = {t.name: t for t in inputs.tables}
     names = [tp.name for tp in plan.tables]
     if sorted(names) != sorted(want):
