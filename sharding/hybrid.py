@@ -102,7 +102,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         other_batches(inputs, guides, best),
         key=lambda batch: (
             evaluate(
-                replace(best, batch_per_rank=batch, devices=[]), inputs, False, check=False
+                replace(best, batch_per_rank=batch, devices=[]), inputs, False, check_tables=False
             ).est_step_ms
         ),
     )
@@ -127,7 +127,7 @@ class _Recipe:
     options: HybridOptions
     hot: dict | None = None
     uncut: bool = False
-    groups: int = 0  # NO_GROUPS, WORTH_GROUPS or EACH_GROUP (`_place`)
+    groups: int = NO_GROUPS  # or WORTH_GROUPS, EACH_GROUP (`_place`)
 
     def plan(self, inputs: PlanInputs, polish: bool = True) -> Plan:
         made = _hybrid(inputs, self.batch, self.options, self.hot, polish, self.uncut,
@@ -205,7 +205,7 @@ def with_speed_aware_batch(
     guides = guides or bound_guides(inputs)
     for batch in [speed_batch(inputs), *other_batches(inputs, guides, best)]:
         moved = replace(plan, batch_per_rank=batch, devices=[])
-        best = min(best, evaluate(moved, inputs, bound=False, check=False), key=_step_ms)
+        best = min(best, evaluate(moved, inputs, bound=False, check_tables=False), key=_step_ms)
     return best
 
 
@@ -339,9 +339,8 @@ def _hybrid(
 ) -> Plan:
     """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides;
     `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
-    for memory; `groups`: which whole tables go TorchRec's table-row-wise way, `group_ready`
-    and NO_GROUPS); on a
-    memory failure, again with pieces half as large and half the room
+    for memory; `groups`: which whole tables may go TorchRec's table-row-wise way, where
+    `group_ready`); on a memory failure, again with pieces half as large and half the room
     for hot rows, until it fits (or pieces cannot get smaller)."""
     limit, share = math.inf, MAX_REPLICATED_SHARE
     for _ in range(MAX_FIT_TRIES):
@@ -415,12 +414,10 @@ def _place(
 
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
-        if groups and _group_worth(p, len(cut), inputs):
-            cuts[p.table.name] = (cost, cut)
-            cut = [replace(p, group=True)]  # rows over a node, instead of column pieces
-        elif groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs):
-            cuts[p.table.name] = (cost, cut)
-            cut = [replace(p, group=True, either=True)]
+        worth = groups and _group_worth(p, len(cut), inputs)
+        if worth or (groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs)):
+            cuts[p.table.name] = (cost, cut)  # rows over a node, instead of these pieces
+            cut = [replace(p, group=True, either=not worth)]
         push(cost, cut)
     placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
     placer.expect([q for _, _, q in split])

@@ -201,11 +201,14 @@ class Placer:
         lookups = self.total * p.table.lookups_per_sample * p.lookup_share
         return lookups * (self.seq_lookup + p.cols * FLOAT_BYTES * self.seq_byte)
 
+    def _lookup_s(self, p: Piece) -> np.ndarray:
+        """The piece's lookup seconds on each rank from device memory, its owner's sequence
+        work included."""
+        return p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
+
     def place(self, p: Piece, coverage: Callable[[int], float]) -> Shard:
         need = p.rows * self.inputs.row_bytes(p.cols)
-        looked = p.looked_up_bytes(self.total)
-        sequence_s = self._sequence_s(p)
-        lookup_s = looked * self.per_byte + sequence_s
+        lookup_s = self._lookup_s(p)
         fits = self.free_hbm >= need
         if fits.any():
             r, _ = self._best(p, lookup_s, fits)
@@ -230,7 +233,9 @@ class Placer:
         cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
         hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth
-        lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host) + sequence_s
+        looked = p.looked_up_bytes(self.total)
+        lookup_s = looked * (hit * self.per_byte + (1 - hit) * self.per_byte_host)
+        lookup_s += self._sequence_s(p)
         r, _ = self._best(p, lookup_s, host_fits)
         self.free_host[r] -= need
         self.free_hbm[r] -= cache_rows[r] * row_bytes
@@ -248,8 +253,7 @@ class Placer:
         fits = self.free_hbm >= p.rows * self.inputs.row_bytes(p.cols)
         if not fits.any():
             return float("inf")
-        lookup_s = p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
-        return self._best(p, lookup_s, fits)[1]
+        return self._best(p, self._lookup_s(p), fits)[1]
 
     def _outside(self, values: np.ndarray) -> np.ndarray:
         """Per node: the largest of `values` on the other nodes."""
@@ -328,7 +332,7 @@ class Placer:
                 p, shard = self.placed[i]
                 if shard.tier != Tier.hbm or shard.node_reduce:  # groups move whole
                     continue
-                lookup_s = p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
+                lookup_s = self._lookup_s(p)
                 need = p.rows * self.inputs.row_bytes(p.cols)
                 a = shard.rank
                 self._commit(a, p, lookup_s[a], sign=-1.0)

@@ -179,11 +179,11 @@ def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
     return cost
 
 
-def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check: bool = True) -> Plan:
-    """Check the plan (`check_plan`; `check=False`: its batch split only, for a checked
-    placement with another split), then fill its predicted times, memory per rank and (with
-    `bound`) the lower bound; in place, and returns the plan."""
-    check_plan(plan, inputs, tables=check)
+def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: bool = True) -> Plan:
+    """Check the plan (`check_plan`; without `check_tables` its batch split only, for a
+    checked placement with another split), then fill its predicted times, memory per rank
+    and (with `bound`) the lower bound; in place, and returns the plan."""
+    check_plan(plan, inputs, tables=check_tables)
     shards = plan.shards()
     cost = plan_cost(plan, inputs)
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)

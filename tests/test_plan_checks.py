@@ -130,7 +130,7 @@ def test_a_plan_must_hold_each_table_once_with_a_sample_per_rank() -> None:
     # a checked placement re-priced with another split (the planners' batch search) still
     # has its split checked
     with pytest.raises(MalformedPlanError, match="batch_per_rank"):
-        evaluate(bad_batch, inputs, check=False)
+        evaluate(bad_batch, inputs, check_tables=False)
 
 
 def test_a_profile_of_another_model_is_refused() -> None:
