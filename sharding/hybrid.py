@@ -17,6 +17,9 @@
    pieces that fit no device's fast memory go to host memory with an HBM cache of their
    hottest rows (sized by the coverage curve and the free HBM); when placement still fails,
    every piece is cut finer and the hot rows get less room, until it fits or cannot.
+5. Shapes (GPU clusters of up to 32 ranks): each pooled table in turn whole, in column
+   pieces or as a table-row-wise group, kept where the cost model's whole step (the ids'
+   exchange and the schedule included, which the placer's score leaves out) gets faster.
 The predicted step of the slowest rank is what this minimises, under each rank's capacity.
 `HybridOptions` switch ideas 1-3 off one by one: the gain decomposition of
 `benchmarks.planners` plans with each.
@@ -59,6 +62,7 @@ from sharding.plan_eval import (
     check_fits,
     evaluate,
     finish_table,
+    plan_cost,
 )
 from sharding.row_parts import cold_part_rows
 
@@ -87,7 +91,8 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     - batch splits (`batch_candidates`), each placed with every idea allowed;
     - for the best split, the same without row parts and without split tables (the
       sequence exchange has a fixed cost per step that no single table's decision sees),
-      and with the hot rows the bound's optimum picks at its prices.
+      and with the hot rows the bound's optimum picks at its prices;
+    - the best of those with each table's shape searched (`_reshape`).
     Without `options.speed_aware`, equal shares only."""
     options = options or HybridOptions()
     check_inputs(inputs)
@@ -115,6 +120,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         finals.append((recipe.plan(inputs), recipe))
     plan, recipe = min(finals, key=lambda x: x[0].est_step_ms)
     plan, recipe = _tune_replication(inputs, plan, recipe)
+    plan = _reshape(inputs, plan, recipe)
     # the final placement with whichever batch split suits it best
     return with_speed_aware_batch(plan, inputs, guides)
 
@@ -128,11 +134,14 @@ class _Recipe:
     hot: dict | None = None
     uncut: bool = False
     groups: int = NO_GROUPS  # or WORTH_GROUPS, EACH_GROUP (`_place`)
+    shapes: dict | None = None  # per table: GROUP or its number of column pieces (`_reshape`)
 
     def plan(self, inputs: PlanInputs, polish: bool = True) -> Plan:
-        made = _hybrid(inputs, self.batch, self.options, self.hot, polish, self.uncut,
-                       self.groups)  # fmt: skip
-        return evaluate(made, inputs, bound=False)
+        return evaluate(self.placement(inputs, polish).plan(), inputs, bound=False)
+
+    def placement(self, inputs: PlanInputs, polish: bool = True) -> _Placement:
+        return _placement(inputs, self.batch, self.options, self.hot, polish, self.uncut,
+                          self.groups, self.shapes)  # fmt: skip
 
 
 REPLICATION_TRIALS = (8, 4)  # tables tried: on up to 32 ranks, on more (planning time)
@@ -171,6 +180,107 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
         if polished.est_step_ms < plan.est_step_ms:
             return polished, kept
     return plan, recipe
+
+
+RESHAPE_MAX_RANKS = 32  # the shape search runs on up to this many ranks (planning time)
+RESHAPE_TRIALS = 256  # shape trials a climb makes at most (planning time)
+RESHAPE_ROUNDS = 4
+CLIMB_MOVES = 4  # the placer's local-search moves after each trial shape
+GROUP = "group"  # a table's cold part as a table-row-wise group (`Placer.place_group`)
+
+
+def _reshape(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
+    """Hill-climbing on each pooled table's shape, judged by the cost model itself (the
+    placer's score leaves out the ids' exchange, which each column piece receives in full,
+    and the schedule, which may hide it under dense work). A round climbs (`_climb`) from
+    the recipe's placement, then places every piece anew longest first with the shapes it
+    found; rounds go on while that placement steps faster than the best so far. On GPU
+    clusters of up to RESHAPE_MAX_RANKS ranks (planning time); CPU clusters keep the greedy
+    placement their measured results in docs/benchmarks.md were made with."""
+    if (inputs.cpu or inputs.world > RESHAPE_MAX_RANKS
+            or len(inputs.tables) * inputs.world > TUNE_MAX_SIZE):  # fmt: skip
+        return plan
+    best = plan
+    for _ in range(RESHAPE_ROUNDS):
+        made = recipe.placement(inputs)
+        shapes = _climb(made, inputs)
+        if shapes is None:
+            break
+        best = min(best, evaluate(made.plan(), inputs, bound=False), key=_step_ms)
+        recipe = replace(recipe, shapes=shapes)
+        try:
+            again = recipe.plan(inputs)
+        except PlanDoesNotFitError:  # placed in another order, the shapes find no room
+            break
+        if again.est_step_ms >= best.est_step_ms:
+            break
+        best = again
+    return best
+
+
+def _climb(made: _Placement, inputs: PlanInputs) -> dict | None:
+    """For the tables whose cold part costs most first, each in turn: whole on one rank, in
+    2, 4, ... column pieces, or (where `group_ready`) a table-row-wise group, placed where
+    the step then ends soonest with the rest kept (then the placer's local search); a change
+    kept when the whole plan steps faster. The shapes of every table after, None if none
+    changed."""
+    placer = made.placer
+    grouping = group_ready(inputs)
+    tiers: dict[str, set] = {}
+    for p, s in placer.placed:
+        tiers.setdefault(p.table.name, set()).add(s.tier)
+    wholes = [p for name, p in made.wholes.items()
+              if not p.sparse_exchange and made.plans[name].cold_parts == 1
+              and tiers.get(name) == {Tier.hbm}]  # fmt: skip
+    wholes.sort(key=lambda p: -float(placer.cost(p).min()))
+    shapes = {p.table.name: 0 for p in wholes}
+    for q, s in placer.placed:
+        if q.table.name in shapes:
+            shapes[q.table.name] = GROUP if s.node_reduce else shapes[q.table.name] + 1
+    best = _quick_ms(made.plan(), inputs)
+    changed, trials = False, 0
+    for p in wholes:
+        for shape in _shapes(p, inputs, grouping):
+            if shape == shapes[p.table.name] or trials >= RESHAPE_TRIALS:
+                continue
+            trials += 1
+            state = placer.snapshot()
+            placer.take(p.table.name)
+            if _put(placer, p, shape, inputs):
+                placer.improve(max_moves=CLIMB_MOVES)
+                ms = _quick_ms(made.plan(), inputs)
+                if ms < best * (1 - 1e-9):
+                    best, changed = ms, True
+                    shapes[p.table.name] = shape
+                    continue
+            placer.restore(state)
+    return shapes if changed else None
+
+
+def _quick_ms(plan: Plan, inputs: PlanInputs) -> float:
+    """The plan's step under the cost model, without the checks and report of `evaluate`."""
+    return plan_cost(plan, inputs).step_s(inputs.schedule, inputs.micro_batches) * 1000
+
+
+def _shapes(p: Piece, inputs: PlanInputs, grouping: bool) -> list:
+    """The shapes `_reshape` tries for a table's whole cold part: a group, then 1, 2, 4, ...
+    column pieces (at most one a rank, dims multiples of MIN_COLS)."""
+    dim = p.table.dim
+    cols = [k for k in (2**j for j in range(12)) if k <= inputs.world and dim % k == 0
+            and dim // k >= MIN_COLS]  # fmt: skip
+    return ([GROUP] if grouping and _groupable(p, inputs) else []) + cols
+
+
+def _put(placer: Placer, p: Piece, shape, inputs: PlanInputs) -> bool:
+    """Place a table's cold part in `shape` in device memory; False where it finds no room."""
+    if shape == GROUP:
+        return placer.place_group(replace(p, group=True, either=False)) is not None
+    for _ in range(shape):
+        piece = replace(p, cols=p.table.dim // shape)
+        if not (placer.free_hbm >= piece.rows * inputs.row_bytes(piece.cols)).any():
+            return False
+        placer.place(piece, inputs.coverage[p.table.name])
+    return True
 
 
 def speed_batch(inputs: PlanInputs) -> list[int]:
@@ -328,7 +438,12 @@ def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
     return capped_batch(big_b, sample_s, int(caps[int(np.argmin(cost))]))
 
 
-def _hybrid(
+def _hybrid(inputs: PlanInputs, batch: list[int], options: HybridOptions, **how) -> Plan:
+    """One placement's plan (`_placement`)."""
+    return _placement(inputs, batch, options, **how).plan()
+
+
+def _placement(
     inputs: PlanInputs,
     batch: list[int],
     options: HybridOptions,
@@ -336,16 +451,20 @@ def _hybrid(
     polish: bool = True,
     uncut: bool = False,
     groups: int = NO_GROUPS,
-) -> Plan:
+    shapes: dict | None = None,
+) -> _Placement:
     """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides;
     `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
     for memory; `groups`: which whole tables may go TorchRec's table-row-wise way, where
-    `group_ready`); on a memory failure, again with pieces half as large and half the room
-    for hot rows, until it fits (or pieces cannot get smaller)."""
+    `group_ready`; `shapes`: per table, `_reshape`'s GROUP or number of column pieces); on a
+    memory failure, again with pieces half as large and half the room for hot rows, until
+    it fits (or pieces cannot get smaller)."""
     limit, share = math.inf, MAX_REPLICATED_SHARE
     for _ in range(MAX_FIT_TRIES):
         try:
-            return _place(inputs, batch, options, limit, share, hot, polish, uncut, groups)
+            return _place(
+                inputs, batch, options, limit, share, hot, polish, uncut, groups, shapes or {}
+            )
         except _TooLarge as e:
             if e.need <= 1:
                 break
@@ -374,7 +493,8 @@ def _place(
     polish: bool,
     uncut: bool,
     groups: int,
-) -> Plan:
+    shapes: dict,
+) -> _Placement:
     placer = Placer(inputs, batch, speed_aware=True)
     budget = share * min(inputs.hbm_budget())
     plans: dict[str, TablePlan] = {}
@@ -414,12 +534,15 @@ def _place(
 
     for cost, _, p in pieces:
         cut = _cut(p, cost, target, inputs, options.row_parts, limit)
-        worth = groups and _group_worth(p, len(cut), inputs)
-        if worth or (groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs)):
+        shape = shapes.get(p.table.name)  # `_reshape`'s, where memory allows it
+        if isinstance(shape, int) and p.rows * inputs.row_bytes(p.table.dim // shape) <= limit:
+            cut = [replace(p, cols=p.table.dim // shape)] * shape
+        worth = shape == GROUP or (shape is None and groups and _group_worth(p, len(cut), inputs))
+        either = shape is None and groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs)
+        if worth or either:
             cuts[p.table.name] = (cost, cut)  # rows over a node, instead of these pieces
             cut = [replace(p, group=True, either=not worth)]
         push(cost, cut)
-    placed: dict[str, list[tuple[int, Shard]]] = {t.name: [] for t in inputs.tables}
     placer.expect([q for _, _, q in split])
     while split:
         _, _, p = heapq.heappop(split)
@@ -433,12 +556,30 @@ def _place(
         placer.place(p, inputs.coverage[p.table.name])
     if polish:
         placer.improve(max_moves=2 * len(placer.placed))
-    for p, shard in placer.placed:
-        placed[p.table.name].append((p.part, shard))
-    for name, shards in placed.items():  # row parts in part order, column pieces as placed
-        plans[name].shards += [s for _, s in sorted(shards, key=lambda x: x[0])]
-    tables = [finish_table(plans[t.name]) for t in inputs.tables]
-    return Plan("hybrid", inputs.cluster, tables, batch)
+    return _Placement(inputs, batch, placer, plans, {p.table.name: p for _, _, p in pieces})
+
+
+@dataclass
+class _Placement:
+    """A placement in the making: the placer's ranks and each table's replicated part
+    (`plans`) and whole cold part (`wholes`), which `reshape` cuts anew."""
+
+    inputs: PlanInputs
+    batch: list[int]
+    placer: Placer
+    plans: dict[str, TablePlan]
+    wholes: dict[str, Piece]
+
+    def plan(self) -> Plan:
+        placed: dict[str, list[tuple[int, Shard]]] = {name: [] for name in self.plans}
+        for p, shard in self.placer.placed:
+            placed[p.table.name].append((p.part, shard))
+        tables = []
+        for t in self.inputs.tables:  # row parts in part order, column pieces as placed
+            base = self.plans[t.name]
+            shards = base.shards + [s for _, s in sorted(placed[t.name], key=lambda x: x[0])]
+            tables.append(finish_table(replace(base, shards=shards)))
+        return Plan("hybrid", self.inputs.cluster, tables, self.batch)
 
 
 @dataclass(frozen=True)

@@ -280,12 +280,9 @@ class Placer:
             size = len(members)
             block = -(-p.rows // size)
             rows = np.array([max(0, min(block, p.rows - j * block)) for j in range(size)])
-            need = rows * self.inputs.row_bytes(p.cols)
+            need, lookup_s, scatter, remote = self._group_work(p, members, rows)
             if (self.free_hbm[members] < need).any():
                 continue
-            lookup_s = p.looked_up_bytes(self.total) * rows / p.rows * self.per_byte[members]
-            scatter = v * self.total * (size - 1) / size
-            remote = (self.total - self.node_batch[members]) * v / size
             look_n = look[members] + lookup_s
             exch_n = self._exchange_s(
                 self.sent_intra[members] + scatter, self.recv_intra[members] + scatter,
@@ -300,12 +297,7 @@ class Placer:
         if best is None or (p.either and self._alone_s(p) <= best_key[0] * (1 + 1e-12)):
             return None
         members, rows, need, lookup_s, scatter, remote = best
-        self.free_hbm[members] -= need
-        self.load[members] += lookup_s
-        self.sent_intra[members] += scatter
-        self.recv_intra[members] += scatter
-        self.sent_inter[members] += remote
-        self.recv_inter[members] -= self.b[members] * v
+        self._commit_group(members, need, lookup_s, scatter, remote, v)
         shards = []
         for r, n_rows in zip(members, rows, strict=True):
             share = float(p.lookup_share * n_rows / p.rows)
@@ -314,6 +306,53 @@ class Placer:
             self.placed.append((p, shard))
             shards.append(shard)
         return shards
+
+    def _group_work(self, p: Piece, members: np.ndarray, rows: np.ndarray) -> tuple:
+        """A group's bytes on each member, its lookup seconds there, and the bytes each
+        member sends and receives within the node and sends across nodes."""
+        v, size = p.volume(), len(members)
+        lookup_s = p.looked_up_bytes(self.total) * rows / p.rows * self.per_byte[members]
+        scatter = v * self.total * (size - 1) / size
+        remote = (self.total - self.node_batch[members]) * v / size
+        return rows * self.inputs.row_bytes(p.cols), lookup_s, scatter, remote
+
+    def _commit_group(self, members, need, lookup_s, scatter, remote, v, sign=1.0) -> None:
+        """Account for a table-row-wise group on `members` (sign -1: take it away)."""
+        self.free_hbm[members] -= sign * need
+        self.load[members] += sign * lookup_s
+        self.sent_intra[members] += sign * scatter
+        self.recv_intra[members] += sign * scatter
+        self.sent_inter[members] += sign * remote
+        self.recv_inter[members] -= sign * self.b[members] * v
+
+    def take(self, table: str) -> None:
+        """Remove every placed piece of a table (all in device memory) from the ranks."""
+        mine = [(p, s) for p, s in self.placed if p.table.name == table]
+        if any(s.tier != Tier.hbm for _, s in mine):
+            raise ValueError(f"table {table}: only pieces in device memory can be taken back")
+        self.placed = [(p, s) for p, s in self.placed if p.table.name != table]
+        group = [s for _, s in mine if s.node_reduce]
+        if group:
+            p = mine[0][0]
+            members = np.array([s.rank for s in group])
+            work = self._group_work(p, members, np.array([s.rows for s in group]))
+            self._commit_group(members, *work, p.volume(), sign=-1.0)
+        for p, s in mine:
+            if not s.node_reduce:
+                self._commit(s.rank, p, float(self._lookup_s(p)[s.rank]), sign=-1.0)
+                self.free_hbm[s.rank] += p.rows * self.inputs.row_bytes(p.cols)
+
+    def snapshot(self) -> tuple:
+        """The placement so far, for `restore`."""
+        arrays = (self.free_hbm, self.free_host, self.load, self.sent_intra, self.sent_inter,
+                  self.recv_intra, self.recv_inter)  # fmt: skip
+        return tuple(a.copy() for a in arrays), list(self.placed)
+
+    def restore(self, state: tuple) -> None:
+        arrays, placed = state
+        (self.free_hbm, self.free_host, self.load, self.sent_intra, self.sent_inter,
+         self.recv_intra, self.recv_inter) = (a.copy() for a in arrays)  # fmt: skip
+        self.placed = list(placed)
 
     def improve(self, max_moves: int) -> int:
         """Local search after the greedy pass: move a piece in device memory to the rank
