@@ -184,7 +184,7 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
 
 RESHAPE_MAX_RANKS = 32  # the shape search runs on up to this many ranks (planning time)
 RESHAPE_TRIALS = 256  # shape trials a climb makes at most (planning time)
-RESHAPE_ROUNDS = 4
+RESHAPE_ROUNDS = 4  # climbs, each followed by a fresh placement with its shapes
 CLIMB_MOVES = 4  # the placer's local-search moves after each trial shape
 GROUP = "group"  # a table's cold part as a table-row-wise group (`Placer.place_group`)
 
@@ -562,7 +562,7 @@ def _place(
 @dataclass
 class _Placement:
     """A placement in the making: the placer's ranks and each table's replicated part
-    (`plans`) and whole cold part (`wholes`), which `reshape` cuts anew."""
+    (`plans`) and whole cold part (`wholes`), which `_reshape` cuts anew."""
 
     inputs: PlanInputs
     batch: list[int]
