@@ -342,16 +342,17 @@ class Placer:
                 self._commit(s.rank, p, float(self._lookup_s(p)[s.rank]), sign=-1.0)
                 self.free_hbm[s.rank] += p.rows * self.inputs.row_bytes(p.cols)
 
+    _STATE = ("free_hbm", "free_host", "load", "sent_intra", "sent_inter", "recv_intra",
+              "recv_inter")  # fmt: skip  # what placing changes, besides `placed`
+
     def snapshot(self) -> tuple:
         """The placement so far, for `restore`."""
-        arrays = (self.free_hbm, self.free_host, self.load, self.sent_intra, self.sent_inter,
-                  self.recv_intra, self.recv_inter)  # fmt: skip
-        return tuple(a.copy() for a in arrays), list(self.placed)
+        return [getattr(self, n).copy() for n in self._STATE], list(self.placed)
 
     def restore(self, state: tuple) -> None:
         arrays, placed = state
-        (self.free_hbm, self.free_host, self.load, self.sent_intra, self.sent_inter,
-         self.recv_intra, self.recv_inter) = (a.copy() for a in arrays)  # fmt: skip
+        for name, a in zip(self._STATE, arrays, strict=True):
+            setattr(self, name, a.copy())
         self.placed = list(placed)
 
     def improve(self, max_moves: int) -> int:

@@ -457,6 +457,13 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
     assert ps.compute_kernel == "fused"
 
 
+def _mixed_tables(seed: int, n: int) -> list[TableStats]:
+    gen = np.random.default_rng(seed)
+    return [TableStats(f"t{i}", int(np.exp(gen.uniform(np.log(1e4), np.log(3e7)))),
+                       int(gen.choice([16, 32, 64, 128])), float(np.exp(gen.uniform(0, 4.6))))
+            for i in range(n)]  # fmt: skip
+
+
 def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> None:
     """EACH_GROUP: beside the tables whose column pieces' ids outweigh a vector, every other
     whole pooled table is offered as a group and placed as one where that ends the step
@@ -469,11 +476,7 @@ def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> Non
 
     spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
-    gen = np.random.default_rng(2)
-    tables = [TableStats(f"t{i}", int(np.exp(gen.uniform(np.log(1e4), np.log(3e7)))),
-                         int(gen.choice([16, 32, 64, 128])), float(np.exp(gen.uniform(0, 4.6))))
-              for i in range(30)]  # fmt: skip
-    inputs = inputs_for(spec, tables, 2048)
+    inputs = inputs_for(spec, _mixed_tables(2, 30), 2048)
     plans = {g: evaluate(_hybrid(inputs, [2048] * 8, HybridOptions(True, False, False), groups=g),
                          inputs) for g in (NO_GROUPS, WORTH_GROUPS, EACH_GROUP)}  # fmt: skip
     kinds = {g: Counter(t.sharding_type for t in p.tables) for g, p in plans.items()}
@@ -482,13 +485,6 @@ def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> Non
     steps = {g: p.est_step_ms for g, p in plans.items()}
     assert steps[EACH_GROUP] < steps[WORTH_GROUPS] < steps[NO_GROUPS], steps
     assert all(p.feasible for p in plans.values())
-
-
-def _mixed_tables(seed: int, n: int) -> list[TableStats]:
-    gen = np.random.default_rng(seed)
-    return [TableStats(f"t{i}", int(np.exp(gen.uniform(np.log(1e4), np.log(3e7)))),
-                       int(gen.choice([16, 32, 64, 128])), float(np.exp(gen.uniform(0, 4.6))))
-            for i in range(n)]  # fmt: skip
 
 
 def test_the_shape_search_finds_a_faster_plan_than_the_placement_it_starts_from(
