@@ -9,6 +9,8 @@ table's rows, and every results path they name exists.
   its first number (a `%` figure: the value x 100) must equal the value at the decimals shown.
 - A table: a line `<!-- rows from benchmarks/results/<dir>/<name>.md -->` right above it;
   its header and each row must be lines of that file (a subset of its rows, unchanged).
+
+`python -m benchmarks.docs_sync` refreshes both after a benchmark is re-run.
 """
 
 from __future__ import annotations
@@ -19,25 +21,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FIGURE = re.compile(r"\[([^\]\[\n]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]+)\)")
-TABLE = re.compile(r"<!-- rows from (benchmarks/results/\S+\.md) -->\n((?:(?:\||- ).*\n)+)")
+from benchmarks.docs_sync import DOCS, FIGURE, REPO, TABLE, resolve
+
 PATH = re.compile(r"benchmarks/results/[\w*./-]*")
-
-
-def _resolve(data, path: str):
-    for token in path.split("."):
-        if "=" in token:  # key=value, or several joined by &: the one element matching all
-            conditions = [c.split("=", 1) for c in token.split("&")]
-            matches = [x for x in data if all(str(x.get(k)) == v for k, v in conditions)]
-            assert len(matches) == 1, f"{token}: {len(matches)} matches"
-            data = matches[0]
-        elif isinstance(data, list):
-            data = data[int(token)]
-        else:
-            data = data[token]
-    return data
 
 
 def _figures():
@@ -54,7 +40,7 @@ def _tables():
 
 @pytest.mark.parametrize(("doc", "text", "file", "path"), list(_figures()))
 def test_a_quoted_figure_matches_its_results_file(doc: Path, text: str, file: str, path: str):
-    value = _resolve(json.loads((REPO / file.removeprefix("../")).read_text()), path)
+    value = resolve(json.loads((REPO / file.removeprefix("../")).read_text()), path)
     number = re.search(r"-?[\d,]*\.?\d+", text)
     assert number, f"{doc.name}: no number in [{text}]"
     shown = number.group().replace(",", "")
@@ -88,3 +74,29 @@ def test_the_docs_quote_figures_and_tables_from_results() -> None:
     """Guards the guard: the README's headline figures and tables are checked ones."""
     readme = (REPO / "README.md").read_text()
     assert len(FIGURE.findall(readme)) >= 5 and TABLE.search(readme)
+
+
+def test_docs_sync_refreshes_a_stale_row_and_figure_and_leaves_what_it_cannot_match(tmp_path):
+    from benchmarks.docs_sync import sync
+
+    results = tmp_path / "benchmarks/results/x"
+    results.mkdir(parents=True)
+    (results / "x.md").write_text(
+        "| cluster | planner | ms |\n|---|---|---|\n| c_1 | hybrid | 9.50 |\n| c_1 | tr | 12.00 |\n"
+    )
+    (results / "summary.json").write_text(json.dumps({"rows": [{"p": "hybrid", "x": 1.2634}]}))
+    doc = tmp_path / "README.md"
+    doc.write_text(
+        "<!-- rows from benchmarks/results/x/x.md -->\n"
+        "| cluster | planner | ms |\n|---|---|---|\n"
+        "| c_1 | hybrid | 10.07 |\n| c_2 | gone | 1.00 |\n"
+        "\nHybrid is [1.31x](benchmarks/results/x/summary.json#rows.p=hybrid.x) faster, "
+        "[5%](benchmarks/results/x/summary.json#rows.p=none.x).\n"
+    )
+    log: list[str] = []
+    text = sync(doc, log, repo=tmp_path)
+    assert "| c_1 | hybrid | 9.50 |" in text and "10.07" not in text
+    assert "| c_2 | gone | 1.00 |" in text  # no source row with its labels: left alone, listed
+    assert "[1.26x](benchmarks/results/x/summary.json#rows.p=hybrid.x)" in text
+    assert "[5%]" in text
+    assert sum("NOT MATCHED" in line for line in log) == 2 and len(log) == 4

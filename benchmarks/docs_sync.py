@@ -1,0 +1,132 @@
+"""Copy fresh benchmark results into the docs: `python -m benchmarks.docs_sync`.
+
+The docs quote results two ways (tests/test_docs.py checks both):
+- a table under `<!-- rows from benchmarks/results/<dir>/<name>.md -->`: each row that is no
+  longer a line of that file is replaced by the file's row with the same leading label cells
+  (the cells before the first number, e.g. `| hetero_64 | hybrid |`);
+- a figure linked to a results JSON, `[1.54x](benchmarks/results/.../summary.json#rows.0.x)`:
+  its number is rewritten to the value at the decimals shown.
+
+Every change is printed as `doc: old -> new`, so the prose around it can be read again: a
+sentence such as "all on two equal H100 nodes" is not a number and is left to the writer.
+Rows or figures it cannot match are listed and left alone. `check=true` changes nothing
+and exits 1 if anything is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FIGURE = re.compile(r"\[([^\]\[\n]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]+)\)")
+TABLE = re.compile(r"<!-- rows from (benchmarks/results/\S+\.md) -->\n((?:(?:\||- ).*\n)+)")
+NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+NUMERIC_CELL = re.compile(r"^[<>~]?-?[\d,]*\.?\d+\s*(x|%|s|ms|MB|GB)?$")
+
+
+def resolve(data, path: str):
+    """The value at a dot-separated path; `key=value` (several joined by `&`) picks the one
+    list element matching all."""
+    for token in path.split("."):
+        if "=" in token:
+            conditions = [c.split("=", 1) for c in token.split("&")]
+            matches = [x for x in data if all(str(x.get(k)) == v for k, v in conditions)]
+            if len(matches) != 1:
+                raise KeyError(f"{token}: {len(matches)} matches")
+            data = matches[0]
+        elif isinstance(data, list):
+            data = data[int(token)]
+        else:
+            data = data[token]
+    return data
+
+
+def shown(text: str, value: float) -> str | None:
+    """`text` with its first number replaced by `value` at the decimals it shows, or None
+    when it has no number. A `%` figure shows the value x 100."""
+    m = NUMBER.search(text)
+    if not m:
+        return None
+    old = m.group()
+    decimals = len(old.split(".")[1]) if "." in old else 0
+    value *= 100 if "%" in text else 1
+    new = f"{value:,.{decimals}f}" if "," in old else f"{value:.{decimals}f}"
+    return text[: m.start()] + new + text[m.end() :]
+
+
+def _label(row: str) -> tuple[str, ...]:
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    label = []
+    for cell in cells:
+        if NUMERIC_CELL.match(cell):
+            break
+        label.append(cell)
+    return (len(cells), *label)
+
+
+def _sync_table(doc: str, source: Path, table: str, log: list[str]) -> str:
+    lines = [line.strip() for line in source.read_text().splitlines()]
+    present = set(lines)
+    by_label: dict[tuple, list[str]] = {}
+    for line in lines:
+        if line.startswith("|"):
+            by_label.setdefault(_label(line), []).append(line)
+    out = []
+    for row in table.splitlines():
+        if row.strip() in present or set(row) <= set("|-: "):
+            out.append(row)
+            continue
+        candidates = by_label.get(_label(row), [])
+        if len(candidates) == 1:
+            log.append(f"{doc}: {row.strip()}\n    -> {candidates[0]}")
+            out.append(candidates[0])
+        else:
+            log.append(f"{doc}: NOT MATCHED ({len(candidates)} candidates) {row.strip()}")
+            out.append(row)
+    return "\n".join(out) + "\n"
+
+
+def sync(doc: Path, log: list[str], repo: Path = REPO) -> str:
+    """The doc's text with its copied tables and linked figures refreshed (paths in it are
+    relative to `repo`); each change, and each quote it cannot match, is appended to `log`."""
+    name = doc.relative_to(repo).as_posix()
+    text = TABLE.sub(
+        lambda m: m.group(0).replace(
+            m.group(2), _sync_table(name, repo / m.group(1), m.group(2), log)
+        ),
+        doc.read_text(),
+    )
+
+    def figure(m: re.Match) -> str:
+        label, file, path = m.groups()
+        try:
+            value = float(resolve(json.loads((repo / file.removeprefix("../")).read_text()), path))
+        except (KeyError, IndexError, ValueError, TypeError, FileNotFoundError) as e:
+            log.append(f"{name}: NOT MATCHED [{label}]({file}#{path}): {e}")
+            return m.group(0)
+        new = shown(label, value)
+        if new is None or new == label:
+            return m.group(0)
+        log.append(f"{name}: [{label}] -> [{new}]  ({file}#{path})")
+        return f"[{new}]({file}#{path})"
+
+    return FIGURE.sub(figure, text)
+
+
+def main(argv: list[str]) -> int:
+    check = "check=true" in argv
+    log: list[str] = []
+    for doc in DOCS:
+        new = sync(doc, log)
+        if not check and new != doc.read_text():
+            doc.write_text(new)
+    print("\n".join(log) if log else "docs match their results")
+    return 1 if check and log else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
