@@ -9,7 +9,11 @@ A cluster layout with `emulation.enabled=true` runs as follows (tag T, nodes 0..
   kernel routes traffic to a local address through `lo`), unshaped;
 - each rank runs in its own cpu cgroup `recsys-T/n<i>/r<rank>` with a CFS quota of its
   device entry's `share` of one core (cgroup v1 `cpu.cfs_quota_us` here; v2 `cpu.max` where
-  that controller is mounted), with one intra-op thread, pinned where the layout says.
+  that controller is mounted), with one intra-op thread, pinned where the layout says. A
+  rank `run_ranks` starts imports its job's module and the training stack in the
+  emulation's uncapped `start` cgroup, then joins its own before the job runs (a 0.25 share
+  would spend 4x as long on imports, which no step times); `exec` joins the node's cgroup
+  before the command starts.
 
 `emulated(spec)` sets it all up and removes every namespace, link and cgroup it made on
 every exit path; `run_ranks` runs a function on every rank inside it, as `spawn_ranks`
@@ -143,6 +147,12 @@ class Emulation:
     def rank_cgroup(self, rank: int) -> Path:
         return self.node_cgroup(self.ranks[rank].node) / f"r{rank}"
 
+    @property
+    def start_cgroup(self) -> Path:
+        """Uncapped: where `run_ranks`'s ranks import their modules before they join their
+        own cgroup."""
+        return self.cgroup / "start"
+
     def rank_env(self, rank: int, port: int = MASTER_PORT) -> dict[str, str]:
         """torchrun's environment for `rank`, its gloo traffic on its node's interface."""
         r = self.ranks[rank]
@@ -211,6 +221,7 @@ def setup(emu: Emulation) -> None:
     _make_cgroup(emu.cgroup, None, period, version)
     if version == 2:
         _enable_cpu_v2(emu.cgroup)
+    _make_cgroup(emu.start_cgroup, None, period, version)
     for n in range(emu.nodes):
         shares = [r.share for r in emu.ranks if r.node == n]
         node_share = None if None in shares else sum(s for s in shares if s is not None)
@@ -302,6 +313,9 @@ def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
             signal.signal(signal.SIGTERM, restore)
 
 
+_JOIN = "RECSYS_EMU_CGROUP"  # the cgroup (as /proc names it) a rank joins after its imports
+
+
 class _RankProc:
     """A rank's Popen as `launch.supervise` sees a process."""
 
@@ -347,13 +361,21 @@ def run_ranks(
         try:
             for r in emu.ranks:
                 argv = [sys.executable, "-m", "recsys.emulation", "rank", str(box)]
-                cmd = emu.command(r.node, emu.rank_cgroup(r.rank), argv)
-                procs.append(_RankProc(subprocess.Popen(cmd, env=emu.rank_env(r.rank),
-                                                        start_new_session=True)))  # fmt: skip
+                cmd = emu.command(r.node, emu.start_cgroup, argv)
+                joins = f"/{emu.rank_cgroup(r.rank).relative_to(_cpu_root())}"
+                env = {**emu.rank_env(r.rank), _JOIN: joins}
+                procs.append(_RankProc(subprocess.Popen(cmd, env=env, start_new_session=True)))
             seen: set[Path] = set()
 
             def reports(block_s: float) -> list[tuple[int, str, Any]]:
                 time.sleep(block_s)
+                for f in sorted(box.glob("rank*.ready")):  # imports done: under its quota now
+                    rank = int(f.name[len("rank") : -len(".ready")])
+                    try:
+                        (emu.rank_cgroup(rank) / "cgroup.procs").write_text(f.read_text())
+                    except ProcessLookupError:  # it died meanwhile: its exit code tells
+                        pass
+                    f.unlink()
                 out = []
                 for f in sorted(box.glob("rank*.done")):
                     if f not in seen:
@@ -368,6 +390,25 @@ def run_ranks(
                 p.join()
 
 
+def _join_own_cgroup(box: Path, rank: int, timeout_s: float = 60.0) -> None:
+    """Ask `run_ranks` to move this process into its own cgroup (inside the namespace the
+    cgroup filesystem is not mounted: `ip netns exec` mounts its own /sys) and wait until
+    /proc shows it there."""
+    want = os.environ[_JOIN]
+    ready = box / f"rank{rank}.ready"
+    ready.with_suffix(".tmp").write_text(str(os.getpid()))
+    ready.with_suffix(".tmp").rename(ready)
+    deadline = time.monotonic() + timeout_s
+    while not any(
+        line.endswith(":" + want) for line in Path("/proc/self/cgroup").read_text().split()
+    ):
+        if time.monotonic() > deadline:
+            raise EmulationError(
+                f"rank {rank} was not moved into its cgroup {want} in {timeout_s:.0f} s"
+            )
+        time.sleep(0.02)
+
+
 def _rank_child(box: Path) -> None:
     """Entry of one rank started by `run_ranks`: run the job, report into `box`."""
     from recsys.launch import run_and_exit
@@ -377,7 +418,10 @@ def _rank_child(box: Path) -> None:
     def job() -> Any:
         path, module, name, args = pickle.loads((box / "job.pkl").read_bytes())
         sys.path[:0] = [p for p in path if p not in sys.path]
-        return getattr(importlib.import_module(module), name)(*args)
+        fn = getattr(importlib.import_module(module), name)
+        importlib.import_module("recsys.trainer")  # the training stack (torchrec, fbgemm)
+        _join_own_cgroup(box, rank)
+        return fn(*args)
 
     def report(status: str, payload: Any) -> None:
         tmp = box / f"rank{rank}.part"

@@ -85,12 +85,14 @@ def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(
 # --- as root -------------------------------------------------------------------------------
 
 
-def busy_cpu_fraction(seconds: float) -> float:
-    """CPU time over wall time of a busy loop (run on each emulated rank)."""
+def busy_cpu_fraction(seconds: float) -> tuple[float, str]:
+    """CPU time over wall time of a busy loop (run on each emulated rank), and the rank's
+    cgroups."""
     wall0, cpu0 = time.monotonic(), time.process_time()
     while time.monotonic() - wall0 < seconds:
         sum(range(1000))
-    return (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    fraction = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    return fraction, Path("/proc/self/cgroup").read_text()
 
 
 def die_on_rank_one(seconds: float) -> None:
@@ -104,8 +106,10 @@ def die_on_rank_one(seconds: float) -> None:
 def test_a_share_really_limits_a_rank() -> None:
     spec = _cluster("emu_mixed3")
     with emulation.emulated(spec) as emu:
-        fractions = raise_on_failure(emulation.run_ranks(emu, busy_cpu_fraction, (3.0,)), "busy")
-    fast, slow_a, slow_b = fractions
+        results = raise_on_failure(emulation.run_ranks(emu, busy_cpu_fraction, (3.0,)), "busy")
+    for r, (_, cgroups) in zip(emu.ranks, results, strict=True):  # its own, not the start one
+        assert f"/recsys-{emu.tag}/n{r.node}/r{r.rank}\n" in cgroups, cgroups
+    fast, slow_a, slow_b = (fraction for fraction, _ in results)
     # the shares cap each rank (the claim); what a rank gets below its cap depends on what
     # else the 2 cores run, so the floor only says the 0.8 rank ran well ahead of the others
     assert fast <= 0.85 and fast >= 2 * max(slow_a, slow_b)  # share 0.8
