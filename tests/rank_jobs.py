@@ -93,14 +93,15 @@ def train_variants(
     plans: list | None = None,
     stale: bool = False,
     shuffled: int = 0,
+    shuffle: tuple[int, ...] = (0,),
 ) -> dict:
     """Train each config (with its plan of ours, or TorchRec's planner where None) for
     `steps` steps in this rank, one process group for all; return each run's per-step
     losses, final parameters (this rank's shards) and pipeline stats. `stale`: the
     nested pipeline skips its refresh (a control: the results must then differ).
-    `shuffled`: that many more runs, the first config with each batch's samples in
-    another order, each run its own (`benchmarks.order_noise`'s control: how far reordered
-    sums alone go)."""
+    `shuffled`: that many more runs of each config at an index in `shuffle` (after all the
+    others, in that order), with each batch's samples in another order, each run its own
+    (`benchmarks.order_noise`'s control: how far reordered sums alone go)."""
     if stale:
         from pipelines.lookups import Lookups
 
@@ -112,15 +113,12 @@ def train_variants(
     todo = [(cfg, plan, None) for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]
     from pipelines.clustering import permute_batch
 
-    for seed in range(1, shuffled + 1):
+    def shuffler(seed: int):
         gen = torch.Generator().manual_seed(seed)
-        todo.append(
-            (
-                cfgs[0],
-                todo[0][1],
-                lambda b, gen=gen: permute_batch(b, torch.randperm(len(b.labels), generator=gen)),
-            )
-        )
+        return lambda b: permute_batch(b, torch.randperm(len(b.labels), generator=gen))
+
+    todo += [(cfgs[i], todo[i][1], shuffler(seed)) for i in shuffle if shuffled
+             for seed in range(1, shuffled + 1)]  # fmt: skip
     runs = []
     for job, losses in train_each(todo, steps, run_dir):
         stats = dict(getattr(job.pipeline, "stats", {}))

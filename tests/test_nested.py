@@ -99,8 +99,9 @@ def _deviation(run: dict, plain: dict) -> tuple[float, float]:
 
 
 def _equal_to_plain(
-    tmp_path: Path, base: list[str], world: int, plan_of=None, variants=VARIANTS,
-    exact: bool = True, aligned: bool = True, shuffles: int = 1, noise_factor: float = 2.0,
+    tmp_path: Path, base: list[str] | dict[str, list[str]], world: int, plan_of=None,
+    variants=VARIANTS, exact: bool = True, aligned: bool = True, shuffles: int = 1,
+    noise_factor: float = 2.0,
 ) -> None:  # fmt: skip
     """The plain loop, then nested in each variant, from the same seed: per-step losses,
     every parameter (each rank's shards) and the optimizers' state bit for bit. Dedup
@@ -109,35 +110,55 @@ def _equal_to_plain(
     shuffled differs by (`benchmarks.order_noise`'s control, run beside; with `shuffles` > 1,
     the largest of that many shuffles); so is clustering when a rank's batch is not a whole
     number of 32-sample units (`aligned=False`: the scalar tail of its last micro-batch
-    holds other samples). `exact=False`: all within 1e-5."""
+    holds other samples). `exact=False`: all within 1e-5. `base`: one config's overrides,
+    or several by name, checked in one job (the ranks start once)."""
+    bases = base if isinstance(base, dict) else {"": base}
+    overrides = [[]] + [_nested(*v) for v in variants]
+    shuffles = shuffles if exact else 0
+    cfgs, plans, starts = [], [], []
+    for b in bases.values():
+        group = [to_typed(compose_config(b + o)) for o in overrides]
+        starts.append(len(cfgs))
+        cfgs += group
+        # one plan for every run: a plan made per config could differ by the pipeline's schedule
+        plans += [plan_of(group[0]) if plan_of else None] * len(group)
+    job = spawn_ranks(rank_jobs.train_variants, world,
+                      args=(cfgs, STEPS, str(tmp_path), plans, False, shuffles, starts),
+                      timeout_s=600)  # fmt: skip
+    results = raise_on_failure(job, "nested vs plain")
+    for g, (name, b) in enumerate(bases.items()):
+        first = len(cfgs) + g * shuffles  # the shuffled plain runs come after all the others
+        runs = [(r["rank"], r["runs"][starts[g] : starts[g] + len(overrides)],
+                 r["runs"][first : first + shuffles]) for r in results]  # fmt: skip
+        _check_runs(name, b, variants, runs, exact, aligned, noise_factor)
+
+
+def _check_runs(
+    name: str, base: list[str], variants, runs: list[tuple[int, list[dict], list[dict]]],
+    exact: bool, aligned: bool, noise_factor: float,
+) -> None:  # fmt: skip
+    """`_equal_to_plain`'s comparisons for one config: per rank, its plain run, its nested
+    runs (one per variant) and its shuffled plain runs."""
     # the optimizers' state is compared too; only SGD everywhere has none
     state = not {"trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd"} <= set(base)
     multi_hot = any(o.startswith("dataset.hotness=") for o in base)
-    overrides = [[]] + [_nested(*v) for v in variants]
-    cfgs = [to_typed(compose_config(base + o)) for o in overrides]
-    # one plan for every run: a plan made per config could differ by the pipeline's schedule
-    plans = [plan_of(cfgs[0])] * len(cfgs) if plan_of else None
-    job = spawn_ranks(rank_jobs.train_variants, world,
-                      args=(cfgs, STEPS, str(tmp_path), plans, False, shuffles if exact else 0),
-                      timeout_s=600)  # fmt: skip
     # summed over ranks: a plan may leave a rank no model-parallel rows to refresh or send
     totals = {v: {"refreshed_bags": 0, "dedup_rows": 0, "dedup_bags": 0} for v in variants}
-    for result in raise_on_failure(job, "nested vs plain"):
-        plain, *nested = result["runs"]
+    for rank, (plain, *nested), shuffled in runs:
         assert state == any(k.startswith("optim.") for k in plain["params"])
         if exact:
-            noise = [_deviation(nested.pop(), plain) for _ in range(shuffles)]
+            noise = [_deviation(run, plain) for run in shuffled]
             noise_loss, noise_params = (max(x) for x in zip(*noise, strict=True))
         for (n, c, ahead, dedup), run in zip(variants, nested, strict=True):
-            where = f"rank {result['rank']}, N={n}, clustering={c}, lookahead={ahead}, " \
-                    f"dedup={dedup}"  # fmt: skip
+            where = f"{name + ', ' if name else ''}rank {rank}, N={n}, clustering={c}, " \
+                    f"lookahead={ahead}, dedup={dedup}"  # fmt: skip
             for key in totals[n, c, ahead, dedup]:
                 totals[n, c, ahead, dedup][key] += run["stats"][key]
             assert run["params"].keys() == plain["params"].keys()
             if exact and not dedup and (aligned or not c):
-                differ = {name: float(np.abs(run["params"][name] - want).max())
-                          for name, want in plain["params"].items()
-                          if not np.array_equal(run["params"][name], want)}  # fmt: skip
+                differ = {key: float(np.abs(run["params"][key] - want).max())
+                          for key, want in plain["params"].items()
+                          if not np.array_equal(run["params"][key], want)}  # fmt: skip
                 assert run["losses"] == plain["losses"] and not differ, (where, differ)
             elif exact:
                 loss, params = _deviation(run, plain)
@@ -147,17 +168,18 @@ def _equal_to_plain(
             else:
                 np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5,
                                            err_msg=where)  # fmt: skip
-                for name, want in plain["params"].items():  # 1e-5 of the tensor's scale
+                for key, want in plain["params"].items():  # 1e-5 of the tensor's scale
                     scale = float(np.abs(want).max()) if want.size else 0.0
                     np.testing.assert_allclose(
-                        run["params"][name],
+                        run["params"][key],
                         want,
                         rtol=1e-5,
                         atol=1e-5 * scale,
-                        err_msg=f"{where}: {name}",
+                        err_msg=f"{where}: {key}",
                     )
     for (n, c, ahead, dedup), t in totals.items():
-        where = f"N={n}, clustering={c}, lookahead={ahead}, dedup={dedup}: {t}"
+        where = f"{name + ', ' if name else ''}N={n}, clustering={c}, lookahead={ahead}, " \
+                f"dedup={dedup}: {t}"  # fmt: skip
         if ahead:  # the dual buffer was used: shared rows were really refreshed
             assert t["refreshed_bags"] > 0, where
         if dedup:  # unique rows moved, fewer than the pooled vectors they replace (one-hot)
@@ -171,21 +193,23 @@ DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dense", ["sgd", "adagrad", "adam"])
-@pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, dense, arch, world) -> None:
+def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, world) -> None:
     """The matrix of docs/pipelines.md: row-wise Adagrad embeddings, each dense optimizer,
-    DLRM and DCNv2, 2 and 3 ranks (3: `dense_allreduce=per_tensor`, the reduction both
-    sides share), N = 1, 2, 3, 4, 8 with each mode on and off; 256 samples per rank, so
-    every micro-batch is a whole number of 32-sample units. TorchRec's plan: data-parallel
-    tables on 3 ranks, table-wise on 2."""
-    base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
-            "trainer.sparse_optimizer=rowwise_adagrad", f"trainer.dense_optimizer={dense}",
-            *(DCN if arch == "dcnv2" else [])]  # fmt: skip
-    if world > 2:
-        base.append("trainer.dense_allreduce=per_tensor")
-    _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan)
+    DLRM and DCNv2 (all six pairs in one job), 2 and 3 ranks (3: `dense_allreduce=per_tensor`,
+    the reduction both sides share), N = 1, 2, 3, 4, 8 with each mode on and off; 256
+    samples per rank, so every micro-batch is a whole number of 32-sample units. TorchRec's
+    plan: data-parallel tables on 3 ranks, table-wise on 2."""
+    bases = {}
+    for arch in ("dlrm", "dcnv2"):
+        for dense in ("sgd", "adagrad", "adam"):
+            bases[f"{arch}-{dense}"] = [
+                "debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
+                "trainer.sparse_optimizer=rowwise_adagrad", f"trainer.dense_optimizer={dense}",
+                *(DCN if arch == "dcnv2" else []),
+                *(["trainer.dense_allreduce=per_tensor"] if world > 2 else []),
+            ]  # fmt: skip
+    _equal_to_plain(tmp_path, bases, world, plan_of=_torchrec_default_plan)
 
 
 @pytest.mark.slow
