@@ -1,7 +1,8 @@
 """`python -m benchmarks.scale`: plans and simulated training steps from 8 to 1,536 workers.
 
-For each cluster family (`families`: homogeneous 8 x H100 nodes, or hetero_64's mix of
-nodes repeated) and size, each planner plans the model's tables; for each schedule
+For each cluster family (`families`, a config group in conf/families/: homogeneous 8 x
+H100 nodes, or hetero_64's mix of nodes repeated; a family names its preset and the step
+its sizes come in) and size, each planner plans the model's tables; for each schedule
 (`plain`, `sparse_dist`, `semi_sync`, `nested<N>`) the step simulator
 (`sharding.simulate`) runs the plan's per-rank stage times, from the cost model, on the
 resources each stage uses, and reports the step time, the exposed communication, the
@@ -43,12 +44,20 @@ if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay f
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-FAMILY_BASE = {"homogeneous": ("2x8_h100", 8), "mixed": ("hetero_64", 64)}  # preset, unit
+
+
+@dataclass
+class Family:
+    """A cluster family (conf/families/<name>.yaml): the preset's nodes scaled in proportion
+    to the size, which must be a multiple of `step` workers."""
+
+    cluster: str  # a conf/cluster preset
+    step: int
 
 
 @dataclass
 class ScaleConfig:
-    families: list[str] = field(default_factory=lambda: ["homogeneous", "mixed"])
+    families: dict[str, Family] = field(default_factory=dict)  # bench_scale.yaml's defaults
     workers: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024, 1536])
     planners: list[str] = field(default_factory=lambda: ["hybrid", "round_robin", "torchrec"])
     torchrec_max_workers: int = 64  # TorchRec's own planner is slow past this; skipped above
@@ -83,19 +92,24 @@ def _compose(overrides: list[str]):
     return to_typed(hydra.compose(config_name="config", overrides=overrides))
 
 
-def cluster_at(family: str, workers: int, oversubscription: float, allreduce: str = "nccl"):
-    """The family's cluster with `workers` devices: its base preset's nodes repeated."""
-    preset, unit = FAMILY_BASE[family]
-    if workers % unit:
+def cluster_at(name: str, family: Family, workers: int, oversubscription: float,
+               allreduce: str = "nccl"):  # fmt: skip
+    """The family's cluster with `workers` devices, None if that is not a multiple of its
+    step: each node entry of its preset with its count scaled by workers / the preset's."""
+    base = _compose([f"cluster={family.cluster}"]).cluster
+    total = sum(n.count * sum(d.count for d in n.devices) for n in base.nodes)
+    if family.step < 1 or any(n.count * family.step % total for n in base.nodes):
+        raise SystemExit(
+            f"benchmarks.scale: family '{name}' (step {family.step}) does not scale "
+            f"{family.cluster}'s {total} devices to whole nodes. Fix: families.{name}.step "
+            f"such that every node entry's count x step / {total} is a whole number"
+        )
+    if workers % family.step:
         return None
-    base = _compose([f"cluster={preset}"]).cluster
-    factor = workers // unit
-    nodes = [replace(n, count=n.count * factor) for n in base.nodes]
-    if family == "homogeneous":
-        nodes = [replace(base.nodes[0], count=workers // 8)]
+    nodes = [replace(n, count=n.count * workers // total) for n in base.nodes]
     net = replace(base.network, inter_node_gbps=base.network.inter_node_gbps / oversubscription,
                   allreduce=allreduce)  # fmt: skip
-    return replace(base, name=f"{family}_{workers}", nodes=nodes, network=net)
+    return replace(base, name=f"{name}_{workers}", nodes=nodes, network=net)
 
 
 @dataclass(frozen=True)
@@ -173,9 +187,9 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
     points, keep = [], {}
     # the timeline's size: the largest one simulated up to timeline_workers
     shown = max((w for w in cfg.workers if w <= cfg.timeline_workers), default=min(cfg.workers))
-    for family in cfg.families:
+    for family, how in cfg.families.items():
         for workers in cfg.workers:
-            spec = cluster_at(family, workers, cfg.oversubscription, cfg.allreduce)
+            spec = cluster_at(family, how, workers, cfg.oversubscription, cfg.allreduce)
             if spec is None:
                 continue
             for planner in cfg.planners:
