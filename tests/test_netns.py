@@ -17,9 +17,10 @@ RATE = "1200mbit"
 def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
     with netns.veth_link(RATE, tag="hon", burst=netns.HONEST_BURST) as link:
         chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 32) / netns.rate_bits(RATE)
-    # at most 5% above the rate; below it by tbf counting headers and TCP restarting its
-    # window after each idle gap (0.75x to 0.95x seen here)
-    assert 0.6 <= chunked <= 1.05
+    # at most 5% above the rate (the claim); below it by tbf counting headers, TCP restarting
+    # its window after each idle gap and the sender's share of a busy 2-core machine (0.75x
+    # to 0.95x seen alone, 0.54x once in a full suite run): the floor only says data flowed
+    assert 0.3 <= chunked <= 1.05
 
 
 @pytest.mark.slow
