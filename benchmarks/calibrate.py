@@ -218,13 +218,22 @@ def measure_compute(repeats: int | None = None, window_s: float = 0.0) -> dict:
 
 def _fit_comm(raw: dict, world: int = 2) -> dict:
     """all-to-all: t = latency + sent/bw, sent = size (W-1)/W; ring all-reduce:
-    t = 2(W-1) latency + 2(W-1)/W size / bw."""
+    t = 2(W-1) latency + 2(W-1)/W size / bw; the all-to-all's CPU seconds on a rank against
+    the bytes it sends and receives (2 sent), the link's CPU cost per byte (both)."""
     sizes = raw["sizes_bytes"]
-    lat, per_b = fit_line([s * (world - 1) / world for s in sizes], raw["alltoall_s"])
+    sent = [s * (world - 1) / world for s in sizes]
+    lat, per_b = fit_line(sent, raw["alltoall_s"])
     ar_fixed, ar_per_b = fit_line([2 * (world - 1) / world * s for s in sizes], raw["allreduce_s"])
+    cpu = 0.0  # an older probe did not measure it
+    if "alltoall_cpu_s" in raw:
+        cpu = max(0.0, fit_line([2 * x for x in sent], raw["alltoall_cpu_s"])[1])
     return {
-        "alltoall": {"latency_s": lat, "bytes_per_s": 1.0 / per_b},
-        "allreduce": {"latency_s": ar_fixed / (2 * (world - 1)), "bytes_per_s": 1.0 / ar_per_b},
+        "alltoall": {"latency_s": lat, "bytes_per_s": 1.0 / per_b, "cpu_s_per_byte": cpu},
+        "allreduce": {
+            "latency_s": ar_fixed / (2 * (world - 1)),
+            "bytes_per_s": 1.0 / ar_per_b,
+            "cpu_s_per_byte": cpu,
+        },  # fmt: skip
         "raw": raw,
     }
 
@@ -339,7 +348,7 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
     """One share's constants: the median of its ranks' measured rates; the overheads (per
     step, per sample, sequence), which only training runs measure, are the one-core fit's
     divided by the share's measured speed relative to one core (median of its rate ratios,
-    returned too)."""
+    returned too, and kept as `core_speed`: the network's CPU work divides by it)."""
 
     def med(name: str) -> float:
         return float(statistics.median(getattr(d, name) for d in measured))
@@ -359,6 +368,7 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
         sample_overhead_s=core.sample_overhead_s / ratio,
         sequence_s_per_lookup=core.sequence_s_per_lookup / ratio,
         sequence_s_fixed=core.sequence_s_fixed / ratio,
+        core_speed=ratio,
     ), ratio
 
 

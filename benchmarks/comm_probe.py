@@ -19,31 +19,36 @@ from recsys import launch
 REPEATS = 8
 
 
-def _time(op, repeats: int) -> float:
+def _time(op, repeats: int) -> tuple[float, float]:
+    """Median wall seconds of `op`, and median CPU seconds this process spent in it (every
+    thread: gloo's send and receive threads too)."""
     op()  # warm up: connection setup, buffers
     dist.barrier()
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         op()
         times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]  # median
+        cpu.append(time.process_time() - start_cpu)
+    return sorted(times)[len(times) // 2], sorted(cpu)[len(cpu) // 2]
 
 
 def probe(sizes_bytes: list[int], repeats: int = REPEATS) -> dict:
     """Per size (bytes each rank sends in total): median seconds of all_to_all_single and
-    all_reduce. Every rank returns the same structure; rank 0's is the one used."""
+    all_reduce, and the all-to-all's CPU seconds on this rank (`alltoall_cpu_s`). Every
+    rank returns the same structure; rank 0's is the one used."""
     torch.set_num_threads(1)
     rank, world = launch.init_distributed(120.0)
-    out = {"sizes_bytes": sizes_bytes, "alltoall_s": [], "allreduce_s": []}
+    out = {"sizes_bytes": sizes_bytes, "alltoall_s": [], "alltoall_cpu_s": [], "allreduce_s": []}
     for size in sizes_bytes:
         n = max(world, size // 4 // world * world)
         send, recv = torch.ones(n), torch.empty(n)
         a2a = lambda r=recv, s=send: dist.all_to_all_single(r, s)  # noqa: E731
-        out["alltoall_s"].append(_time(a2a, repeats))
+        wall, cpu = _time(a2a, repeats)
+        out["alltoall_s"].append(wall)
+        out["alltoall_cpu_s"].append(cpu)
         grad = torch.ones(max(1, size // 4))
-        out["allreduce_s"].append(_time(lambda g=grad: dist.all_reduce(g), repeats))
+        out["allreduce_s"].append(_time(lambda g=grad: dist.all_reduce(g), repeats)[0])
     return out
 
 

@@ -138,6 +138,7 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
                 sample_overhead_s=d.sample_overhead_s / scale,
                 sequence_s_per_lookup=d.sequence_s_per_lookup / scale,
                 sequence_s_fixed=d.sequence_s_fixed / scale,
+                core_speed=scale,
             )
         )
     return out

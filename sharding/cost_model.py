@@ -24,6 +24,10 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
 - a fixed per-step overhead (framework, Python, kernel launches), a per-sample one
   (`sample_overhead_s`: id routing, permutes, loss), and on CPU ranks the batch assembly
   that runs on the training thread (`input_s_per_sample`).
+- on CPU ranks, the network's own CPU work: gloo's TCP sends and receives take the rank's
+  core (`LinkCost.cpu_s_per_byte` per byte sent or received, measured at one core; a rank
+  at a fraction of a core, `DeviceCost.core_speed`, takes longer). An exchange that runs
+  alone hides it in its own time; one hidden under compute lengthens that compute.
 Each stage ends in a collective, so the step is the sum over stages of the slowest rank.
 """
 
@@ -121,12 +125,18 @@ class DeviceCost:
     # and per byte of each such lookup's vector (GPUs: per-id outputs and their gradients
     # written and read again in device memory)
     sequence_s_per_byte: float = 0.0
+    # CPU ranks: this rank's speed against one whole core of the calibration machine (an
+    # emulated rank's share, measured), which CPU work measured at one core divides by
+    core_speed: float = 1.0
 
 
 @dataclass(frozen=True)
 class LinkCost:
     latency_s: float
     bytes_per_s: float
+    # CPU seconds (one core) a rank spends per byte it sends or receives over this link:
+    # gloo's TCP work on CPU ranks, measured; 0 where the host's CPU does not move the bytes
+    cpu_s_per_byte: float = 0.0
 
     def time_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bytes_per_s if nbytes > 0 else 0.0
@@ -178,6 +188,19 @@ class StepCost:
     emb_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
     input_copy_s: list[float] = field(default_factory=list)
     allreduce_link: str = "fabric"  # the all-reduce's queue: "nic" when it crosses nodes
+    # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
+    # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
+    comm_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+
+    def hidden_cpu_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
+        """The network CPU work a schedule runs under dense compute, at the slowest rank:
+        the next batch's ids (SparseDist, nested) and (n-1)/n of the embedding exchange
+        both ways (nested)."""
+        if schedule == Schedule.plain or not self.comm_cpu_s:
+            return 0.0
+        n = max(1, micro_batches) if schedule == Schedule.nested else 1
+        ids, emb = self.comm_cpu_s["ids"], self.comm_cpu_s["emb"]
+        return max(i + 2 * e * (n - 1) / n for i, e in zip(ids, emb, strict=True))
 
     def step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
@@ -187,11 +210,13 @@ class StepCost:
         fixed += max(self.sequence_s, default=0.0)
         if schedule == Schedule.plain:
             return fixed + ids + emb
+        # what hides under the dense work lengthens it by its CPU work (CPU ranks)
+        cpu = self.hidden_cpu_s(schedule, micro_batches)
         if schedule == Schedule.sparse_dist:  # the embedding exchange stays exposed
-            return fixed + emb + max(0.0, ids - dense)
+            return fixed + emb + max(0.0, ids - dense, cpu)
         n = max(1, micro_batches)  # nested: 1/n of the embedding exchange stays exposed; the
         # rest and the next batch's ids hide under dense compute as far as it lasts
-        return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense)
+        return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense, cpu)
 
 
 STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
@@ -300,6 +325,7 @@ def step_cost(
         ex.add(s.rank, vec, ids, group, members_batch)
     lookup += b * local * read_s
     emb, ids, sent, (emb_parts, ids_parts) = ex.times(network)
+    speed = np.array([d.core_speed for d in devices])
     dense = []
     for r, d in enumerate(devices):
         inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
@@ -331,6 +357,7 @@ def step_cost(
         ids_a2a_parts_s=ids_parts,
         emb_a2a_parts_s=emb_parts,
         allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
+        comm_cpu_s=_comm_cpu_s(ex, network, grad_bytes, speed),
         sequence_s=[
             n * d.sequence_s_per_lookup
             + nb * d.sequence_s_per_byte
@@ -338,6 +365,26 @@ def step_cost(
             for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
         ],  # fmt: skip
     )
+
+
+def _comm_cpu_s(
+    ex: _Exchange, network: NetworkCost, grad_bytes: float, speed: np.ndarray
+) -> dict[str, list[float]]:
+    """Per rank, the compute time each exchange's CPU work takes (`StepCost.comm_cpu_s`):
+    the bytes it sends and receives on each link times that link's CPU cost, over the
+    rank's core speed. The ring all-reduce sends and receives 2(W-1)/W of the bytes each."""
+    intra, inter = network.intra_alltoall.cpu_s_per_byte, network.alltoall.cpu_s_per_byte
+    if not (intra or inter or network.allreduce.cpu_s_per_byte):
+        return {}
+    (si, ri, se, re), (isi, iri, ise, ire) = ex._bytes()
+    world = ex.world
+    ring = 2 * 2 * (world - 1) / world * grad_bytes if world > 1 else 0.0
+    per_rank = lambda x: (x / speed).tolist()  # noqa: E731
+    return {
+        "ids": per_rank((isi + iri) * intra + (ise + ire) * inter),
+        "emb": per_rank((si + ri) * intra + (se + re) * inter),
+        "allreduce": per_rank(np.full(world, ring * network.allreduce.cpu_s_per_byte)),
+    }
 
 
 class _Exchange:

@@ -131,4 +131,8 @@ def with_dedup(cost: StepCost, volume: DedupVolume) -> StepCost:
         emb_a2a_bwd_s=scale(cost.emb_a2a_bwd_s, volume.vectors),
         ids_a2a_parts_s={k: scale(v, volume.ids) for k, v in cost.ids_a2a_parts_s.items()},
         emb_a2a_parts_s={k: scale(v, volume.vectors) for k, v in cost.emb_a2a_parts_s.items()},
+        comm_cpu_s={
+            k: scale(v, {"ids": volume.ids, "emb": volume.vectors}.get(k, [1.0] * len(v)))
+            for k, v in cost.comm_cpu_s.items()
+        },  # fmt: skip
     )

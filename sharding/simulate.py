@@ -7,10 +7,14 @@ r's device), `nic:r` (its share of its node's NICs: the all-to-alls' traffic acr
 and the all-reduce when it crosses nodes), `fabric:r` (its link within the node: NVLink, or
 loopback on CPU ranks), `h2d:r` (its host-device link: the batch's copy, on GPU ranks). A
 cost without the split by link (`StepCost.emb_a2a_parts_s` empty) puts each exchange on one
-`net:r` queue. A task starts when every task it depends on has ended and its resource has
-finished the task before it in program order. A collective is one task per rank and link that
-starts once every rank's input is ready and whose result every rank waits for (the barrier
-of an all-to-all). The durations are the cost model's per-rank stage times, so the simulator and
+`net:r` queue. On CPU ranks the network's own CPU work (gloo's TCP sends and receives,
+`StepCost.comm_cpu_s`) also takes `compute:r`, queued in program order where the exchange is
+issued: an exchange hidden under compute lengthens it (the forward chunks' CPU work is all
+queued after the lookups, the closed form charges it to the dense work instead). A task
+starts when every task it depends on has ended and its resource has finished the task
+before it in program order. A collective is one task per rank and link that starts once
+every rank's input is ready and whose result every rank waits for (the barrier of an
+all-to-all). The durations are the cost model's per-rank stage times, so the simulator and
 the closed form share every constant; they differ only in how stages overlap.
 
 Schedules (the train pipelines):
@@ -111,18 +115,25 @@ def step_tasks(
         chosen = split or {"net": list(durations)}
         return {link: [x * scale * net for x in xs] for link, xs in chosen.items()}
 
+    cpu = {k: [x * net for x in xs] for k, xs in cost.comm_cpu_s.items()}
+    emb_cpu = [x / n for x in cpu.get("emb", ())]  # one chunk's, each way
+
     def collective(
-        name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str]
-    ) -> list[str]:
+        name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
+        cpu_s: Sequence[float] = (),
+    ) -> list[str]:  # fmt: skip
         """One task per rank and link on its queue, all after every rank's input (a
-        zero-length barrier task keeps this linear in the ranks); returns the barrier after
-        them."""
+        zero-length barrier task keeps this linear in the ranks), and its CPU work
+        (`cpu_s`, per rank) on the rank's compute queue; returns the barrier after them."""
         tasks.append(Task(f"{name}:in", f"{name}:in", 0.0, tuple(deps)))
         ends = []
         for r in ranks:
             for link, durations in by_link.items():
                 ends.append(f"{name}@{r}/{link}")
                 tasks.append(Task(ends[-1], f"{link}:{r}", durations[r], (f"{name}:in",)))
+            if cpu_s:
+                ends.append(f"{name}@{r}/cpu")
+                tasks.append(Task(ends[-1], f"compute:{r}", cpu_s[r], (f"{name}:in",)))
         tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(ends)))
         return [f"{name}:out"]
 
@@ -133,7 +144,8 @@ def step_tasks(
         for r in ranks:
             tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", copy[r], tuple(after)))
         copies = [f"s{k}:copy@{r}" for r in ranks]
-        return collective(f"s{k}:ids", parts(cost.ids_a2a_s, cost.ids_a2a_parts_s), copies)
+        return collective(f"s{k}:ids", parts(cost.ids_a2a_s, cost.ids_a2a_parts_s), copies,
+                          cpu.get("ids", ()))  # fmt: skip
 
     ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
 
@@ -144,7 +156,7 @@ def step_tasks(
             tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
                               tuple(deps)))  # fmt: skip
         fwd = parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, 1 / n)
-        return [collective(f"s{k}:emb{c}", fwd, lookups) for c in range(n)]
+        return [collective(f"s{k}:emb{c}", fwd, lookups, emb_cpu) for c in range(n)]
 
     bwd = parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, 1 / n)
     reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
@@ -167,8 +179,8 @@ def step_tasks(
             dense = [f"{p}:dense{c}@{r}" for r in ranks]
             for r in ranks:
                 tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / n, tuple(fwd[c])))
-            grads += collective(f"{p}:grad{c}", bwd, dense)
-        reduce = collective(f"{p}:allreduce", allreduce, dense)
+            grads += collective(f"{p}:grad{c}", bwd, dense, emb_cpu)
+        reduce = collective(f"{p}:allreduce", allreduce, dense, cpu.get("allreduce", ()))
         done = [f"{p}:update@{r}" for r in ranks]
         for r in ranks:
             tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,

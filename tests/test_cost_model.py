@@ -67,6 +67,34 @@ def test_two_table_wise_tables_on_two_ranks() -> None:
     assert nested == pytest.approx(expected - 1.2e-4 - 2 * 1.4e-4 * 3 / 4)
 
 
+def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> None:
+    """gloo's TCP work takes a CPU rank's core: per byte sent or received, over the rank's
+    core speed. An exchange that runs alone (the plain loop) hides it in its own time; one
+    hidden under the dense work lengthens that work."""
+    link = LinkCost(1e-4, 1e8, cpu_s_per_byte=1e-8)
+    net = NetworkCost(alltoall=link, allreduce=LinkCost(1e-5, 1e9, cpu_s_per_byte=1e-8))
+    half = DeviceCost(**{**DEV.__dict__, "core_speed": 0.5})  # rank 1: half a core
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    cost = step_cost(TABLES, shards, [100, 100], [DEV, half], net, dense_params=1000)
+    free = step_cost(TABLES, shards, [100, 100], [DEV, half], NET, dense_params=1000)
+    # each rank sends and receives 4000 B of vectors a way, 2000 + 1200 B of ids, and the
+    # ring all-reduce 2 x 4000 B: at 1e-8 s a byte, twice as long on half a core
+    assert cost.comm_cpu_s["emb"] == pytest.approx([8e-5, 1.6e-4])
+    assert cost.comm_cpu_s["ids"] == pytest.approx([3.2e-5, 6.4e-5])
+    assert cost.comm_cpu_s["allreduce"] == pytest.approx([8e-5, 1.6e-4])
+    assert free.comm_cpu_s == {}  # links without a CPU cost (GPUs) charge none
+    plain = free.step_s(Schedule.plain)
+    assert cost.step_s(Schedule.plain) == pytest.approx(plain)
+    # SparseDist: the next batch's ids (1.2e-4 on the wire) hide under 6e-4 of dense work,
+    # which their CPU work on the slower rank lengthens
+    assert cost.step_s(Schedule.sparse_dist) == pytest.approx(plain - 1.2e-4 + 6.4e-5)
+    # nested4: also 3/4 of the embedding exchange both ways hides, with its CPU work
+    hidden_cpu = 6.4e-5 + 2 * 1.6e-4 * 3 / 4
+    assert cost.step_s(Schedule.nested, 4) == pytest.approx(
+        free.step_s(Schedule.nested, 4) + hidden_cpu
+    )
+
+
 def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
     """A cold part exchanged as sequences: its owner looks up every sample's cold ids, every
     rank pools its own; the calibrated CPU time per lookup adds to the step."""
@@ -139,8 +167,12 @@ def test_fits_recover_known_lines() -> None:
     sizes = [16_384, 1_048_576, 8_388_608]
     raw = {"sizes_bytes": sizes,
            "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
-           "allreduce_s": [2 * 5e-5 + s / 2e9 for s in sizes]}  # fmt: skip
+           "allreduce_s": [2 * 5e-5 + s / 2e9 for s in sizes],
+           # CPU: a fixed part, then 3e-10 s per byte sent (s/2) or received (s/2)
+           "alltoall_cpu_s": [2e-5 + s * 3e-10 for s in sizes]}  # fmt: skip
     fit = _fit_comm(raw)
+    assert fit["alltoall"]["cpu_s_per_byte"] == pytest.approx(3e-10)
+    assert fit["allreduce"]["cpu_s_per_byte"] == pytest.approx(3e-10)
     assert fit["alltoall"]["latency_s"] == pytest.approx(1e-4)
     assert fit["alltoall"]["bytes_per_s"] == pytest.approx(1e9)
     assert fit["allreduce"]["latency_s"] == pytest.approx(5e-5)

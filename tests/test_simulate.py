@@ -72,6 +72,36 @@ def test_semi_sync_hides_the_forward_exchange_but_not_the_gradients() -> None:
     assert semi.step_s == pytest.approx(sparse.step_s - 4.0)
 
 
+CPU = {"ids": [0.5, 0.5], "emb": [1.0, 1.0], "allreduce": [0.2, 0.2]}  # gloo's, CPU ranks
+
+
+@pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
+def test_the_networks_cpu_work_takes_the_compute_queue_as_in_the_closed_form(schedule) -> None:
+    """On CPU ranks each exchange's CPU work runs on the rank's compute queue beside its
+    transfer: hidden in the plain loop's exposed exchanges, lengthening SparseDist's dense
+    work by the next batch's ids' CPU work (0.5)."""
+    from dataclasses import replace
+
+    cost = replace(_cost(), comm_cpu_s=CPU)
+    r = simulate(cost, schedule)
+    assert r.step_s == pytest.approx(cost.step_s(schedule))
+    assert r.step_s == pytest.approx(_cost().step_s(schedule) + 0.5 * (schedule != Schedule.plain))
+    assert r.exposed_comm_s == pytest.approx(simulate(_cost(), schedule).exposed_comm_s
+                                             + 0.5 * (schedule != Schedule.plain))  # fmt: skip
+
+
+def test_nested_chunks_cpu_work_lengthens_the_dense_work_it_runs_beside() -> None:
+    """nested4 under 40 s of dense work: the forward chunks' CPU work (4 x 0.25) runs while
+    the first chunk is on the wire (1.0), then the next batch's ids' (0.5) and three
+    gradient chunks' (3 x 0.25) lengthen the dense work; the last gradient chunk's runs
+    beside its own exposed transfer."""
+    from dataclasses import replace
+
+    plain_cpu = simulate(_cost(dense=40.0), Schedule.nested, 4).step_s
+    cost = replace(_cost(dense=40.0), comm_cpu_s=CPU)
+    assert simulate(cost, Schedule.nested, 4).step_s == pytest.approx(plain_cpu + 0.5 + 0.75)
+
+
 def test_an_exchange_split_by_link_takes_its_slower_link_and_copies_hide_when_prefetched() -> None:
     from dataclasses import replace
 
