@@ -36,7 +36,7 @@ class VethLink:
     addresses: tuple[str, str]
     ifnames: tuple[str, str]
     rate: str
-    burst: str = LEGACY_BURST
+    burst: str = HONEST_BURST
 
     def prefix(self, side: int) -> list[str]:
         """Command prefix that runs a program inside namespace `side` (0 or 1)."""
@@ -58,7 +58,7 @@ def _run(*args: str) -> None:
 
 @contextmanager
 def veth_link(
-    rate: str = "1gbit", tag: str | None = None, burst: str = LEGACY_BURST
+    rate: str = "1gbit", tag: str | None = None, burst: str = HONEST_BURST
 ) -> Iterator[VethLink]:
     tag = tag or str(os.getpid() % 100000)
     ns = (f"{_PREFIX}{tag}a", f"{_PREFIX}{tag}b")

@@ -316,7 +316,6 @@ def validation_summary(rows: list[dict]) -> dict:
         "worst_setting": max(rows, key=lambda r: abs(r["rel_error"]))["setting"],
         "worst_setting_without_dedup": max(exact, key=lambda r: abs(r["rel_error"]))["setting"],
     }
-    return rows
 
 
 def plot_scaling(points: list[dict], path: Path) -> None:
@@ -467,7 +466,8 @@ def main(cfg: DictConfig) -> None:
     result["elapsed_s"] = time.perf_counter() - t0
     finish(result, table(result), "scale", typed, json_name="summary")
     for d in output_dirs(typed):
-        plot_scaling(result["points"], d / "scaling.png")
+        if result["points"]:  # none with families=[]: the validation alone
+            plot_scaling(result["points"], d / "scaling.png")
         if sims:
             plot_timeline(sims, d / "timeline.png")
 

@@ -357,7 +357,13 @@ def step_cost(
         ids_a2a_parts_s=ids_parts,
         emb_a2a_parts_s=emb_parts,
         allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
-        comm_cpu_s=_comm_cpu_s(ex, network, grad_bytes, speed),
+        comm_cpu_s=_comm_cpu_s(
+            ex,
+            network,
+            grad_bytes,
+            speed,
+            {"ids": ids, "emb": emb, "allreduce": [allreduce] * world},
+        ),
         sequence_s=[
             n * d.sequence_s_per_lookup
             + nb * d.sequence_s_per_byte
@@ -368,23 +374,26 @@ def step_cost(
 
 
 def _comm_cpu_s(
-    ex: _Exchange, network: NetworkCost, grad_bytes: float, speed: np.ndarray
-) -> dict[str, list[float]]:
+    ex: _Exchange, network: NetworkCost, grad_bytes: float, speed: np.ndarray,
+    wall_s: dict[str, list[float]],
+) -> dict[str, list[float]]:  # fmt: skip
     """Per rank, the compute time each exchange's CPU work takes (`StepCost.comm_cpu_s`):
     the bytes it sends and receives on each link times that link's CPU cost, over the
-    rank's core speed. The ring all-reduce sends and receives 2(W-1)/W of the bytes each."""
+    rank's core speed, at most the exchange's own time on that rank (`wall_s`): the link's
+    calibrated time already holds a transfer its CPU work slowed. The ring all-reduce sends
+    and receives 2(W-1)/W of the bytes each."""
     intra, inter = network.intra_alltoall.cpu_s_per_byte, network.alltoall.cpu_s_per_byte
     if not (intra or inter or network.allreduce.cpu_s_per_byte):
         return {}
     (si, ri, se, re), (isi, iri, ise, ire) = ex._bytes()
     world = ex.world
     ring = 2 * 2 * (world - 1) / world * grad_bytes if world > 1 else 0.0
-    per_rank = lambda x: (x / speed).tolist()  # noqa: E731
-    return {
-        "ids": per_rank((isi + iri) * intra + (ise + ire) * inter),
-        "emb": per_rank((si + ri) * intra + (se + re) * inter),
-        "allreduce": per_rank(np.full(world, ring * network.allreduce.cpu_s_per_byte)),
+    cpu = {
+        "ids": (isi + iri) * intra + (ise + ire) * inter,
+        "emb": (si + ri) * intra + (se + re) * inter,
+        "allreduce": np.full(world, ring * network.allreduce.cpu_s_per_byte),
     }
+    return {k: np.minimum(v / speed, wall_s[k]).tolist() for k, v in cpu.items()}
 
 
 class _Exchange:

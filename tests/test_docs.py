@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.docs_sync import DOCS, FIGURE, REPO, TABLE, resolve
+from benchmarks.docs_sync import DOCS, FIGURE, NUMBER, REPO, TABLE, resolve
 
 PATH = re.compile(r"benchmarks/results/[\w*./-]*")
 
@@ -41,7 +41,7 @@ def _tables():
 @pytest.mark.parametrize(("doc", "text", "file", "path"), list(_figures()))
 def test_a_quoted_figure_matches_its_results_file(doc: Path, text: str, file: str, path: str):
     value = resolve(json.loads((REPO / file.removeprefix("../")).read_text()), path)
-    number = re.search(r"-?[\d,]*\.?\d+", text)
+    number = NUMBER.search(text)
     assert number, f"{doc.name}: no number in [{text}]"
     shown = number.group().replace(",", "")
     decimals = len(shown.split(".")[1]) if "." in shown else 0
