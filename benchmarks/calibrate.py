@@ -543,8 +543,10 @@ def table(r: dict) -> str:
     for name, link in r["constants"]["links"].items():
         for op in ("alltoall", "allreduce"):
             c = link[op]
+            cpu = c.get("cpu_s_per_byte", 0.0)  # the rank's CPU per byte sent or received
+            cpu_text = f", CPU {cpu * 1e9:.2f} ns/B" if op == "alltoall" and cpu else ""
             lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
-                         f"{c['bytes_per_s'] / 1e6:.0f} MB/s |")  # fmt: skip
+                         f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
     for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():
         c = r["constants"]["shares"][key]
         lines.append(f"| emulated rank at share {key} (its cgroup) | {ratio:.2f}x one core: "

@@ -60,25 +60,28 @@ def _run(*args: str) -> None:
 def veth_link(
     rate: str = "1gbit", tag: str | None = None, burst: str = HONEST_BURST
 ) -> Iterator[VethLink]:
+    from recsys.emulation import sigterm_exits
+
     tag = tag or str(os.getpid() % 100000)
     ns = (f"{_PREFIX}{tag}a", f"{_PREFIX}{tag}b")
     ifs = (f"rv{tag}a", f"rv{tag}b")
     addrs = ("10.231.7.1", "10.231.7.2")  # inside our own namespaces only
-    try:
-        for n in ns:
-            _run("ip", "netns", "add", n)
-        _run("ip", "link", "add", ifs[0], "netns", ns[0], "type", "veth", "peer", "name", ifs[1],
-             "netns", ns[1])  # fmt: skip
-        for n, i, a in zip(ns, ifs, addrs, strict=True):
-            _run("ip", "-n", n, "addr", "add", f"{a}/24", "dev", i)
-            _run("ip", "-n", n, "link", "set", i, "up")
-            _run("ip", "-n", n, "link", "set", "lo", "up")
-            _run("tc", "-n", n, "qdisc", "add", "dev", i, "root", "tbf", "rate", rate,
-                 "burst", burst, "latency", "50ms")  # fmt: skip
-        yield VethLink(ns, addrs, ifs, rate, burst)
-    finally:
-        for n in ns:
-            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+    with sigterm_exits():  # a killed benchmark removes its namespaces too
+        try:
+            for n in ns:
+                _run("ip", "netns", "add", n)
+            _run("ip", "link", "add", ifs[0], "netns", ns[0], "type", "veth", "peer", "name",
+                 ifs[1], "netns", ns[1])  # fmt: skip
+            for n, i, a in zip(ns, ifs, addrs, strict=True):
+                _run("ip", "-n", n, "addr", "add", f"{a}/24", "dev", i)
+                _run("ip", "-n", n, "link", "set", i, "up")
+                _run("ip", "-n", n, "link", "set", "lo", "up")
+                _run("tc", "-n", n, "qdisc", "add", "dev", i, "root", "tbf", "rate", rate,
+                     "burst", burst, "latency", "50ms")  # fmt: skip
+            yield VethLink(ns, addrs, ifs, rate, burst)
+        finally:
+            for n in ns:
+                subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
 
 
 def tx_bytes(link: VethLink) -> int:

@@ -127,7 +127,7 @@ class ScheduleLabel:
 
 
 def schedule_of_label(label: str) -> ScheduleLabel:
-    from sharding.cost_model import Schedule
+    from sharding.cost_model import Schedule, schedule_of
 
     name, *extras = label.split("+")
     if set(extras) - {"dedup", "cluster"} or (extras and not name.startswith("nested")):
@@ -137,7 +137,7 @@ def schedule_of_label(label: str) -> ScheduleLabel:
                              dedup="dedup" in extras, clustered="cluster" in extras)  # fmt: skip
     if name == "semi_sync":
         return ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
-    return ScheduleLabel(Schedule(name))
+    return ScheduleLabel(schedule_of(name))  # TorchRec's base pipeline runs the plain loop
 
 
 def simulate_label(

@@ -293,6 +293,20 @@ def _raise_on_sigterm(signum: int, frame: Any) -> None:
 
 
 @contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Inside, SIGTERM raises SystemExit (unless the program handles SIGTERM itself), so the
+    `finally` blocks that remove namespaces, links and cgroups run when a run is killed."""
+    restore = None
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        restore = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        yield
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
+
+
+@contextmanager
 def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
     """The emulated cluster `spec`, removed again on every exit path (SIGTERM included)."""
     ranks = resolve_cluster(spec)
@@ -300,17 +314,13 @@ def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
     if why:
         raise EmulationError(why)
     emu = Emulation(spec, tuple(ranks), tag or f"{spec.name}-{os.getpid()}")
-    restore = None
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        restore = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    try:
-        teardown(emu)  # what a killed run with this tag left
-        setup(emu)
-        yield emu
-    finally:
-        teardown(emu)
-        if restore is not None:
-            signal.signal(signal.SIGTERM, restore)
+    with sigterm_exits():
+        try:
+            teardown(emu)  # what a killed run with this tag left
+            setup(emu)
+            yield emu
+        finally:
+            teardown(emu)
 
 
 _JOIN = "RECSYS_EMU_CGROUP"  # the cgroup (as /proc names it) a rank joins after its imports

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks import netns
+
+REPO = Path(__file__).resolve().parents[1]
 
 needs_root = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 RATE = "1200mbit"
@@ -39,3 +46,25 @@ def test_rate_and_burst_units() -> None:
         netns.rate_bits("fast")
     with pytest.raises(ValueError, match="tc's units"):
         netns.size_bytes("big")
+
+
+@needs_root
+def test_a_killed_benchmark_removes_its_link() -> None:
+    """SIGTERM to a process holding a veth link (a benchmark stopped by its runner) still
+    deletes both namespaces."""
+    hold = ("import sys, time; from benchmarks import netns\n"
+            "with netns.veth_link('1gbit', tag='term') as link:\n"
+            "    print(link.namespaces[0], flush=True); time.sleep(120)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout.readline().strip() == "recsysterma"
+    assert "recsysterma" in _namespaces()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not {"recsysterma", "recsystermb"} & set(_namespaces())
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]

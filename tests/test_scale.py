@@ -40,6 +40,7 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
     assert schedule_of_label("nested8") == ScheduleLabel(Schedule.nested, 8)
     assert schedule_of_label("sparse_dist") == ScheduleLabel(Schedule.sparse_dist, 1)
     assert schedule_of_label("semi_sync") == ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
+    assert schedule_of_label("base") == ScheduleLabel(Schedule.plain)  # TorchRec's, no overlap
     both = schedule_of_label("nested2+dedup+cluster")
     assert (both.micro_batches, both.dedup, both.clustered) == (2, True, True)
     for bad in ("plain+dedup", "nested4+fast"):
