@@ -325,7 +325,6 @@ def step_cost(
         ex.add(s.rank, vec, ids, group, members_batch)
     lookup += b * local * read_s
     emb, ids, sent, (emb_parts, ids_parts) = ex.times(network)
-    speed = np.array([d.core_speed for d in devices])
     dense = []
     for r, d in enumerate(devices):
         inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
@@ -361,7 +360,7 @@ def step_cost(
             ex,
             network,
             grad_bytes,
-            speed,
+            devices,
             {"ids": ids, "emb": emb, "allreduce": [allreduce] * world},
         ),
         sequence_s=[
@@ -374,7 +373,7 @@ def step_cost(
 
 
 def _comm_cpu_s(
-    ex: _Exchange, network: NetworkCost, grad_bytes: float, speed: np.ndarray,
+    ex: _Exchange, network: NetworkCost, grad_bytes: float, devices: Sequence[DeviceCost],
     wall_s: dict[str, list[float]],
 ) -> dict[str, list[float]]:  # fmt: skip
     """Per rank, the compute time each exchange's CPU work takes (`StepCost.comm_cpu_s`):
@@ -393,6 +392,7 @@ def _comm_cpu_s(
         "emb": (si + ri) * intra + (se + re) * inter,
         "allreduce": np.full(world, ring * network.allreduce.cpu_s_per_byte),
     }
+    speed = np.array([d.core_speed for d in devices])
     return {k: np.minimum(v / speed, wall_s[k]).tolist() for k, v in cpu.items()}
 
 
