@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from recsys.emulation import sigterm_exits
+
 _PREFIX = "recsys"
 HONEST_BURST = "24kb"  # tbf burst: chunked transfers no faster than a continuous stream
 LEGACY_BURST = "256kb"  # the burst measured results before 2026-12 used (credit: see above)
@@ -60,8 +62,6 @@ def _run(*args: str) -> None:
 def veth_link(
     rate: str = "1gbit", tag: str | None = None, burst: str = HONEST_BURST
 ) -> Iterator[VethLink]:
-    from recsys.emulation import sigterm_exits
-
     tag = tag or str(os.getpid() % 100000)
     ns = (f"{_PREFIX}{tag}a", f"{_PREFIX}{tag}b")
     ifs = (f"rv{tag}a", f"rv{tag}b")

@@ -124,6 +124,7 @@ def with_dedup(cost: StepCost, volume: DedupVolume) -> StepCost:
     """`cost` with each rank's id and embedding exchange scaled by dedup's volume (its
     latency too: a first-order model, documented in docs/scale.md)."""
     scale = lambda xs, f: [x * k for x, k in zip(xs, f, strict=True)]  # noqa: E731
+    by_exchange = {"ids": volume.ids, "emb": volume.vectors}  # the all-reduce keeps its bytes
     return replace(
         cost,
         ids_a2a_s=scale(cost.ids_a2a_s, volume.ids),
@@ -132,7 +133,7 @@ def with_dedup(cost: StepCost, volume: DedupVolume) -> StepCost:
         ids_a2a_parts_s={k: scale(v, volume.ids) for k, v in cost.ids_a2a_parts_s.items()},
         emb_a2a_parts_s={k: scale(v, volume.vectors) for k, v in cost.emb_a2a_parts_s.items()},
         comm_cpu_s={
-            k: scale(v, {"ids": volume.ids, "emb": volume.vectors}.get(k, [1.0] * len(v)))
+            k: scale(v, by_exchange[k]) if k in by_exchange else v
             for k, v in cost.comm_cpu_s.items()
         },  # fmt: skip
     )
