@@ -250,12 +250,10 @@ def run(cfg: PipelineBenchConfig) -> dict:
                 if cfg.fast_link else None)  # fmt: skip
         for burst in cfg.burst_sensitivity:
             runs = _train_all(cfg, None, burst, Path(tmp), cfg.sensitivity_pipelines)
-            base = runs["sparse_dist"]["summary"]["samples_per_s"]
+            speeds = {p: r["summary"]["samples_per_s"] for p, r in runs.items()}
             sensitivity[str(netns.size_bytes(burst))] = {
                 "chunked_rate_ratio": link_report(cfg, burst)["chunked_rate_ratio"],
-                "speedup_vs_sparse_dist": {
-                    p: r["summary"]["samples_per_s"] / base for p, r in runs.items()
-                },
+                "speedup_vs_sparse_dist": speedups(speeds, "sparse_dist"),
             }
         if cfg.multi_hot is not None:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
@@ -266,14 +264,10 @@ def run(cfg: PipelineBenchConfig) -> dict:
             multi = _rows(pipes, multi_slow, multi_fast)
     rows = _rows(cfg.pipelines, slow, fast)
     by = {r["pipeline"]: r for r in rows}
-    base = by.get("sparse_dist")
     result = {
         "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
-        "speedup_vs_sparse_dist": {
-            r["pipeline"]: r["samples_per_s"] / base["samples_per_s"] for r in rows
-        }
-        if base
-        else {},  # fmt: skip
+        "speedup_vs_sparse_dist": _speedups(rows, "sparse_dist"),
+        "speedup_vs_semi_sync": _speedups(rows, "semi_sync"),
         "exposed_comm_ms": {r["pipeline"]: r["exposed_comm_ms"] for r in rows},
         "equal_to_plain": {r["pipeline"]: r["equal_to_plain"] for r in rows},
         "plain_comm_share": _comm_share(by),
@@ -318,17 +312,23 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
 
 
 def _summary(rows: list[dict]) -> dict:
-    by = {r["pipeline"]: r for r in rows}
-    base = by.get("sparse_dist")
     return {
         "rows": rows,
-        "speedup_vs_sparse_dist": {
-            r["pipeline"]: r["samples_per_s"] / base["samples_per_s"] for r in rows
-        }
-        if base
-        else {},  # fmt: skip
-        "plain_comm_share": _comm_share(by),
+        "speedup_vs_sparse_dist": _speedups(rows, "sparse_dist"),
+        "speedup_vs_semi_sync": _speedups(rows, "semi_sync"),
+        "plain_comm_share": _comm_share({r["pipeline"]: r for r in rows}),
     }
+
+
+def speedups(pipelines: dict[str, float], base: str) -> dict[str, float]:
+    """Each pipeline's samples/s over `base`'s ({} when `base` did not run)."""
+    if base not in pipelines:
+        return {}
+    return {p: speed / pipelines[base] for p, speed in pipelines.items()}
+
+
+def _speedups(rows: list[dict], base: str) -> dict[str, float]:
+    return speedups({r["pipeline"]: r["samples_per_s"] for r in rows}, base)
 
 
 def _comm_share(by: dict[str, dict]) -> float | None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.pipeline import _hydra_value, _row_lines, _rows, _summary, pipeline_overrides
+from benchmarks.pipeline import (
+    _hydra_value,
+    _row_lines,
+    _rows,
+    _summary,
+    pipeline_overrides,
+    speedups,
+)
 
 
 def test_labels_name_the_nested_variants_and_bad_ones_fail() -> None:
@@ -41,3 +48,15 @@ def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> Non
     assert "| plain | 100 | 1.25x |" in text and "bit for bit (0.0e+00)" in text
     assert "| nested4+dedup | 120 | 1.50x |" in text and "yes (2.5e-06)" in text
     assert "| 0.5, 9.0, 4.2, 1.0 |" in text and "bit for bit (0.0e+00) | - |" in text
+
+
+def test_a_run_without_the_plain_loop_or_semi_sync_still_makes_its_table() -> None:
+    slow = {"sparse_dist": _run(80.0, [0.5]), "semi_sync": _run(100.0, [0.6]),
+            "nested4": _run(120.0, [0.5])}  # fmt: skip
+    rows = _rows(list(slow), slow, None)
+    summary = _summary(rows)
+    assert summary["speedup_vs_semi_sync"]["nested4"] == pytest.approx(1.2)
+    assert summary["plain_comm_share"] is None
+    text = "\n".join(_row_lines(rows, summary["speedup_vs_sparse_dist"]))
+    assert "| nested4 | 120 | 1.50x | 33.3 | - | 1.00 | - | - |" in text
+    assert speedups({"nested4": 2.0}, "semi_sync") == {}
