@@ -31,14 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys.emulation import GSO_MAX as GSO_MAX
-from recsys.emulation import gso_limit as gso_limit
-from recsys.emulation import shape, sigterm_exits
-from recsys.emulation import size_bytes as size_bytes
+from recsys.emulation import sigterm_exits
 
 _PREFIX = "recsys"
 HONEST_BURST = "24kb"  # tbf burst: chunked transfers no faster than a continuous stream
 LEGACY_BURST = "256kb"  # the burst measured results before 2026-12 used (credit: see above)
+GSO_MAX = 65536  # the kernel's default (and veth's largest without BIG TCP)
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -91,11 +89,20 @@ def veth_link(
                 _run("ip", "-n", n, "addr", "add", f"{a}/24", "dev", i)
                 _run("ip", "-n", n, "link", "set", i, "up")
                 _run("ip", "-n", n, "link", "set", "lo", "up")
-                shape(n, i, rate, burst, gso_max_size)
+                gso = gso_max_size or gso_limit(burst)
+                _run("ip", "-n", n, "link", "set", i, "gso_max_size", str(gso))
+                _run("tc", "-n", n, "qdisc", "add", "dev", i, "root", "tbf", "rate", rate,
+                     "burst", burst, "latency", "50ms")  # fmt: skip
             yield VethLink(ns, addrs, ifs, rate, burst)
         finally:
             for n in ns:
                 subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=30)
+
+
+def gso_limit(burst: str) -> int:
+    """The largest GSO packet (bytes) the link's sender builds: one that fits tbf's bucket,
+    headers included, so tbf passes it whole instead of cutting it to the MTU in software."""
+    return min(GSO_MAX, size_bytes(burst) * 7 // 8)
 
 
 def tx_bytes(link: VethLink) -> int:
@@ -117,6 +124,15 @@ def rate_bits(rate: str) -> float:
         if rate.endswith(unit):
             return float(rate[: -len(unit)]) * scale
     raise ValueError(f"link rate '{rate}': use tc's units, e.g. 400mbit or 1gbit")
+
+
+def size_bytes(size: str) -> int:
+    """tc's size syntax in bytes: '24kb' -> 24576."""
+    units = {"kb": 1024, "mb": 1024**2, "b": 1}
+    for unit, scale in units.items():
+        if size.endswith(unit):
+            return int(float(size[: -len(unit)]) * scale)
+    raise ValueError(f"size '{size}': use tc's units, e.g. 24kb")
 
 
 def chunked_rate(link: VethLink, chunk_bytes: int, gap_s: float = 0.005, chunks: int = 16) -> float:

@@ -5,10 +5,8 @@ A cluster layout with `emulation.enabled=true` runs as follows (tag T, nodes 0..
   (`rx<k>n<i>`, address 10.232.0.<i+1>); the other end (`rx<k>s<i>`) sits on a bridge in a
   switch namespace `rx-T-sw`. tbf shapes both ends at `network.inter_node_gbps` with a burst
   too small to give chunked traffic credit (`emulation.burst`), so each node's NIC sends and
-  receives at the nominal rate; senders' GSO packets fit that bucket (`gso_limit`), so tbf
-  passes them whole rather than cutting them to the MTU on the cores that train. Ranks of
-  one node talk over that node's loopback (the kernel routes traffic to a local address
-  through `lo`), unshaped;
+  receives at the nominal rate. Ranks of one node talk over that node's loopback (the
+  kernel routes traffic to a local address through `lo`), unshaped;
 - each rank runs in its own cpu cgroup `recsys-T/n<i>/r<rank>` with a CFS quota of its
   device entry's `share` of one core (cgroup v1 `cpu.cfs_quota_us` here; v2 `cpu.max` where
   that controller is mounted), with one intra-op thread, pinned where the layout says. A
@@ -53,7 +51,6 @@ REPO = Path(__file__).resolve().parents[1]
 MASTER_PORT = 29500  # inside node 0's own namespace: nothing else listens there
 _CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 _CGROUP_V2 = Path("/sys/fs/cgroup")
-GSO_MAX = 65536  # the kernel's default GSO packet limit (veth's largest without BIG TCP)
 
 
 class EmulationError(RuntimeError):
@@ -106,30 +103,6 @@ def _run(*args: str) -> None:
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     if out.returncode:
         raise EmulationError(f"`{shlex.join(args)}` failed: {out.stderr.strip()}")
-
-
-def size_bytes(size: str) -> int:
-    """tc's size syntax in bytes: '24kb' -> 24576."""
-    units = {"kb": 1024, "mb": 1024**2, "b": 1}
-    for unit, scale in units.items():
-        if size.endswith(unit):
-            return int(float(size[: -len(unit)]) * scale)
-    raise ValueError(f"size '{size}': use tc's units, e.g. 24kb")
-
-
-def gso_limit(burst: str) -> int:
-    """The largest GSO packet (bytes) a sender on a link shaped with tbf's `burst` builds: one
-    that fits the bucket, headers included, so tbf passes it whole instead of cutting it to
-    the MTU in software on the cores that train (measured: `benchmarks/netns.py`)."""
-    return min(GSO_MAX, size_bytes(burst) * 7 // 8)
-
-
-def shape(namespace: str, dev: str, rate: str, burst: str, gso: int | None = None) -> None:
-    """`dev`'s egress limited by tbf to `rate` with `burst`, its GSO packets at most `gso`
-    bytes (None: `gso_limit(burst)`)."""
-    _run("ip", "-n", namespace, "link", "set", dev, "gso_max_size", str(gso or gso_limit(burst)))
-    _run("tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-         "burst", burst, "latency", "50ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -241,7 +214,8 @@ def setup(emu: Emulation) -> None:
         _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "master", f"rx{emu._k}br")
         _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "up")
         for where, dev in ((ns, node_if), (emu.switch_ns, switch_if)):
-            shape(where, dev, rate, burst)
+            _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                 "burst", burst, "latency", "50ms")  # fmt: skip
     version = (_cgroup_root() or (None, 1))[1]
     period = spec.emulation.cfs_period_us
     _make_cgroup(emu.cgroup, None, period, version)

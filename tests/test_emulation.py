@@ -4,7 +4,6 @@ link has no burst credit, and that torchrun trains across it. Root tests skip el
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -144,11 +143,7 @@ def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: 
                               tuple(map(emu.node_if, n)), emulation.link_rate(spec))  # fmt: skip
         rate = netns.rate_bits(emulation.link_rate(spec))
         chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 16) / rate
-        show = ["ip", "-j", "-d", "link", "show", "dev", link.ifnames[0]]
-        shown = subprocess.run(link.prefix(0) + show, check=True, capture_output=True, text=True)
     assert 0.6 <= chunked <= 1.05  # at most 5% above the nominal rate
-    # the senders' GSO packets fit the bucket: tbf passes them whole
-    assert json.loads(shown.stdout)[0]["gso_max_size"] == emulation.gso_limit(spec.emulation.burst)
 
 
 def _train_args(run_dir: Path, steps: int = 5) -> list[str]:
