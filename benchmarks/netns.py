@@ -14,10 +14,10 @@ through at once, which small chunks feel (32 KB chunks at 5x the rate).
 tbf cuts a packet larger than its bucket into MTU-sized ones, in software, on the cores
 that train. So each end's GSO packets are kept below the bucket (`gso_limit`): TCP then
 hands the link ~21 KB packets, as it hands a NIC with segmentation offload 64 KB ones, and
-tbf passes them whole. That costs the shaping ~2.6x less CPU per byte (2026-12-02, 800
-Mbit/s bulk transfer, whole machine's CPU: 4.2 ns/B against 11 ns/B with 1.5 KB packets;
-chunked rate unchanged, 0.9x-1.0x); the calibration measures what remains
-(`LinkCost.cpu_s_per_byte`).
+tbf passes them whole. The shaping then costs far less CPU per byte: 4.2 ns/B against
+11 ns/B with 1.5 KB packets in a scratch probe (2026-12-02, 800 Mbit/s bulk transfer, the
+whole machine's CPU, not saved; chunked rate unchanged, 0.9x-1.0x), and 0.66 ns/B against
+4.0 in `benchmarks.calibrate`'s fit of gloo's all-to-all (`LinkCost.cpu_s_per_byte`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The emulated slow link: tbf's burst credit, measured by a chunked transfer with idle gaps
-(those tests need root and iproute2, skipped otherwise), and tc's units."""
+"""The emulated slow link: tbf's burst credit, measured by a chunked transfer with idle gaps,
+and whole GSO packets (those tests need root and iproute2, skipped otherwise), and tc's
+units."""
 
 from __future__ import annotations
 
