@@ -346,9 +346,11 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for x in rows:
         speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
-        equal = "-" if diff is None else (  # no plain loop in the runs: nothing to compare
-            f"{'bit for bit' if x.get('bit_identical') else 'yes' if x['equal_to_plain'] else 'no'}"
-            f" ({diff:.1e})")  # fmt: skip
+        equal = "-"  # no plain loop in the runs: nothing to compare with
+        if diff is not None:
+            same = "yes" if x["equal_to_plain"] else "no"
+            verdict = "bit for bit" if x["bit_identical"] else same
+            equal = f"{verdict} ({diff:.1e})"
         lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
                      f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
