@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from recsys.data.convert import ConvertOptions, convert, output_name
-from recsys.data.criteo_tsv import MalformedLineError, parse_lines
+from recsys.data.criteo_tsv import LineRules, MalformedLineError, parse_lines
 from recsys.data.prepare import PrepareConfig, prepare
 
 
@@ -25,8 +25,8 @@ def tsv(*rows: list[str], final_newline: bool = True) -> bytes:
     return (text + ("\n" if final_newline else "")).encode()
 
 
-def parse(data: bytes, has_label: bool = True, skip: bool = False):
-    return parse_lines(data, has_label, "f.txt", 1, skip)
+def parse(data: bytes, has_label: bool = True, skip: bool = False, **rules):
+    return parse_lines(data, has_label, "f.txt", 1, LineRules(skip_bad_lines=skip, **rules))
 
 
 def reference(text: bytes, has_label: bool = True):
@@ -52,25 +52,67 @@ def test_values_land_in_place_with_missing_and_negative_values() -> None:
     assert chunk.cats_NC[0, 6:].tolist() == list(range(20))
 
 
-def test_short_lines_are_padded_never_shifted() -> None:
+def test_short_lines_are_padded_never_shifted_when_asked() -> None:
     full = row()
-    stripped = full[:30]  # trailing 10 categorical fields stripped, as in real files
-    only_label_and_ints = full[:5]
-    chunk = parse(tsv(full, stripped, only_label_and_ints))
+    stripped = full[:30]  # trailing 10 categorical fields stripped
+    label_and_ints = full[:14]
+    chunk = parse(tsv(full, stripped, label_and_ints), pad_short_lines=True)
     assert chunk.cats_NC[1, :16].tolist() == chunk.cats_NC[0, :16].tolist()
     assert chunk.cats_NC[1, 16:].tolist() == [0] * 10
-    assert chunk.ints_NI[2].tolist() == [0, 1, 2, 3] + [0] * 9
+    assert chunk.ints_NI[2].tolist() == list(range(13))
     assert chunk.cats_NC[2].tolist() == [0] * 26
 
 
-def test_a_last_line_without_newline_is_kept() -> None:
+@pytest.mark.parametrize(
+    "bad, pad",
+    [
+        (row()[:7] + row()[8:], False),  # a middle count missing: every later column shifts
+        (row()[:20] + row()[21:], False),  # a middle category missing
+        (row()[:30], False),  # a stripped tail, not asked for
+        (["1"], False),  # a label-only line is no sample
+        (["1"], True),
+        (row()[:5], True),  # padding takes only categories
+    ],
+)
+def test_lines_with_too_few_fields_are_refused_or_skipped(bad: list[str], pad: bool) -> None:
+    data = tsv(row("0"), bad, row("1"))
+    with pytest.raises(MalformedLineError, match=r"f.txt:2: malformed Criteo line \(fewer than "
+                       f"{14 if pad else 40} fields"):  # fmt: skip
+        parse(data, pad_short_lines=pad)
+    chunk = parse(data, skip=True, pad_short_lines=pad)
+    assert chunk.bad_lines == 1 and chunk.labels_N.tolist() == [0, 1]
+
+
+def test_a_last_line_without_newline_is_kept_and_reported() -> None:
     chunk = parse(tsv(row("0"), row("1"), final_newline=False))
-    assert chunk.labels_N.tolist() == [0, 1]
+    assert chunk.labels_N.tolist() == [0, 1] and chunk.unterminated
+    assert not parse(tsv(row("0"), row("1"))).unterminated
+
+
+def test_a_file_cut_mid_line_is_reported_as_cut() -> None:
+    data = tsv(row("0"), row("1"))[:-60]  # the last line loses its last categories
+    with pytest.raises(MalformedLineError, match=r"f.txt:2: .*the file ends in the middle of "
+                       "this line"):  # fmt: skip
+        parse(data, pad_short_lines=True)
+    chunk = parse(data, skip=True)
+    assert chunk.labels_N.tolist() == [0] and chunk.bad_lines == 1
+
+
+def test_counts_below_the_floor_are_refused_naming_the_value_or_clipped() -> None:
+    ints = ["1", "-3", "7", "-99999999999"] + ["2"] * 9
+    data = tsv(row("0"), row("1", ints), row("1"))
+    with pytest.raises(MalformedLineError, match=r"f.txt:2: .*count I4 is -99999999999, below "
+                       r"dense_floor=-3; pass clip_dense=true"):  # fmt: skip
+        parse(data)
+    chunk = parse(data, clip_dense=True)
+    assert chunk.ints_NI[1].tolist() == [1, -3, 7, -3] + [2] * 9
+    assert chunk.clipped_I.tolist() == [0, 0, 0, 1] + [0] * 9
+    assert parse(data, dense_floor=-(10**12)).ints_NI[1, 3] == -99999999999
 
 
 def test_very_large_integers_are_exact_or_rejected() -> None:
     big = row(ints=["9223372036854775807", "-9223372036854775808"] + ["1"] * 11)
-    chunk = parse(tsv(big))
+    chunk = parse(tsv(big), dense_floor=-(2**63))  # exact parsing, whatever the floor
     assert chunk.ints_NI[0, :2].tolist() == [2**63 - 1, -(2**63)]
     with pytest.raises(MalformedLineError, match="f.txt:1: .*a count is not an integer"):
         parse(tsv(row(ints=["9223372036854775808"] + ["1"] * 12)))
@@ -98,7 +140,7 @@ def test_malformed_lines_name_file_and_line_or_are_skipped(bad: list[str], why: 
 
 
 def test_kaggle_test_file_has_no_label_column() -> None:
-    chunk = parse(tsv(row(None), row(None)[:20]), has_label=False)
+    chunk = parse(tsv(row(None), row(None)[:20]), has_label=False, pad_short_lines=True)
     assert chunk.labels_N.tolist() == [-1, -1]
     assert chunk.ints_NI[0].tolist() == list(range(13))
 
@@ -116,7 +158,7 @@ def test_random_text_matches_the_reference_parser() -> None:
         r = row(str(int(rng.integers(0, 2))), ints, cats)
         rows.append(r[: int(rng.integers(20, 41))] if rng.random() < 0.3 else r)
     data = tsv(*rows)
-    chunk = parse(data)
+    chunk = parse(data, pad_short_lines=True, dense_floor=-5)
     for i, (label, ints, cats) in enumerate(reference(data)):
         assert chunk.labels_N[i] == label
         assert chunk.ints_NI[i].tolist() == ints

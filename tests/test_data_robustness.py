@@ -4,6 +4,7 @@ rough file gets one line naming it (and the line), with a non-zero exit from the
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import signal
 import subprocess
@@ -156,7 +157,7 @@ def test_blank_lines_are_refused_by_line_or_skipped_and_counted() -> None:
 def test_crlf_line_endings_read_as_lf() -> None:
     plain = tsv(row("0"), row("1", cats=[f"{c:08x}" for c in range(26)]), row("1")[:20])
     crlf = plain.replace(b"\n", b"\r\n")
-    a, b = parse(plain), parse(crlf)
+    a, b = parse(plain, pad_short_lines=True), parse(crlf, pad_short_lines=True)
     for x, y in ((a.labels_N, b.labels_N), (a.ints_NI, b.ints_NI), (a.cats_NC, b.cats_NC)):
         assert np.array_equal(x, y)
 
@@ -235,3 +236,129 @@ def test_profile_refuses_a_zero_sketch_and_negative_hot_ids() -> None:
         check_profile_config(ProfileAppConfig(sketch_capacity=0))
     with pytest.raises(ValueError, match="hot_ids must be >= 0, got -1"):
         check_profile_config(ProfileAppConfig(hot_ids=-1))
+
+
+# --- no command writes over what it reads ---------------------------------------------------
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("where", ["same", "parent", "inside"])
+def test_prepare_never_writes_over_its_input_whatever_overwrite_says(
+    tmp_path: Path, where: str
+) -> None:
+    raw = tmp_path / "data" / "raw"
+    _text(tmp_path, "train.txt", tsv(*random_rows(100))).rename(tmp_path / "train.txt")
+    raw.mkdir(parents=True)
+    (tmp_path / "train.txt").rename(raw / "train.txt")
+    out = {"same": raw, "parent": raw.parent, "inside": raw / "bin"}[where]
+    before = _tree(tmp_path / "data")
+    for src in (raw, raw / "train.txt"):  # a directory or one file as the input
+        if where == "inside" and src.is_file():
+            continue  # nothing lies inside a file
+        how = {"same": "is", "parent": "contains", "inside": "lies inside"}[where]
+        how = "contains" if src.is_file() else how
+        with pytest.raises(OutputDirError, match=f"output '{out}' {how} the input '{src}'"):
+            _prepare(src, out, overwrite=True)
+    assert _tree(tmp_path / "data") == before
+
+
+def test_remap_never_writes_over_its_input(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "data" / "bin"
+    _prepare(_text(tmp_path, "train.txt", tsv(*random_rows(200))).parent, bin_dir)
+    before = _tree(tmp_path / "data")
+    for out in (bin_dir, bin_dir.parent, bin_dir / "re"):
+        with pytest.raises(OutputDirError, match="the input"):
+            remap(RemapConfig(input=str(bin_dir), output=str(out), overwrite=True,
+                              progress=False))  # fmt: skip
+    assert _tree(tmp_path / "data") == before
+
+
+def test_the_cli_refuses_overwriting_its_input_in_one_line(tmp_path: Path) -> None:
+    src = _text(tmp_path, "train.txt", tsv(*random_rows(100)))
+    before = src.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "recsys.data.prepare", f"input={src.parent}",
+                           f"output={src.parent}", "overwrite=true",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: output '{src.parent}' is the input '{src.parent}': writing there would replace "
+        f"or mix with what is read. Name an output directory outside the input, e.g. "
+        f"output={src.parent}_out"]  # fmt: skip
+    assert src.read_bytes() == before
+
+
+def test_the_trainers_advice_for_a_raw_directory_names_a_new_output(tmp_path: Path) -> None:
+    raw = _text(tmp_path, "train.txt", tsv(*random_rows(10))).parent
+    with pytest.raises(CriteoDataError) as e:
+        _loader(raw)
+    assert f"input={raw} output={raw}_binary" in str(e.value)
+    assert f"output={raw} " not in str(e.value) + " "
+
+
+# --- the dense transform: TorchRec's, but one cell can never flatten a file -----------------
+
+
+def _dense_of(out: Path, name: str = "train") -> np.ndarray:
+    return np.load(out / f"{name}_dense.npy")
+
+
+def test_one_huge_negative_count_is_refused_by_file_line_or_clipped_and_counted(
+    tmp_path: Path,
+) -> None:
+    rows = random_rows(300)
+    rows[120] = row(ints=["5"] * 6 + ["-99999999999"] + ["5"] * 6)
+    src = _text(tmp_path, "train.txt", tsv(*rows))
+    with pytest.raises(MalformedLineError, match=r"train.txt:121: .*count I7 is -99999999999, "
+                       r"below dense_floor=-3; pass clip_dense=true"):  # fmt: skip
+        _prepare(src, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    summary = _prepare(src, tmp_path / "clipped", clip_dense=True)
+    dense = _dense_of(tmp_path / "clipped")
+    assert summary["dense"] == {"transform": "torchrec", "floor": -3, "shift": None,
+                                "clip": True, "clipped": 1}  # fmt: skip
+    f = summary["files"][0]
+    assert f["dense_clipped"] == [0] * 6 + [1] + [0] * 6 and f["dense_min"][6] == -3
+    assert f["dense_shift"] == -3 and f["dense_max"][6] <= 1000
+    assert dense[120, 6] == np.float32(np.log(2))  # clipped to the floor: log(-3 + 3 + 2)
+    assert dense.std(axis=0).min() > 0.5  # not flattened (one cell unclipped: ~3e-4..0.8)
+    recorded = json.loads((tmp_path / "clipped" / "summary.json").read_text())
+    assert recorded["dense"] == summary["dense"]
+
+
+def test_a_fixed_dense_shift_maps_a_count_the_same_in_every_file(tmp_path: Path) -> None:
+    day0 = random_rows(100, seed=1)
+    day1 = [row(r[0], [x.lstrip("-") for x in r[1:14]], r[14:]) for r in random_rows(100, seed=2)]
+    day0[0] = row(ints=["-3"] + ["7"] * 12)
+    day1[0] = row(ints=["-1"] + ["7"] * 12)
+    src = tmp_path / "days"
+    src.mkdir()
+    (src / "day_0").write_bytes(tsv(*day0))
+    (src / "day_1").write_bytes(tsv(*day1))
+    per_file = _prepare(src, tmp_path / "per_file")
+    assert [f["dense_shift"] for f in per_file["files"]] == [-3, -1]
+    a = [_dense_of(tmp_path / "per_file", n)[0, 1] for n in ("day_0", "day_1")]
+    assert a[0] != a[1]  # TorchRec's per-file minimum: count 7 maps differently per day
+    fixed = _prepare(src, tmp_path / "fixed", dense_shift=-3)
+    b = [_dense_of(tmp_path / "fixed", n)[0, 1] for n in ("day_0", "day_1")]
+    assert b[0] == b[1] == np.float32(np.log(7 + 3 + 2))
+    assert fixed["dense"]["shift"] == -3 and [f["dense_shift"] for f in fixed["files"]] == [-3, -3]
+    with pytest.raises(MalformedLineError, match=r"count I1 is -3, below dense_floor=-2"):
+        _prepare(src, tmp_path / "above", dense_shift=-2)  # counts below the shift: refused
+    with pytest.raises(BadInputError, match=r"dense_shift=4: must be <= 0"):
+        _prepare(src, tmp_path / "positive", dense_shift=4)
+
+
+def test_the_log1p_transform_is_the_dlrm_references(tmp_path: Path) -> None:
+    rows = random_rows(50)
+    rows[0] = row(ints=["-2", "0", "1", "", "1000"] + ["3"] * 8)
+    out = tmp_path / "o"
+    summary = _prepare(_text(tmp_path, "train.txt", tsv(*rows)), out, dense_transform="log1p")
+    expected = np.log(np.float32([0, 0, 1, 0, 1000] + [3] * 8) + 1, dtype=np.float32)
+    assert np.array_equal(_dense_of(out)[0], expected)
+    assert summary["dense"]["transform"] == "log1p" and summary["files"][0]["dense_shift"] is None

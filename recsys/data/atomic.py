@@ -3,7 +3,9 @@
 `atomic_dir(path, overwrite)` hands out a temporary directory beside `path`; when the block
 ends normally it is renamed into place (replacing `path` whole with `overwrite`), and on an
 error or Ctrl-C it is removed, saying so, and `path` stays as it was. A non-empty `path` is
-refused unless `overwrite`: outputs of two runs never mix in one directory.
+refused unless `overwrite`: outputs of two runs never mix in one directory. An output that is,
+contains or lies inside one of the command's `inputs` is refused whatever `overwrite` says:
+no command replaces, or writes into, what it reads.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +24,27 @@ T = TypeVar("T")
 
 class OutputDirError(ValueError):
     """An output directory that cannot or must not be written; the message says why."""
+
+
+def check_not_input(output: str | Path, inputs: Iterable[str | Path]) -> None:
+    """Refuse an output directory that is, contains or lies inside an input."""
+    out = Path(output).resolve()
+    for given in inputs:
+        inp = Path(given).resolve()
+        if out == inp:
+            how = "is"
+        elif out in inp.parents:
+            how = "contains"
+        elif inp in out.parents:
+            how = "lies inside"
+        else:
+            continue
+        folder = inp if inp.is_dir() else inp.parent
+        raise OutputDirError(
+            f"output '{output}' {how} the input '{given}': writing there would replace or mix "
+            f"with what is read. Name an output directory outside the input, e.g. "
+            f"output={folder.parent / (folder.name + '_out')}"
+        )
 
 
 def check_output(path: Path, overwrite: bool) -> None:
@@ -36,8 +59,12 @@ def check_output(path: Path, overwrite: bool) -> None:
 
 
 @contextmanager
-def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """A temporary directory to write into; `path` once everything is written."""
+def atomic_dir(
+    path: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()
+) -> Iterator[Path]:
+    """A temporary directory to write into; `path` once everything is written. `inputs`:
+    what the command reads, which `path` must neither be, contain nor lie inside."""
+    check_not_input(path, inputs)
     path = Path(path).absolute()
     check_output(path, overwrite)
     try:

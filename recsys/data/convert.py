@@ -1,7 +1,12 @@
 """Convert Criteo TSV files into TorchRec's binary Criteo layout, streaming in chunks.
 
 For each input `<name>.<ext>[.gz]` it writes, as `BinaryCriteoUtils.tsv_to_npys` does:
-- `<name>_dense.npy`: float32 [N, 13], log(x - min + 2) with min over the whole file;
+- `<name>_dense.npy`: float32 [N, 13], log(x - min + 2) with min over the whole file
+  (TorchRec's transform, the default; byte-identical to its converter on full-field rows).
+  `dense_shift` puts one fixed value in place of each file's minimum (for multi-day data,
+  where per-file minima map one count differently on different days), and
+  `DenseTransform.log1p` is the DLRM reference's: negatives to 0, then log(x + 1). Counts
+  below the floor never reach the transform (`criteo_tsv.LineRules`);
 - `<name>_sparse.npy`: int64 [N, 26], the raw hex values (0 where missing);
 - `<name>_labels.npy`: int32 [N, 1] (-1 for files without labels, e.g. Kaggle's test.txt).
 Memory stays bounded by the chunk size times the number of chunks in flight: counts go to a
@@ -14,12 +19,13 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import sys
 import time
 import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
@@ -31,12 +37,18 @@ from recsys.data.criteo_tsv import (
     CAT_FEATURES,
     INT_FEATURES,
     BadInputError,
+    LineRules,
     ParsedChunk,
     parse_lines,
 )
 from recsys.data.npy_io import NpyAppender
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
+
+
+class DenseTransform(str, Enum):
+    torchrec = "torchrec"  # log(x - shift + 2), shift: the file's minimum or dense_shift
+    log1p = "log1p"  # the DLRM reference: log(max(x, 0) + 1)
 
 
 class LabelColumn(str, Enum):
@@ -47,7 +59,9 @@ class LabelColumn(str, Enum):
 
 @dataclass
 class ConvertOptions:
-    skip_bad_lines: bool = False
+    rules: LineRules = field(default_factory=LineRules)
+    dense_transform: DenseTransform = DenseTransform.torchrec
+    dense_shift: int | None = None  # torchrec transform: in place of each file's minimum
     label_column: LabelColumn = LabelColumn.auto
     chunk_mb: float = 16.0  # text per parse task
     workers: int = 0  # parse processes; 0: one per core (at most 4); 1: parse inline
@@ -130,6 +144,11 @@ class FileResult:
     bad_lines: int
     text_mb: float  # uncompressed
     seconds: float
+    dense_shift: int | None  # torchrec transform: the value in place of the minimum
+    dense_min: list[int]  # per count column, after clipping (missing counts are 0)
+    dense_max: list[int]
+    dense_clipped: list[int]  # counts clipped to the floor, per column
+    unterminated_last_line: bool  # the file's last line had no newline (kept)
 
 
 def convert_file(
@@ -140,8 +159,11 @@ def convert_file(
     name = output_name(path)
     labeled = has_label(path, opts.label_column)
     raw_dense_path = out_dir / f".{name}_dense_raw.npy"
-    bad, first_bad = 0, ""
+    bad, first_bad, unterminated = 0, "", False
     text_bytes = 0
+    low_I = np.full(INT_FEATURES, np.iinfo(np.int64).max)
+    high_I = np.full(INT_FEATURES, np.iinfo(np.int64).min)
+    clipped_I = np.zeros(INT_FEATURES, dtype=np.int64)
     stream, raw = _open(path)
     bar = tqdm(
         total=path.stat().st_size, unit="B", unit_scale=True, desc=f"prepare {path.name}",
@@ -155,19 +177,25 @@ def convert_file(
         ):
 
             def write(chunk: ParsedChunk) -> None:
-                nonlocal bad, first_bad
+                nonlocal bad, first_bad, unterminated
                 labels.append(chunk.labels_N)
                 dense_raw.append(chunk.ints_NI)
                 sparse.append(chunk.cats_NC)
                 bad += chunk.bad_lines
                 first_bad = first_bad or chunk.first_bad
+                unterminated |= chunk.unterminated
+                if len(chunk.ints_NI):
+                    np.minimum(low_I, chunk.ints_NI.min(axis=0), out=low_I)
+                    np.maximum(high_I, chunk.ints_NI.max(axis=0), out=high_I)
+                if chunk.clipped_I is not None:
+                    clipped_I[:] += chunk.clipped_I
                 bar.update(raw.tell() - bar.n)
 
             pending: deque[Future[ParsedChunk]] = deque()
             in_flight = 2 * workers
             for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20), path):
                 text_bytes += len(data)
-                args = (data, labeled, str(path), first_line, opts.skip_bad_lines)
+                args = (data, labeled, str(path), first_line, opts.rules)
                 if pool is None:
                     write(parse_lines(*args))
                     continue
@@ -182,28 +210,44 @@ def convert_file(
         if bad and labels.rows == 0:
             raise BadInputError(f"{path}: every line is malformed ({bad:,} lines); the "
                                 f"first: {first_bad}")  # fmt: skip
-        rows = _write_log_dense(raw_dense_path, out_dir / f"{name}_dense.npy")
+        shift = _write_dense(raw_dense_path, out_dir / f"{name}_dense.npy", opts)
     finally:
         bar.close()
         stream.close()
         raw.close()
         raw_dense_path.unlink(missing_ok=True)
+    if unterminated:
+        print(f"note: the last line of {path} has no newline; it was complete and is kept",
+              file=sys.stderr)  # fmt: skip
+    seen = labels.rows > 0
     return FileResult(
-        name=name, input=str(path), rows=rows, bad_lines=bad, text_mb=text_bytes / 1e6,
-        seconds=time.perf_counter() - start,
+        name=name, input=str(path), rows=labels.rows, bad_lines=bad, text_mb=text_bytes / 1e6,
+        seconds=time.perf_counter() - start, dense_shift=shift,
+        dense_min=low_I.tolist() if seen else [], dense_max=high_I.tolist() if seen else [],
+        dense_clipped=clipped_I.tolist(), unterminated_last_line=unterminated,
     )  # fmt: skip
 
 
-def _write_log_dense(raw_path: Path, out_path: Path, block_rows: int = 1 << 20) -> int:
-    """TorchRec's dense transform, log(x - min + 2) in float32, min over the whole file."""
+def _write_dense(
+    raw_path: Path, out_path: Path, opts: ConvertOptions, block_rows: int = 1 << 20
+) -> int | None:
+    """The dense transform in float32 (module doc); returns the shift the torchrec transform
+    used (None for log1p)."""
     raw = np.load(raw_path, mmap_mode="r")
-    low = min((int(raw[i : i + block_rows].min()) for i in range(0, len(raw), block_rows)),
-              default=0)  # fmt: skip
+    shift = None
+    if opts.dense_transform == DenseTransform.torchrec:
+        shift = opts.dense_shift
+        if shift is None:  # TorchRec's: the minimum over the whole file
+            shift = min((int(raw[i : i + block_rows].min())
+                         for i in range(0, len(raw), block_rows)), default=0)  # fmt: skip
     with NpyAppender(out_path, np.float32, INT_FEATURES) as out:
         for i in range(0, len(raw), block_rows):
-            shifted = (raw[i : i + block_rows] - (low - 2)).astype(np.float32)
-            out.append(np.log(shifted, dtype=np.float32))
-    return len(raw)
+            block = raw[i : i + block_rows]
+            if shift is None:
+                out.append(np.log(np.maximum(block, 0).astype(np.float32) + 1, dtype=np.float32))
+            else:
+                out.append(np.log((block - (shift - 2)).astype(np.float32), dtype=np.float32))
+    return shift
 
 
 def convert(

@@ -24,7 +24,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys.data.convert import natural_key
+from recsys.data.convert import TEXT_SUFFIXES, natural_key
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.multi_hot import bags_to_jagged, read_multi_hot
 
@@ -41,11 +41,24 @@ def prepared_names(path: str | Path) -> list[str]:
     )
     names = [n for n in names if n != "test" and not n.startswith(".")]  # Kaggle's unlabeled test
     if not names:
-        raise CriteoDataError(
-            f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, _labels.npy) in '{root}'. "
-            f"Make them with: python -m recsys.data.prepare input=<tsv file or dir> output={root}"
-        )
+        raise CriteoDataError(f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, "
+                              f"_labels.npy) in '{root}'. {_prepare_advice(root)}")  # fmt: skip
     return names
+
+
+def _prepare_advice(root: Path) -> str:
+    """How to make prepared files for `root`, never writing into a directory of raw text."""
+    out = root.parent / f"{root.name}_binary"
+    if root.is_dir() and any(p.name.lower().endswith(TEXT_SUFFIXES) or re.fullmatch(
+            r"day_\d+", p.name) for p in root.iterdir()):  # fmt: skip
+        return (
+            f"It holds Criteo text: prepare it into a new directory with `python -m "
+            f"recsys.data.prepare input={root} output={out}`, then pass dataset.path={out}"
+        )
+    return (
+        "Make them with `python -m recsys.data.prepare input=<tsv file or dir> "
+        "output=<a new directory>` and pass that directory as dataset.path"
+    )
 
 
 def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:

@@ -2,13 +2,21 @@
 
 One sample a line, tab-separated: label, 13 integer counts (may be negative or empty),
 26 categorical features as hex strings (normally 8 digits; may be empty). Kaggle's test.txt
-has no label column. Real files have rough edges this parser keeps right:
-- trailing empty fields stripped (fewer fields): padded with missing values, never shifted;
-- a last line without a newline: kept;
+has no label column. Every line is checked for its field count and the shape of each field;
+real files have rough edges this parser keeps right:
+- a line with fewer fields than the format is refused: a missing middle field would shift
+  every later column, and a label-only line is no sample. Files whose trailing empty fields
+  were stripped are read with `pad_short_lines` (the label and the 13 counts must be there;
+  the missing categories are padded as missing values);
+- a last line without a newline: kept and reported, unless it is cut short (the file ends
+  mid-line), which is refused like any short line;
 - CRLF line endings (files that passed through Windows tools): read as LF;
+- a count below `dense_floor` (Criteo's counts start at -3): refused naming the value, or
+  clipped to the floor and counted with `clip_dense`, so one bad cell cannot flatten a
+  file's dense features through the transform's minimum;
 - malformed lines (blank, an empty or bad label, non-hex category, non-integer count, too
-  many fields): reported with file and line number, or dropped and counted when skipping
-  is asked for.
+  many or too few fields): reported with file and line number, or dropped and counted when
+  skipping is asked for.
 Missing values become 0, as TorchRec's `BinaryCriteoUtils.tsv_to_npys` maps them.
 
 Shapes: N = lines in the chunk.
@@ -32,6 +40,8 @@ for _i, _c in enumerate(b"ABCDEF"):
     _HEX_LUT[_c] = 10 + _i
 _TAB, _NL, _MINUS, _ZERO = 9, 10, ord("-"), ord("0")
 _MAX_SAFE_DIGITS = 18  # |value| < 10**18 cannot overflow int64; longer ones go the slow way
+_PAD_HINT = "; files whose trailing empty fields were stripped are read with pad_short_lines=true"
+CRITEO_DENSE_FLOOR = -3  # the lowest count in Criteo's Kaggle and 1TB data (one column only)
 
 
 class BadInputError(ValueError):
@@ -43,12 +53,24 @@ class MalformedLineError(BadInputError):
 
 
 @dataclass
+class LineRules:
+    """What a line must be, and what to do with one that is not."""
+
+    skip_bad_lines: bool = False  # drop and count malformed lines instead of stopping
+    pad_short_lines: bool = False  # accept lines whose trailing categories were stripped
+    dense_floor: int = CRITEO_DENSE_FLOOR  # the lowest valid count; <= 0 (missing is 0)
+    clip_dense: bool = False  # clip counts below the floor to it (counted) instead of refusing
+
+
+@dataclass
 class ParsedChunk:
     labels_N: np.ndarray  # int32; -1 where the file has no label column
     ints_NI: np.ndarray  # int64 raw counts, 0 where missing
     cats_NC: np.ndarray  # int64 raw hex values, 0 where missing
     bad_lines: int  # lines dropped (only when skipping)
     first_bad: str = ""  # "<file>:<line>: <why>" of the first dropped line
+    clipped_I: np.ndarray | None = None  # counts clipped to the floor, per column
+    unterminated: bool = False  # the chunk's (so the file's) last line has no newline
 
 
 def n_fields(has_label: bool) -> int:
@@ -142,25 +164,34 @@ def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
 
 
 def parse_lines(
-    data: bytes, has_label: bool, path: str, first_line: int, skip_bad_lines: bool
+    data: bytes, has_label: bool, path: str, first_line: int, rules: LineRules
 ) -> ParsedChunk:
     """Parse whole lines (the last may lack its newline). `first_line` is 1-based."""
     if not data:
         empty = np.zeros((0, INT_FEATURES), dtype=np.int64)
-        return ParsedChunk(np.zeros(0, np.int32), empty, np.zeros((0, CAT_FEATURES), np.int64), 0)
+        return ParsedChunk(np.zeros(0, np.int32), empty, np.zeros((0, CAT_FEATURES), np.int64), 0,
+                           clipped_I=np.zeros(INT_FEATURES, np.int64))  # fmt: skip
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n")
-    if not data.endswith(b"\n"):
+    unterminated = not data.endswith(b"\n")
+    if unterminated:
         data += b"\n"
     buf = np.frombuffer(data, dtype=np.uint8)
     fields = n_fields(has_label)
     starts, ends, counts_N = _field_spans(buf, fields)
     n = len(counts_N)
     blank = (counts_N == 1) & (ends[:, 0] == starts[:, 0])
+    least = fields - CAT_FEATURES if rules.pad_short_lines else fields
+    short = (counts_N < least) & ~blank
+    cut = np.zeros(n, dtype=bool)
+    cut[-1] = unterminated and counts_N[-1] < fields and not blank[-1]  # even when padding
     reasons: list[tuple[np.ndarray, str]] = [
         (blank, "blank line"),
         (counts_N > fields, f"more than {fields} fields"),
-    ]
+        (cut, "the file ends in the middle of this line: it was cut short"),
+        (short & ~cut, f"fewer than {least} fields: a missing field would shift the columns "
+                       f"after it{'' if rules.pad_short_lines else _PAD_HINT}"),
+    ]  # fmt: skip
     col = 0
     if has_label:
         lab_len = ends[:, 0] - starts[:, 0]
@@ -180,18 +211,33 @@ def parse_lines(
     )
     reasons += [(bad_int, "a count is not an integer that fits int64"),
                 (bad_hex, f"a category is not hex of at most {MAX_HEX_DIGITS} digits")]  # fmt: skip
+    below_NI = ints_NI < rules.dense_floor
+    if not rules.clip_dense:
+        reasons.append((below_NI.any(axis=1) & ~bad_int, "below"))
     bad_N = np.zeros(n, dtype=bool)
     for mask, _ in reasons:
         bad_N |= mask
+    clipped_I = (below_NI & ~bad_N[:, None]).sum(axis=0) if rules.clip_dense else None
+    if rules.clip_dense:
+        np.maximum(ints_NI, rules.dense_floor, out=ints_NI)
+    result = ParsedChunk(labels_N, ints_NI, cats_NC, 0, clipped_I=clipped_I,
+                         unterminated=unterminated)  # fmt: skip
     if not bad_N.any():
-        return ParsedChunk(labels_N, ints_NI, cats_NC, 0)
+        return result
     i = int(np.flatnonzero(bad_N)[0])
     why = next(reason for mask, reason in reasons if mask[i])
+    if why == "below":
+        c = int(np.flatnonzero(below_NI[i])[0])
+        why = (f"count I{c + 1} is {ints_NI[i, c]}, below dense_floor={rules.dense_floor}; "
+               f"pass clip_dense=true to clip such counts to the floor and count them, or a "
+               f"lower dense_floor if such counts are real")  # fmt: skip
     line = data.split(b"\n", i + 1)[i]
     first_bad = f"{path}:{first_line + i}: malformed Criteo line ({why}): {line[:120]!r}"
-    if not skip_bad_lines:
+    if not rules.skip_bad_lines:
         raise MalformedLineError(
             f"{first_bad}. Fix the file, or pass skip_bad_lines=true to skip and count such lines."
         )
     keep = ~bad_N
-    return ParsedChunk(labels_N[keep], ints_NI[keep], cats_NC[keep], int(bad_N.sum()), first_bad)
+    result.labels_N, result.ints_NI, result.cats_NC = labels_N[keep], ints_NI[keep], cats_NC[keep]
+    result.bad_lines, result.first_bad = int(bad_N.sum()), first_bad
+    return result

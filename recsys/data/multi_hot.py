@@ -101,8 +101,9 @@ def read_multi_hot(root: Path, name: str, rows: int, hotness: list[int]) -> list
     """The per-table [rows, bag size] arrays of one prepared file, checked against
     `hotness`; a clear error names the command that writes them."""
     path = root / f"{name}{MULTI_HOT_SUFFIX}"
-    fix = (f"write them with: python -m recsys.data.prepare input=<tsv> output={root} "
-           f"hotness=<the same list>")  # fmt: skip
+    fix = ("prepare the text again into a new directory with `python -m recsys.data.prepare "
+           "input=<tsv> output=<new dir> hotness=<the same list>` and pass it as "
+           "dataset.path")  # fmt: skip
     if not path.exists():
         raise HotnessError(f"dataset.hotness is set but '{path}' does not exist; {fix}")
     with np.load(path) as npz:

@@ -25,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recsys.data.atomic import atomic_dir, run_cli
+from recsys.data.atomic import atomic_dir, check_not_input, run_cli
 from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
 from recsys.data.npy_io import NpyAppender
@@ -90,10 +90,9 @@ def remap(cfg: RemapConfig) -> dict:
     if cfg.threshold < 1:
         raise CriteoDataError(f"remap: threshold must be >= 1, got {cfg.threshold}")
     src, out = Path(cfg.input), Path(cfg.output)
-    if src.resolve() == out.resolve():
-        raise CriteoDataError("remap: output must differ from input (input files are kept)")
+    check_not_input(out, [src])  # before reading: input files are kept
     train_names = prepared_names(src)  # the files that train; Kaggle's test.txt is not one
-    with atomic_dir(out, cfg.overwrite) as tmp:
+    with atomic_dir(out, cfg.overwrite, inputs=[src]) as tmp:
         return _remap(cfg, src, tmp, train_names)
 
 

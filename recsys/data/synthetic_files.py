@@ -3,9 +3,11 @@ in-memory source, so every step from raw text to training runs on files.
 
 Per feature, ids follow a power law over `cardinality` distinct values, written as 8-digit
 hex (scattered 32-bit values, like Criteo's hashes). Counts are integers: exp of the planted
-dense value, with some -1/-2 as Criteo's first count column has. Some values are missing,
-trailing empty fields are stripped as in the real files, and the last line of a file can
-be left without its newline.
+dense value, with some -1/-2 as Criteo's first count column has. Some values are missing
+(empty fields, every line keeps its 40 fields as the real files do: TorchRec's converter,
+which MLPerf runs on them, fails on shorter lines), and the last line of a file can be left
+without its newline. `strip_trailing_empty` writes files whose trailing empty fields were
+stripped by some tool (read with `prepare pad_short_lines=true`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class SynthConfig:
     gzip: bool = False
     zipf_exponent: float = 1.1
     missing_rate: float = 0.05  # share of empty values
-    strip_trailing_empty: bool = True  # as in real files: short lines
+    strip_trailing_empty: bool = False  # true: short lines, as some tools leave them
     final_newline: bool = False  # real files sometimes end without one
     seed: int = 1234
     signal: float = 1.0
