@@ -188,42 +188,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         for k, b in enumerate(plans[0].sizes[rank]):
             if b == 0:  # none of my samples, but other ranks' chunk k still moves
                 self._empty_micro_batch(step, k, plans, sends, grads, backs)
-                continue
-            mine = plans[0].samples(rank, k)  # this micro-batch's samples of my batch
-            leaves = []
-            for mi, (m, ms) in enumerate(zip(self._lookups.modules, step.modules, strict=True)):
-                parts = []
-                for g, group in enumerate(m.groups):
-                    if group.exchange is None:
-                        parts.append(ms.looked_up[g].detach()[mine])
-                    else:
-                        with self._waiting("chunks"):
-                            parts.append(sends[mi][k][g].wait())
-                leaf = [p.requires_grad_() for p in parts]
-                leaves.append(leaf)
-                names, dims = m.module._embedding_names, m.module._embedding_dims
-                m.module.forward = _returns(construct_output_kt(leaf, names, dims))
-            try:
-                with deferred:
-                    deferred.start_micro_batch()
-                    # requires grad so that every layer's output gradient is computed
-                    dense = batch.dense_features[mine].requires_grad_()
-                    sparse = _placeholder(batch.sparse_features, b)
-                    logit = self._model.model(dense, sparse).squeeze(-1)
-                    label = batch.labels[mine].float()
-                    logit.backward(loss_seed(self._model, logit, label, size))
-            finally:
-                for m in self._lookups.modules:
-                    del m.module.forward
-            logits.append(logit.detach())
-            for mi, (m, leaf) in enumerate(zip(self._lookups.modules, leaves, strict=True)):
-                for g, group in enumerate(m.groups):
-                    if group.exchange is None:
-                        grads[mi][g][mine] = leaf[g].grad
-                    else:  # in flight under the next micro-batch's dense work
-                        state = step.modules[mi].dedup[g]
-                        backs.append(group.send_back(leaf[g].grad, plans[mi], state, k,
-                                                     grads[mi][g]))  # fmt: skip
+            else:
+                logits.append(self._micro_batch(step, k, b, plans, sends, grads, backs))
+            # every rank, whatever its share: the collectives run in one order on all ranks
             if k == 0 and self._next is not None:
                 self._lookups.send_ids(self._next)
         inverse = None
@@ -241,6 +208,47 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         with torch.no_grad():  # the plain loop's loss: once, over the batch in data order
             loss = self._loss_fn(logit, batch.labels.float())
         return loss, logit, batch.labels
+
+    def _micro_batch(self, step: Step, k: int, b: int, plans, sends, grads,
+                     backs: list[Pending]) -> torch.Tensor:  # fmt: skip
+        """Micro-batch k (`b` of my samples): its dense forward and backward on the chunk's
+        embeddings, its gradients sent back under the next one's work; its logits."""
+        batch, rank, deferred = step.batch, dist.get_rank(), self._deferred
+        mine = plans[0].samples(rank, k)  # this micro-batch's samples of my batch
+        leaves = []
+        for mi, (m, ms) in enumerate(zip(self._lookups.modules, step.modules, strict=True)):
+            parts = []
+            for g, group in enumerate(m.groups):
+                if group.exchange is None:
+                    parts.append(ms.looked_up[g].detach()[mine])
+                else:
+                    with self._waiting("chunks"):
+                        parts.append(sends[mi][k][g].wait())
+            leaf = [p.requires_grad_() for p in parts]
+            leaves.append(leaf)
+            names, dims = m.module._embedding_names, m.module._embedding_dims
+            m.module.forward = _returns(construct_output_kt(leaf, names, dims))
+        try:
+            with deferred:
+                deferred.start_micro_batch()
+                # requires grad so that every layer's output gradient is computed
+                dense = batch.dense_features[mine].requires_grad_()
+                sparse = _placeholder(batch.sparse_features, b)
+                logit = self._model.model(dense, sparse).squeeze(-1)
+                label = batch.labels[mine].float()
+                logit.backward(loss_seed(self._model, logit, label, batch.dense_features.shape[0]))
+        finally:
+            for m in self._lookups.modules:
+                del m.module.forward
+        for mi, (m, leaf) in enumerate(zip(self._lookups.modules, leaves, strict=True)):
+            for g, group in enumerate(m.groups):
+                if group.exchange is None:
+                    grads[mi][g][mine] = leaf[g].grad
+                else:  # in flight under the next micro-batch's dense work
+                    state = step.modules[mi].dedup[g]
+                    backs.append(group.send_back(leaf[g].grad, plans[mi], state, k,
+                                                 grads[mi][g]))  # fmt: skip
+        return logit.detach()
 
     def _empty_micro_batch(self, step: Step, k: int, plans, sends, grads,
                            backs: list[Pending]) -> None:  # fmt: skip
