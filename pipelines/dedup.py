@@ -102,8 +102,8 @@ def route_distinct(
                 lens[first] = len(ids)
                 held.append((first, ids))
         values += [ids for _, ids in sorted(held, key=lambda h: h[0])]
-    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=lengths,
-                             stride=stride)  # fmt: skip
+    values = torch.cat(values) if values else kjt.values().new_empty(0)  # every bag empty
+    return KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=lengths, stride=stride)
 
 
 class DedupExchange:

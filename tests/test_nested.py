@@ -417,3 +417,15 @@ def test_nested_through_the_trainer_with_evals_between_steps(tmp_path: Path) -> 
     for a, b in zip(plain["evals"], nested["evals"], strict=True):
         assert b["eval_auc"] == pytest.approx(a["eval_auc"], rel=1e-5)
     assert nested["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_dedup_trains_when_every_bag_is_empty(tmp_path: Path) -> None:
+    """`dataset.hotness` all 0: no id to send (dedup concatenated an empty list), and the
+    embeddings add nothing, so nested with dedup gives the plain loop's losses exactly."""
+    from recsys.train import train
+
+    common = ["debug=tiny", "trainer.max_steps=4", f"dataset.hotness=[{','.join(['0'] * 26)}]"]
+    plain = train(compose_config(common), tmp_path / "plain")
+    dedup = train(compose_config(common + _nested(2, False, False, True)), tmp_path / "dedup")
+    assert dedup["pipeline"] == "nested" and dedup["step_losses"] == plain["step_losses"]
