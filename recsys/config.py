@@ -53,6 +53,9 @@ def check_train_config(cfg: TrainConfig) -> None:
             raise TrainConfigError(f"trainer.{key} must be a finite number > 0, got {value}")
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
+    if not cfg.pipeline.micro_batches >= 1:
+        raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
+                               f"{cfg.pipeline.micro_batches}")  # fmt: skip
     if not cfg.dataset.eval_batches >= 0:
         raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation), got "
                                f"{cfg.dataset.eval_batches}")  # fmt: skip

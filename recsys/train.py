@@ -7,6 +7,7 @@ launcher), every process is one rank. `train(cfg)` is the testable core.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from pipelines.types import PipelineName
-from recsys import launch
+from recsys import launch, preflight
 from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
 from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import validate_model_config
@@ -116,8 +117,6 @@ def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> dict:
     """Run the job `cfg` describes; return rank 0's summary (also written to summary.json)."""
-    from recsys.trainer import plan_only, write_summary
-
     tcfg = to_typed(cfg)
     quiet_library_noise(tcfg.trainer.log_level)
     check_train_config(tcfg)  # fail here, before any rank starts
@@ -174,9 +173,23 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
         check_tables_fit(tcfg)  # TorchRec plans inside the ranks; a hopeless model stops here
     run_dir = Path(run_dir or os.getcwd())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    preflight.check_outputs(tcfg, run_dir)
+    if launch.launched_externally() and os.environ.get("RANK", "0") != "0":
+        lock = contextlib.nullcontext()  # rank 0 holds the run directory for the job
+    else:
+        lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))
+    with lock:
+        return _train_in(tcfg, ranks, run_dir, emulate)
+
+
+def _train_in(tcfg: TrainConfig, ranks, run_dir: Path, emulate: bool) -> dict:
+    """`train` once the config is checked and the run directory is this run's."""
+    from recsys.trainer import plan_only, write_summary
+
     our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
     world = len(ranks)
+    if not tcfg.trainer.dry_run:
+        preflight.check_data(tcfg, world, our_plan.batch_per_rank if our_plan else None)
     writer = True
     if tcfg.trainer.dry_run:
         summary = plan_only(tcfg, run_dir) if our_plan is None else {

@@ -172,23 +172,29 @@ class Progress:
 
 
 class LossWatch:
-    """Checks recorded losses for NaN/inf in windows (one host sync per window, not per step)."""
+    """Checks recorded losses for NaN/inf in windows (one host sync per window, not per step).
+    Each window is averaged over the ranks first (one small all-reduce per window, every
+    rank at the same steps): the figure shown is the global mean loss whatever each rank's
+    share, and a NaN on any rank stops every rank at once."""
 
-    def __init__(self, start_step: int, rank: int) -> None:
+    def __init__(self, start_step: int, rank: int, world: int = 1) -> None:
         self.losses: list[torch.Tensor] = []
-        self._start, self._rank, self._checked = start_step, rank, 0
+        self._start, self._rank, self._world, self._checked = start_step, rank, world, 0
 
     def check(self) -> float | None:
-        """Raise naming the first bad step; return the mean loss of the new window."""
+        """Raise naming the first bad step; return the global mean loss of the new window."""
         window = self.losses[self._checked :]
         if not window:
             return None
-        values = torch.stack(window)
+        values = torch.stack(window).double()
+        if self._world > 1:
+            dist.all_reduce(values)  # each rank's loss is its share of the global mean
+            values /= self._world
         bad = ~torch.isfinite(values)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             raise FloatingPointError(
-                f"rank {self._rank}: train loss is {float(values[i])} at step "
+                f"train loss is {float(values[i])} at step "
                 f"{self._start + self._checked + i + 1}; stopping. Lower trainer.lr / "
                 f"trainer.embedding_lr or check the data."
             )
@@ -417,11 +423,12 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         eval_model = detach_for_eval(pipeline, model)
         return evaluate(eval_model, batches("eval", 0, cfg.dataset.eval_batches), device)
 
-    watch = LossWatch(start, rank)
+    watch = LossWatch(start, rank, world)
     evals: list[dict] = []
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=rank == 0 and tcfg.progress_bar)  # fmt: skip
     t_start, timed_from = time.perf_counter(), start
+    paused_s = 0.0  # evaluations and checkpoints inside the timed steps: not training
     for step in range(start, tcfg.max_steps):
         try:
             loss, _, _ = pipeline.progress(train_iter)
@@ -437,17 +444,19 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         watch.losses.append(loss.detach())
         done = step + 1
         if done == start + tcfg.warmup_steps:
-            t_start, timed_from = time.perf_counter(), done
+            t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
         bar.update(1)
+        pause = time.perf_counter()
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
             evals.append({"step": done, **run_eval()})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
             save_checkpoint(ckpt_root, model, optimizer, done, saved_run)
+        paused_s += time.perf_counter() - pause
     bar.close()
-    elapsed = time.perf_counter() - t_start
+    elapsed = time.perf_counter() - t_start - paused_s
     timed_steps = tcfg.max_steps - timed_from
 
     saved = None
@@ -464,7 +473,10 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         "world_size": world,
         "steps": tcfg.max_steps,
         "start_step": start,
-        "batch_size_per_rank": tcfg.batch_size,
+        # one figure only where every rank has it; else each rank's in batch_per_rank
+        "batch_size_per_rank": shares[0] if len(set(shares)) == 1 else None,
+        "global_batch_size": sum(shares),
+        # training only: evaluations and checkpoints between timed steps are left out
         "samples_per_s": sum(shares) * timed_steps / elapsed if timed_steps else None,
         "batch_per_rank": shares,
         "train_loss": float(window.mean()) if len(window) else None,

@@ -114,6 +114,23 @@ def test_speed_skewed_cluster_pins_ranks_and_trains(tmp_path: Path) -> None:
     assert summary["world_size"] == 3 and summary["cluster"] == "local_cpu3_skewed"
 
 
+def test_unequal_shares_report_global_figures(tmp_path: Path, capfd) -> None:
+    """Shares [48, 48, 96]: the progress line shows the mean loss over all ranks (what
+    train_losses.csv holds), not rank 0's share of it; summary.json has no single batch per
+    rank and counts the global batch."""
+    cfg = TINY + ["cluster=local_cpu3_skewed", "planner=hybrid", "trainer.progress_bar=true",
+                  "trainer.log_every=3"]  # fmt: skip
+    summary = train(compose_config(cfg), tmp_path)
+    assert summary["batch_per_rank"] == [48, 48, 96] and summary["batch_size_per_rank"] is None
+    assert summary["global_batch_size"] == 192
+    shown = [float(line.split("loss ")[1].split(",")[0])
+             for line in capfd.readouterr().err.splitlines() if "step 6/6" in line]  # fmt: skip
+    losses = [
+        float(x.split(",")[1]) for x in (tmp_path / "train_losses.csv").read_text().split()[1:]
+    ]
+    assert shown == [pytest.approx(sum(losses[3:]) / 3, abs=1e-4)], (shown, losses)
+
+
 def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
     cfg = compose_config(["planner=hybrid", "trainer.max_steps=60", "trainer.batch_size=256"])
     summary = train(cfg, tmp_path)

@@ -61,6 +61,18 @@ def _prepare_advice(root: Path) -> str:
     )
 
 
+def open_npy(path: Path) -> np.ndarray:
+    """A prepared array, memory-mapped; a missing, truncated or foreign file names itself."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise CriteoDataError(f"'{path}' is missing: the prepared directory is incomplete; "
+                              f"prepare it again into a new directory") from None  # fmt: skip
+    except (ValueError, OSError) as e:
+        raise CriteoDataError(f"'{path}' is truncated or not a .npy file ({e}); prepare it "
+                              f"again into a new directory") from None  # fmt: skip
+
+
 def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:
     """Refuse a directory whose files cannot come from one `prepare` run: day_N files beside
     other names (two layouts), or files that its summary.json does not list as they are."""
@@ -104,20 +116,25 @@ class CriteoBinary:
         seed: int = 0,
         batch_per_rank: list[int] | None = None,
         hotness: list[int] | None = None,
+        needs_eval: bool = True,
     ) -> None:
         """`batch_size` and `world_size`: equal shares; `batch_per_rank`, if given, each
         rank's own batch size instead (a speed-aware split). `hotness`: bag sizes per table,
-        read from each file's `_sparse_multi_hot.npz` (`recsys.data.multi_hot`)."""
+        read from each file's `_sparse_multi_hot.npz` (`recsys.data.multi_hot`).
+        `needs_eval`: the eval split must hold a batch (false: no evaluation is asked for)."""
         if len(num_embeddings_per_feature) != CAT_FEATURES:
             raise CriteoDataError(
                 f"Criteo has {CAT_FEATURES} categorical features; the model has "
                 f"{len(num_embeddings_per_feature)} tables"
             )
         root = Path(path)
+        if not root.is_dir():
+            raise CriteoDataError(f"dataset.path '{root}' is not a directory. "
+                                  f"{_prepare_advice(root)}")  # fmt: skip
         self.names = prepared_names(root)
-        self.dense = [np.load(root / f"{n}_dense.npy", mmap_mode="r") for n in self.names]
-        self.sparse = [np.load(root / f"{n}_sparse.npy", mmap_mode="r") for n in self.names]
-        self.labels = [np.load(root / f"{n}_labels.npy", mmap_mode="r") for n in self.names]
+        self.dense = [open_npy(root / f"{n}_dense.npy") for n in self.names]
+        self.sparse = [open_npy(root / f"{n}_sparse.npy") for n in self.names]
+        self.labels = [open_npy(root / f"{n}_labels.npy") for n in self.names]
         for n, d, s, lab in zip(self.names, self.dense, self.sparse, self.labels, strict=True):
             if (
                 d.shape != (len(s), INT_FEATURES)
@@ -127,7 +144,7 @@ class CriteoBinary:
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
         every = {p.name[: -len("_dense.npy")]: 0 for p in root.glob("*_dense.npy")}
         for n in every:  # the test file too: the summary lists it
-            every[n] = len(np.load(root / f"{n}_dense.npy", mmap_mode="r"))
+            every[n] = len(open_npy(root / f"{n}_dense.npy"))
         check_prepared_dir(root, every)
         self.hotness = hotness
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)
@@ -146,13 +163,18 @@ class CriteoBinary:
         self.seed = seed
         self._file_starts = np.cumsum([0] + [len(d) for d in self.dense])
         self._splits = self._split_ranges(holdout_fraction)
-        for split in ("train", "eval"):
+        for split in ("train", "eval") if needs_eval else ("train",):
             if self.num_batches(split) < 1:
                 lo, hi = self._splits[split]
+                fix = "use more data or a smaller trainer.batch_size"
+                if split == "eval" and len(self.names) == 1:
+                    fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the "
+                           f"eval split is half the rows held out), use a smaller "
+                           f"trainer.batch_size, or set dataset.eval_batches=0 for no "
+                           f"evaluation")  # fmt: skip
                 raise CriteoDataError(
                     f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch "
-                    f"for each rank (batches {self.batch_per_rank}); use more data or a "
-                    f"smaller trainer.batch_size"
+                    f"for each rank (batches {self.batch_per_rank}); {fix}"
                 )
 
     def _split_ranges(self, holdout_fraction: float) -> dict[str, tuple[int, int]]:

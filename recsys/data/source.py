@@ -49,7 +49,7 @@ def build_source(
     if not cfg.path:
         raise CriteoDataError(
             f"dataset '{cfg.name}' needs dataset.path: the output directory of "
-            f"`python -m recsys.data.prepare input=<tsv> output=<dir>`"
+            f"`python -m recsys.data.prepare input=<tsv> output=<a new directory>`"
         )
     if model.dense_in_features != 13:
         raise CriteoDataError(f"Criteo has 13 dense features; model '{model.name}' expects "
@@ -65,4 +65,5 @@ def build_source(
         seed=cfg.seed,
         batch_per_rank=batch_per_rank,
         hotness=resolve_hotness(cfg.hotness, len(model.num_embeddings_per_feature)),
+        needs_eval=cfg.eval_batches > 0,
     )

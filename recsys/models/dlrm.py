@@ -49,6 +49,12 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"model '{cfg.name}': embedding_dim and dense_in_features must be >= 1"
         )
+    if cfg.embedding_dim % 4:
+        raise ModelConfigError(
+            f"model.embedding_dim={cfg.embedding_dim}: TorchRec's fused tables (FBGEMM's TBE) "
+            f"take a multiple of 4 columns per shard; use a multiple of 4 (e.g. "
+            f"{max(4, cfg.embedding_dim // 4 * 4)}), and end dense_arch_layer_sizes with it"
+        )
     if not cfg.dense_arch_layer_sizes or cfg.dense_arch_layer_sizes[-1] != cfg.embedding_dim:
         raise ModelConfigError(
             f"model '{cfg.name}': the last dense_arch_layer_sizes entry must equal embedding_dim "

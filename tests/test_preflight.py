@@ -1,0 +1,148 @@
+"""What the parent refuses before any rank starts (`recsys.preflight`): data, output
+directories and the run directory, each in one line naming the key or file and the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+
+from recsys.config import TrainConfigError
+from recsys.data.criteo_binary import CriteoDataError
+from recsys.data.multi_hot import HotnessError
+from recsys.data.prepare import PrepareConfig, prepare
+from recsys.data.synthetic_files import SynthConfig, synthesize
+from recsys.models.dlrm import ModelConfigError
+from recsys.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+CRITEO = ["debug=tiny", "dataset=criteo_kaggle", "dataset.eval_batches=2", "trainer.batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def criteo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(raw text dir, prepared dir) of 2,000 rows."""
+    root = tmp_path_factory.mktemp("criteo")
+    synthesize(SynthConfig(output=str(root / "tsv"), rows=2000, scale=1000))
+    prepare(PrepareConfig(input=str(root / "tsv"), output=str(root / "bin"), workers=1,
+                          progress=False))  # fmt: skip
+    return root / "tsv", root / "bin"
+
+
+@pytest.fixture
+def no_ranks(monkeypatch) -> None:
+    """A test that fails if any rank is spawned: what it checks must stop before that."""
+    from recsys import launch
+
+    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_data_errors_are_found_before_any_rank(criteo, tmp_path: Path, no_ranks) -> None:
+    raw, prepared = criteo
+    cases = [
+        ([], CriteoDataError, r"needs dataset.path: .*output=<a new directory>"),
+        ([f"dataset.path={tmp_path / 'nope'}"], CriteoDataError, r"'.*nope' is not a directory"),
+        ([f"dataset.path={raw}"], CriteoDataError,
+         rf"It holds Criteo text: .*input={raw} output={raw}_binary`, then pass dataset.path"),
+        ([f"dataset.path={prepared}", "trainer.batch_size=4096"], CriteoDataError,
+         r"the train split has 1,714 rows, fewer than one batch for each rank .*smaller "
+         r"trainer.batch_size"),
+        ([f"dataset.path={prepared}", "dataset.holdout_fraction=0"], CriteoDataError,
+         r"the eval split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
+         r"dataset.eval_batches=0"),
+        ([f"dataset.path={prepared}", "dataset.hotness=mlperf"], HotnessError,
+         r"_sparse_multi_hot.npz' does not exist; prepare the text again into a new directory"),
+    ]  # fmt: skip
+    for i, (overrides, error, message) in enumerate(cases):
+        with pytest.raises(error, match=message):
+            train(compose_config(CRITEO + overrides), tmp_path / f"run{i}")
+
+
+def test_a_truncated_array_names_its_file(criteo, tmp_path: Path, no_ranks) -> None:
+    broken = _copy(criteo[1], tmp_path / "bin")
+    data = (broken / "train_sparse.npy").read_bytes()
+    (broken / "train_sparse.npy").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CriteoDataError, match=r"'.*bin/train_sparse.npy' is truncated or not a "
+                       r"\.npy file"):  # fmt: skip
+        train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run")
+    (broken / "train_sparse.npy").write_bytes(data)
+    (broken / "train_labels.npy").unlink()
+    with pytest.raises(CriteoDataError, match=r"train_labels.npy' is missing"):
+        train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run2")
+
+
+@pytest.mark.parametrize(
+    "override, error, message",
+    [
+        ("model.embedding_dim=6", ModelConfigError, r"model.embedding_dim=6: .*multiple of 4"),
+        ("pipeline.micro_batches=0", TrainConfigError, r"pipeline.micro_batches must be >= 1"),
+    ],
+)
+def test_kernel_and_pipeline_limits_are_one_line(tmp_path, no_ranks, override, error, message):
+    with pytest.raises(error, match=message):
+        train(compose_config(["debug=tiny", "pipeline=nested", override]), tmp_path)
+
+
+def test_an_unwritable_checkpoint_dir_is_refused_before_training(tmp_path, no_ranks) -> None:
+    (tmp_path / "afile").write_text("x")  # a directory under a file: unwritable even as root
+    cfg = ["debug=tiny", "trainer.save_checkpoint=true",
+           f"trainer.checkpoint_dir={tmp_path / 'afile' / 'ckpt'}"]  # fmt: skip
+    with pytest.raises(TrainConfigError, match=r"trainer.checkpoint_dir: cannot write to "
+                       r"'.*afile/ckpt' \(Not a directory\)"):  # fmt: skip
+        train(compose_config(cfg), tmp_path / "run")
+
+
+def test_a_run_directory_is_one_runs(tmp_path: Path, no_ranks) -> None:
+    """Held by a live run (another process holds the lock), or holding a finished run's
+    summary: refused unless resuming; the other run's outputs stay as they are."""
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from recsys.preflight import RunDirLock; "
+        f"RunDirLock(Path({str(run)!r}), False); print('held', flush=True); time.sleep(60)")],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TrainConfigError, match=rf"'{run}' is in use by another run \(pid "
+                           rf"{holder.pid}\); give this run its own hydra.run.dir"):  # fmt: skip
+            train(compose_config(["debug=tiny", "planner=hybrid"]), run)
+    finally:
+        holder.kill()
+        holder.wait()
+    (run / "summary.json").write_text(json.dumps({"eval_auc": 0.7}))
+    with pytest.raises(TrainConfigError, match="holds a finished run .* resume that run"):
+        train(compose_config(["debug=tiny", "planner=hybrid"]), run)
+    assert json.loads((run / "summary.json").read_text()) == {"eval_auc": 0.7}
+    assert not (run / "plan.json").exists()  # refused before planning wrote anything
+
+
+@pytest.mark.slow
+def test_no_evaluation_needs_no_eval_split(criteo, tmp_path: Path) -> None:
+    """dataset.eval_batches=0 with nothing held out trains (it was refused in the ranks)."""
+    cfg = CRITEO + [f"dataset.path={criteo[1]}", "dataset.holdout_fraction=0",
+                    "dataset.eval_batches=0", "trainer.max_steps=3"]  # fmt: skip
+    summary = train(compose_config(cfg), tmp_path)
+    assert summary["steps"] == 3 and summary["eval_auc"] is None
+
+
+@pytest.mark.slow
+def test_the_cli_prints_a_data_error_once(criteo, tmp_path: Path) -> None:
+    raw = criteo[0]
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", *CRITEO, f"dataset.path={raw}",
+                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: no prepared Criteo files "), errors
+    assert not (tmp_path / "plan_layout.json").exists()  # what rank 0 writes first
