@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recsys.interrupts import die_with_parent
 from sharding.cluster import resolve_cluster
 from sharding.types import ClusterSpec, RankDevice
 
@@ -340,8 +341,14 @@ class _RankProc:
         return self.popen.poll() is None
 
     def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
+            os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass
 
@@ -423,6 +430,7 @@ def _rank_child(box: Path) -> None:
     """Entry of one rank started by `run_ranks`: run the job, report into `box`."""
     from recsys.launch import run_and_exit
 
+    die_with_parent()  # `sh` and `ip netns exec` exec into this: the parent is the launcher
     rank = int(os.environ["RANK"])
 
     def job() -> Any:

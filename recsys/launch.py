@@ -23,7 +23,10 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from recsys.interrupts import die_with_parent
+
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+STOP_GRACE_S = 15.0  # stopped ranks get this long to write what they have before SIGKILL
 
 
 class RankFailedError(RuntimeError):
@@ -87,8 +90,9 @@ class LaunchResult:
 
 
 def _rank_entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any
+    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any, parent: int
 ) -> None:
+    die_with_parent(parent)  # a killed launcher leaves no rank behind
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -144,7 +148,9 @@ def spawn_ranks(
     out = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_rank_entry, args=(fn, r, world_size, port, args, out), daemon=False)
+        ctx.Process(
+            target=_rank_entry, args=(fn, r, world_size, port, args, out, os.getpid()), daemon=False
+        )  # fmt: skip
         for r in range(world_size)
     ]
     for p in procs:
@@ -169,6 +175,8 @@ class RankProcess(Protocol):
 
     def kill(self) -> None: ...
 
+    def terminate(self) -> None: ...
+
     def join(self) -> None: ...
 
 
@@ -185,7 +193,6 @@ def supervise(
     results: list[Any] = [None] * world_size
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
-    first_failure: float | None = None
 
     def drain(block_s: float) -> int:
         got = reports(block_s)
@@ -202,6 +209,38 @@ def supervise(
                 drain(0.5)  # its own report may still be on its way
                 errors.setdefault(r, f"exited with code {p.exitcode} without reporting an error")
 
+    try:
+        _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (recsys.interrupts): stop every rank first
+        stop_ranks(procs)
+        raise
+    for p in procs:
+        p.join()
+    while any(results[r] is None and r not in errors for r in range(world_size)):
+        if not drain(1.0):  # results a rank sent just before it exited
+            break
+    note_dead_ranks()
+    return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)
+
+
+def stop_ranks(procs: Sequence[RankProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every rank still running (each stops, rank 0 writing the summary so far),
+    then SIGKILL to any still running `grace_s` later."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s) -> None:
+    """`supervise`'s loop: until every rank has exited, or killed at a deadline."""
+    first_failure: float | None = None
     while any(p.is_alive() for p in procs):
         drain(0.2)
         note_dead_ranks()
@@ -219,14 +258,7 @@ def supervise(
                 if p.is_alive():
                     p.kill()
                     errors.setdefault(r, why)
-            break
-    for p in procs:
-        p.join()
-    while any(results[r] is None and r not in errors for r in range(world_size)):
-        if not drain(1.0):  # results a rank sent just before it exited
-            break
-    note_dead_ranks()
-    return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)
+            return
 
 
 # what a rank's last error line means, and what to do; first match wins
@@ -247,6 +279,19 @@ def known_fix(error_line: str) -> str | None:
     return None
 
 
+def first_cause(errors: dict[int, str]) -> int:
+    """The rank whose failure most likely started it: the first seen that is not a
+    consequence of another's (a lost peer or a collective timeout). A rank killed outright
+    (SIGKILL, out of memory) reports nothing, so its peers' lost connections are often
+    seen first."""
+    consequences = KNOWN_FAILURES[0][1], KNOWN_FAILURES[1][1]
+    for r, text in errors.items():
+        lines = text.strip().splitlines()
+        if lines and known_fix(lines[-1]) not in consequences:
+            return r
+    return next(iter(errors))
+
+
 def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = None) -> list[Any]:
     """The per-rank results, or RankFailedError with one line per failed rank (its last
     error line and, when known, what it means). The tracebacks are appended to `log_file`
@@ -259,7 +304,7 @@ def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = No
         fix = known_fix(last)
         lines.append(f"  rank {r} (exit code {launch.exitcodes[r]}): {last[:400]}"
                      + (f" [{fix}]" if fix else ""))  # fmt: skip
-    first = next(iter(launch.errors))  # the first failure seen, usually the cause
+    first = first_cause(launch.errors)
     if log_file is None:
         lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
     else:

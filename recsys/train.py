@@ -27,6 +27,7 @@ from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
 from recsys.data.multi_hot import resolve_hotness
+from recsys.interrupts import exit_code, interruptible
 from recsys.models.dlrm import validate_model_config
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.types import PlannerName
@@ -264,6 +265,22 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def kept_after_interrupt(run_dir: Path) -> str:
+    """What an interrupted run left: the summary so far (rank 0 writes it when stopped) and
+    its last whole checkpoint."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"no summary was written (stopped before the first step); see {run_dir}"
+    if "interrupted" not in summary:
+        return f"the run had finished: {path}"
+    last = summary.get("last_checkpoint")
+    return f"kept the summary so far ({summary['steps_done']} steps): {path}; " + (
+        f"last checkpoint: {last}" if last else "no checkpoint was saved"
+    )
+
+
 def _fmt(value: float | None, spec: str) -> str:
     """A figure for the printout; an undefined one (no eval, no timed steps) is n/a."""
     return "n/a" if value is None else format(value, spec)
@@ -291,7 +308,14 @@ def main(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     try:
-        summary = train(cfg, hydra_cfg.runtime.output_dir)
+        with interruptible():
+            summary = train(cfg, hydra_cfg.runtime.output_dir)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the ranks are stopped by now
+        name = getattr(e, "name", "SIGINT")
+        print(f"interrupted ({name}): every rank stopped; "
+              f"{kept_after_interrupt(Path(hydra_cfg.runtime.output_dir))}",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(exit_code(e))
     except _user_errors() as e:  # a clear message, not a traceback from deep inside
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)

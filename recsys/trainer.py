@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,9 +32,10 @@ from tqdm import tqdm
 
 from pipelines.build import build_pipeline, detach_for_eval
 from pipelines.dense_step import per_tensor_comm_hook
-from recsys import launch
-from recsys.checkpoint import load_checkpoint, save_checkpoint
+from recsys import interrupts, launch
+from recsys.checkpoint import STEP_PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
 from recsys.data.source import build_source
+from recsys.interrupts import interruptible
 from recsys.metrics import evaluate
 from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
@@ -179,6 +181,7 @@ class LossWatch:
 
     def __init__(self, start_step: int, rank: int, world: int = 1) -> None:
         self.losses: list[torch.Tensor] = []
+        self.reduced: list[float] = []  # the global mean of every checked step, in order
         self._start, self._rank, self._world, self._checked = start_step, rank, world, 0
 
     def check(self) -> float | None:
@@ -190,6 +193,7 @@ class LossWatch:
         if self._world > 1:
             dist.all_reduce(values)  # each rank's loss is its share of the global mean
             values /= self._world
+        self.reduced += values.tolist()
         bad = ~torch.isfinite(values)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
@@ -399,12 +403,10 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     _place_rank(tcfg, ranks[rank])
     device = _device()
     job = build_training(cfg, run_dir, our_plan, ranks, rank, device)
-    model, optimizer, dense_opt, pipeline = job.model, job.optimizer, job.dense_opt, job.pipeline
-    shares = job.shares
-
     start = 0
     if tcfg.resume_from:
-        start = load_checkpoint(tcfg.resume_from, model, optimizer, dense_opt, job.layout)
+        start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,
+                                job.layout)  # fmt: skip
         if start >= tcfg.max_steps:
             raise ValueError(
                 f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
@@ -413,17 +415,31 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         if rank == 0:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
+    watch = LossWatch(start, rank, world)
+    try:
+        with interruptible():  # Ctrl-C or SIGTERM: rank 0 writes what the run has so far
+            return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device)
+    except BaseException:  # noqa: B036 - only to record a stop; re-raised
+        if rank == 0 and interrupts.received():
+            interrupts.ignore_further()
+            write_interrupted(Path(run_dir), ckpt_root, start, watch, interrupts.received())
+        raise
+
+
+def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch: LossWatch,
+                ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
+    """`run_rank`'s steps, evaluations, checkpoints and results."""
+    tcfg, rank, shares, pipeline = cfg.trainer, job.rank, job.shares, job.pipeline
+    model, optimizer, world = job.model, job.optimizer, len(job.shares)
     saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
-    batches = job.batches
-    train_iter = batches("train", start, tcfg.max_steps)
+    train_iter = job.batches("train", start, tcfg.max_steps)
 
     def run_eval() -> dict:
         if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
             return {"eval_auc": None, "eval_logloss": None, "eval_samples": 0}
         eval_model = detach_for_eval(pipeline, model)
-        return evaluate(eval_model, batches("eval", 0, cfg.dataset.eval_batches), device)
+        return evaluate(eval_model, job.batches("eval", 0, cfg.dataset.eval_batches), device)
 
-    watch = LossWatch(start, rank, world)
     evals: list[dict] = []
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=rank == 0 and tcfg.progress_bar)  # fmt: skip
@@ -494,6 +510,24 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
     if rank == 0:
         write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
     return result
+
+
+def write_interrupted(run_dir: Path, ckpt_root: Path, start: int, watch: LossWatch,
+                      signal_name: str) -> None:  # fmt: skip
+    """Rank 0, stopped by Ctrl-C or SIGTERM: the losses checked so far (global means) and a
+    summary saying where the run stopped; half-written checkpoints (no .metadata) go."""
+    for partial in ckpt_root.glob(f"{STEP_PREFIX}*") if ckpt_root.is_dir() else ():
+        if not (partial / ".metadata").exists():
+            shutil.rmtree(partial, ignore_errors=True)
+    try:
+        last = str(latest_checkpoint(ckpt_root))
+    except FileNotFoundError:
+        last = None
+    write_losses(run_dir / "train_losses.csv", start, watch.reduced)
+    summary = {"interrupted": signal_name, "start_step": start,
+               "steps_done": start + len(watch.losses), "last_checkpoint": last,
+               "train_loss": watch.reduced[-1] if watch.reduced else None}  # fmt: skip
+    write_summary(run_dir, summary)
 
 
 def _per_step(stats: dict | None) -> dict | None:

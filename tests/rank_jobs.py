@@ -55,6 +55,17 @@ def train_rank_dies(cfg, run_dir: str) -> dict:
     return _rank_main(cfg, run_dir)
 
 
+def train_rank0_killed(cfg, run_dir: str) -> dict:
+    """Rank 0 is SIGKILLed (the OOM killer's way): it reports nothing, its peer reports a
+    lost connection first."""
+    import signal
+
+    from recsys.train import _rank_main
+
+    _fault_at(3, 0, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    return _rank_main(cfg, run_dir)
+
+
 def train_rank_hangs(cfg, run_dir: str) -> dict:
     from recsys.train import _rank_main
 

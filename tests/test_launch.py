@@ -11,6 +11,7 @@ import rank_jobs
 from recsys.launch import (
     LaunchResult,
     RankFailedError,
+    first_cause,
     known_fix,
     raise_on_failure,
     spawn_ranks,
@@ -72,6 +73,14 @@ def test_a_failure_is_one_line_per_rank_with_the_tracebacks_in_the_log(tmp_path:
 def test_known_failures_name_their_meaning(line: str, fix: str | None) -> None:
     got = known_fix(line)
     assert got is None if fix is None else fix in got
+
+
+def test_the_first_cause_is_not_a_peer_that_lost_its_connection() -> None:
+    lost = "Traceback ...\nRuntimeError: [gloo] Connection closed by peer [127.0.0.1]:123"
+    killed = "exited with code -9 without reporting an error"
+    assert first_cause({1: lost, 0: killed}) == 0
+    assert first_cause({1: lost, 0: "RuntimeError: Timed out waiting 5000ms"}) == 1  # no cause
+    assert first_cause({2: "ValueError: bad", 0: killed}) == 2  # the first seen of two causes
 
 
 def test_a_hung_rank_makes_the_others_time_out_then_is_killed() -> None:

@@ -224,6 +224,14 @@ def test_a_rank_that_dies_fails_the_others_in_bounded_time(tmp_path: Path) -> No
     assert (tmp_path / "train.log").read_text().count("Traceback") == 2
 
 
+def test_a_killed_rank_0_is_named_as_the_first_failure(tmp_path: Path) -> None:
+    cfg = to_typed(compose_config(TINY + ["trainer.dist_timeout_s=20"]))
+    job = spawn_ranks(rank_jobs.train_rank0_killed, 2, args=(cfg, str(tmp_path)), grace_s=30)
+    assert job.exitcodes[0] == -9 and "failed in a collective" in job.errors[1], job.errors
+    with pytest.raises(RankFailedError, match=r"\(first failure: rank 0\)"):
+        raise_on_failure(job, "training", tmp_path / "train.log")
+
+
 def test_a_rank_that_hangs_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
     cfg = to_typed(compose_config(TINY + ["trainer.dist_timeout_s=5"]))
     start = time.monotonic()

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from recsys.interrupts import exit_code, interruptible
+
 T = TypeVar("T")
 
 
@@ -74,9 +76,13 @@ def atomic_dir(
         raise OutputDirError(f"cannot write to output '{path}': {e.strerror}") from None
     try:
         yield tmp
-    except BaseException:  # noqa: B036 - an error or Ctrl-C: leave nothing partial
+    except BaseException as e:  # noqa: B036 - an error, Ctrl-C or SIGTERM: nothing partial
         shutil.rmtree(tmp, ignore_errors=True)
-        print(f"removed the partial output; '{path}' is unchanged", file=sys.stderr)
+        said = f"removed the partial output; '{path}' is unchanged"
+        if isinstance(e, KeyboardInterrupt):
+            said = f"interrupted ({getattr(e, 'name', 'SIGINT')}): {said}"
+            e.reported = True  # type: ignore[attr-defined] - run_cli says nothing more
+        print(said, file=sys.stderr)
         raise
     old = None
     if path.exists():  # checked above: empty, or overwrite
@@ -88,13 +94,16 @@ def atomic_dir(
 
 
 def run_cli(job: Callable[[], T], errors: tuple[type[BaseException], ...]) -> T:
-    """A data command's body: an expected error is one line and exit 1; Ctrl-C (after
-    `atomic_dir` removed the partial output) is one line and exit 130."""
+    """A data command's body: an expected error is one line and exit 1; Ctrl-C or SIGTERM
+    (after `atomic_dir` removed the partial output) is one line and exit 130 or 143."""
     try:
-        return job()
+        with interruptible():
+            return job()
     except (*errors, OutputDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        if not getattr(e, "reported", False):
+            print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): nothing was written",
+                  file=sys.stderr)  # fmt: skip
+        sys.exit(exit_code(e))

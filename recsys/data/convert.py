@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import signal
 import sys
 import time
 import zlib
@@ -42,6 +43,7 @@ from recsys.data.criteo_tsv import (
     parse_lines,
 )
 from recsys.data.npy_io import NpyAppender
+from recsys.interrupts import die_with_parent
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
 
@@ -260,5 +262,17 @@ def convert(
     workers = opts.workers or min(4, os.cpu_count() or 1)
     if workers <= 1:
         return [convert_file(f, out_dir, opts, None, 1) for f in files]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return [convert_file(f, out_dir, opts, pool, workers) for f in files]
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
+                             initargs=(os.getpid(),)) as pool:  # fmt: skip
+        try:
+            return [convert_file(f, out_dir, opts, pool, workers) for f in files]
+        except BaseException:  # noqa: B036 - an error or an interrupt: drop queued chunks
+            pool.shutdown(wait=True, cancel_futures=True)  # the running ones end in a second
+            raise
+
+
+def _worker_start(parent: int) -> None:
+    """A parse worker: Ctrl-C is the parent's to handle (it stops the pool), and the worker
+    ends with its parent whatever ended that."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)

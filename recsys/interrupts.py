@@ -1,0 +1,95 @@
+"""SIGINT and SIGTERM handled alike by every command, and no child outliving its parent.
+
+Ctrl-C sends SIGINT; Docker, Kubernetes and Slurm send SIGTERM. Inside `interruptible()`
+both raise `Interrupted` (a KeyboardInterrupt, so every cleanup written for Ctrl-C runs for
+SIGTERM too), and the command exits with 128 + the signal's number (130, 143) after one
+line saying what was kept. `die_with_parent()` makes a rank or worker receive SIGTERM when
+the process that started it ends, however it ended (SIGKILL included).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; `exit_code` is the shell's 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def exit_code(e: KeyboardInterrupt) -> int:
+    """130 for a plain Ctrl-C, 128 + signum for `Interrupted`."""
+    return e.exit_code if isinstance(e, Interrupted) else 128 + signal.SIGINT
+
+
+_RECEIVED: list[int] = []  # signals that raised Interrupted in this process, in order
+
+
+def received() -> str | None:
+    """The name of the first signal that interrupted this process, if any: a stop can
+    surface as another error (a collective whose peer stopped first)."""
+    return signal.Signals(_RECEIVED[0]).name if _RECEIVED else None
+
+
+def _raise(signum: int, _frame: Any) -> None:
+    _RECEIVED.append(signum)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise `Interrupted` (main thread only; elsewhere a no-op).
+    An ignored SIGINT (a background job) stays ignored."""
+    try:
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s, handler in old.items():
+            if handler is not signal.SIG_IGN:
+                signal.signal(s, _raise)
+    except ValueError:  # not the main thread: signals are the main thread's to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Linux: SIGTERM to this process when its parent ends (PR_SET_PDEATHSIG). If the
+    parent (`parent_pid`, when given) is already gone, SIGTERM now."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launchers' own cleanup still runs
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def ignore_further() -> None:
+    """A process that is stopping: a second Ctrl-C or SIGTERM must not cut short what it
+    still writes (the launcher kills it if it takes too long)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            return
