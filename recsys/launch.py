@@ -30,7 +30,10 @@ STOP_GRACE_S = 15.0  # stopped ranks get this long to write what they have befor
 
 
 class RankFailedError(RuntimeError):
-    """One or more ranks of a job failed; the message names them and their errors."""
+    """One or more ranks of a job failed; the message names them and their errors,
+    `first_failure` the likely cause in one line."""
+
+    first_failure: str = ""
 
 
 def free_port() -> int:
@@ -44,6 +47,13 @@ def launched_externally() -> bool:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def external_rank_and_world() -> tuple[int, int]:
+    """This process's rank and the job's world size as torchrun or Slurm set them."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 
 
 def init_distributed(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
@@ -207,7 +217,11 @@ def supervise(
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0) and r not in errors:
                 drain(0.5)  # its own report may still be on its way
-                errors.setdefault(r, f"exited with code {p.exitcode} without reporting an error")
+                errors.setdefault(
+                    r,
+                    f"exited with code {p.exitcode} without reporting an error "
+                    f"(a native abort: its message is in the run's log)",
+                )
 
     try:
         _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s)
@@ -313,4 +327,7 @@ def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = No
                 f.write(f"\n===== {what}: rank {r} (exit code {launch.exitcodes[r]}) =====\n")
                 f.write(text.rstrip() + "\n")
         lines.append(f"  every rank's traceback: {log_file} (first failure: rank {first})")
-    raise RankFailedError("\n".join(lines))
+    error = RankFailedError("\n".join(lines))
+    cause = launch.errors[first].strip().splitlines()
+    error.first_failure = f"rank {first}: {cause[-1][:300] if cause else 'no message'}"
+    raise error

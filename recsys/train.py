@@ -26,6 +26,7 @@ from tqdm import tqdm
 from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
+from recsys.console import rank_output_to_log, tee_to_log
 from recsys.data.multi_hot import resolve_hotness
 from recsys.interrupts import exit_code, interruptible
 from recsys.models.dlrm import validate_model_config
@@ -54,8 +55,20 @@ def quiet_library_noise(log_level: str = "info") -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("torchrec", "torch.distributed", "torch.fx", "fbgemm_gpu", "iopath"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    # TorchRec logs this on the root logger for every data-parallel table; it is expected
-    logging.getLogger().addFilter(lambda r: not str(r.msg).startswith("Sharding spec not found"))
+    logging.getLogger().addFilter(_not_library_chatter)
+
+
+def _not_library_chatter(record: logging.LogRecord) -> bool:
+    """False for what FBGEMM and TorchRec log on the root logger below WARNING (FBGEMM's
+    TBE prints its arguments for every table group: 32 lines per tiny run under torchrun,
+    where Hydra's root handler shows them) and TorchRec's 'Sharding spec not found' for
+    every data-parallel table."""
+    library = any(
+        f"{os.sep}{name}{os.sep}" in record.pathname for name in ("fbgemm_gpu", "torchrec")
+    )
+    if library and record.levelno < logging.WARNING:
+        return False
+    return not str(record.msg).startswith("Sharding spec not found")
 
 
 def plan_ours(cfg: TrainConfig, run_dir: Path):
@@ -100,6 +113,7 @@ def check_tables_fit(cfg: TrainConfig) -> None:
 
 
 def _rank_main(cfg: TrainConfig, run_dir: str, our_plan=None) -> dict:
+    rank_output_to_log()
     quiet_library_noise(cfg.trainer.log_level)
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
     # launch.exit_now), which would leak it. One process needs only a thread lock.
@@ -164,6 +178,14 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
             f"with `python -m sharding.plan cluster={tcfg.cluster.name}` or "
             f"trainer.dry_run=true, or train on CPU ranks (cluster=local_cpu2)"
         )
+    if launch.launched_externally() and not tcfg.trainer.dry_run:
+        _, started = launch.external_rank_and_world()
+        if started != len(ranks):
+            raise TrainConfigError(
+                f"cluster '{tcfg.cluster.name}' has {len(ranks)} ranks but {started} processes "
+                f"were started (torchrun --nnodes x --nproc_per_node, or Slurm's tasks); start "
+                f"{len(ranks)}, or name a cluster with {started} devices"
+            )
     emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
     if emulate and not launch.launched_externally():
         from recsys.emulation import EmulationError, refuse_reason
@@ -297,13 +319,20 @@ def _record_failed_job(job_dir: Path, error: BaseException) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
     text = "".join(traceback.format_exception(error))
     (job_dir / "failed.txt").write_text(f"{type(error).__name__}: {error}\n\n{text}")
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = getattr(error, "first_failure", "") or (
+        str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    )
     print(f"job {job_dir.name} failed: {first} (see {job_dir / 'failed.txt'})", file=sys.stderr)
     FAILED_JOBS.append(str(job_dir))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    with tee_to_log():  # what this command and its ranks print also goes to its log
+        return _main(cfg)
+
+
+def _main(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
@@ -320,7 +349,8 @@ def main(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
             return None
-        print(f"error: {e}", file=sys.stderr)
+        if not launch.launched_externally() or launch.external_rank_and_world()[0] == 0:
+            print(f"error: {e}", file=sys.stderr)  # under torchrun: once, not once per rank
         sys.exit(1)
     except Exception as e:  # in a sweep, any failure is that job's; the others still run
         if hydra_cfg.mode != RunMode.MULTIRUN:

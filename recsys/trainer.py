@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -28,7 +27,6 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
-from tqdm import tqdm
 
 from pipelines.build import build_pipeline, detach_for_eval
 from pipelines.dense_step import per_tensor_comm_hook
@@ -40,6 +38,7 @@ from recsys.metrics import evaluate
 from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
+from recsys.progress import Progress
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.emit import to_torchrec_plan
 from sharding.plan_eval import Plan
@@ -133,44 +132,6 @@ def _device() -> torch.device:
         torch.cuda.set_device(launch.local_rank())
         return torch.device("cuda", launch.local_rank())
     return torch.device("cpu")
-
-
-class Progress:
-    """Rank 0's progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe) a plain
-    line every tenth of the run or 30 s, whichever comes first, never a wall of `\\r`."""
-
-    def __init__(self, total: int, initial: int, desc: str, enabled: bool, stream=None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = enabled and self.stream.isatty()
-        self.enabled, self.total, self.desc = enabled, total, desc
-        self.done = self.initial = initial
-        self.loss: str = ""
-        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
-                        file=self.stream, disable=not self.tty)  # fmt: skip
-        self.every = max(1, (total - initial) // 10)
-        self.t0 = self.last = time.monotonic()
-
-    def set_postfix(self, loss: str) -> None:
-        self.loss = loss
-        self.bar.set_postfix(loss=loss)
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        self.bar.update(n)
-        now = time.monotonic()
-        if (
-            self.enabled
-            and not self.tty
-            and (self.done % self.every == 0 or now - self.last >= 30 or self.done == self.total)
-        ):
-            speed = (self.done - self.initial) / max(now - self.t0, 1e-9)
-            line = (f"{self.desc}: step {self.done}/{self.total} ({self.done / self.total:.0%}), "
-                    f"loss {self.loss or 'n/a'}, {speed:.1f} step/s")  # fmt: skip
-            print(line, file=self.stream, flush=True)
-            self.last = now
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 class LossWatch:
@@ -442,7 +403,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
     evals: list[dict] = []
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
-                   enabled=rank == 0 and tcfg.progress_bar)  # fmt: skip
+                   enabled=rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
     t_start, timed_from = time.perf_counter(), start
     paused_s = 0.0  # evaluations and checkpoints inside the timed steps: not training
     for step in range(start, tcfg.max_steps):

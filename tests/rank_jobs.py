@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -136,3 +137,14 @@ def train_variants(
         params = _local_params(job.model, job.optimizer)
         runs.append({"losses": losses, "params": params, "stats": stats})
     return {"rank": dist.get_rank(), "runs": runs}
+
+
+def native_abort() -> None:
+    """A rank that dies in native code, as gloo aborts on a collective mismatch: its message
+    goes to fd 2, then SIGABRT."""
+    from recsys.console import rank_output_to_log
+
+    rank_output_to_log()
+    print("python side: about to abort", file=sys.stderr, flush=True)
+    os.write(2, b"terminate called: [enforce fail at pair.cc:456] collective mismatch\n")
+    os.abort()

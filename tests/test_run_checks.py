@@ -173,10 +173,10 @@ class _Stream(io.StringIO):
 
 @pytest.mark.parametrize("tty", [False, True])
 def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(tty: bool) -> None:
-    from recsys.trainer import Progress
+    from recsys.progress import Progress
 
     stream = _Stream(tty)
-    bar = Progress(20, 0, "train plain x2", enabled=True, stream=stream)
+    bar = Progress(20, 0, "train plain x2", enabled=True, stream=stream, loss=True)
     for step in range(20):
         bar.set_postfix(loss=f"{0.5 + step / 100:.4f}")
         bar.update(1)

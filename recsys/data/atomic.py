@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from recsys.console import tee_to_log
 from recsys.interrupts import exit_code, interruptible
 
 T = TypeVar("T")
@@ -93,12 +94,17 @@ def atomic_dir(
         shutil.rmtree(old)
 
 
-def run_cli(job: Callable[[], T], errors: tuple[type[BaseException], ...]) -> T:
-    """A data command's body: an expected error is one line and exit 1; Ctrl-C or SIGTERM
-    (after `atomic_dir` removed the partial output) is one line and exit 130 or 143."""
+def run_cli(
+    job: Callable[[], T], errors: tuple[type[BaseException], ...], report: Callable[[T], str]
+) -> T:
+    """A data command's body: `job()`, then `report(result)` printed. An expected error is one
+    line and exit 1; Ctrl-C or SIGTERM (after `atomic_dir` removed the partial output) is one
+    line and exit 130 or 143. All of it also goes to the command's log."""
     try:
-        with interruptible():
-            return job()
+        with interruptible(), tee_to_log():
+            result = job()
+            print(report(result))
+            return result
     except (*errors, OutputDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -20,7 +20,6 @@ import gzip
 import os
 import re
 import signal
-import sys
 import time
 import zlib
 from collections import deque
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from tqdm import tqdm
 
 from recsys.data.criteo_tsv import (
     CAT_FEATURES,
@@ -44,6 +42,7 @@ from recsys.data.criteo_tsv import (
 )
 from recsys.data.npy_io import NpyAppender
 from recsys.interrupts import die_with_parent
+from recsys.progress import Progress
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
 
@@ -167,10 +166,8 @@ def convert_file(
     high_I = np.full(INT_FEATURES, np.iinfo(np.int64).min)
     clipped_I = np.zeros(INT_FEATURES, dtype=np.int64)
     stream, raw = _open(path)
-    bar = tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"prepare {path.name}",
-        disable=not opts.progress,
-    )  # fmt: skip
+    bar = Progress(path.stat().st_size, desc=f"prepare {path.name}", unit="MB", scale=1e6,
+                   enabled=opts.progress)  # fmt: skip
     try:
         with (
             NpyAppender(out_dir / f"{name}_labels.npy", np.int32, 1) as labels,
@@ -191,7 +188,7 @@ def convert_file(
                     np.maximum(high_I, chunk.ints_NI.max(axis=0), out=high_I)
                 if chunk.clipped_I is not None:
                     clipped_I[:] += chunk.clipped_I
-                bar.update(raw.tell() - bar.n)
+                bar.update(raw.tell() - bar.done)
 
             pending: deque[Future[ParsedChunk]] = deque()
             in_flight = 2 * workers
@@ -218,9 +215,6 @@ def convert_file(
         stream.close()
         raw.close()
         raw_dense_path.unlink(missing_ok=True)
-    if unterminated:
-        print(f"note: the last line of {path} has no newline; it was complete and is kept",
-              file=sys.stderr)  # fmt: skip
     seen = labels.rows > 0
     return FileResult(
         name=name, input=str(path), rows=labels.rows, bad_lines=bad, text_mb=text_bytes / 1e6,

@@ -19,7 +19,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
+
+from recsys.progress import Progress
 
 # MLPerf Training DLRM-DCNv2 (Criteo 1TB multi-hot): bag size per table, cat_0 .. cat_25
 MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
@@ -78,10 +79,9 @@ def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int],
     for name in names:
         sparse = np.load(root / f"{name}_sparse.npy", mmap_mode="r")
         path = root / f"{name}{MULTI_HOT_SUFFIX}"
-        tables = tqdm(enumerate(hotness), total=len(hotness), disable=not progress,
-                      desc=f"multi-hot {name}", unit="table")  # fmt: skip
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
-            for t, h in tables:
+        bar = Progress(len(hotness), desc=f"multi-hot {name}", unit="tables", enabled=progress)
+        with bar, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as npz:
+            for t, h in enumerate(hotness):
                 tmp = root / f".{name}_multi_hot_{t}.npy"
                 out = np.lib.format.open_memmap(tmp, "w+", np.int64, (len(sparse), h))
                 for a in range(0, len(sparse), chunk_rows):
@@ -92,6 +92,7 @@ def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int],
                 del out
                 npz.write(tmp, arcname=f"{t}.npy")
                 tmp.unlink()
+                bar.update(1)
         written.append(path)
     (root / "multi_hot.json").write_text(json.dumps({"hotness": hotness}) + "\n")
     return written

@@ -123,10 +123,13 @@ ConfigStore.instance().store(name="base_prepare", node=PrepareConfig)
 def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    summary = run_cli(lambda: prepare(typed, run_dir),
-                      (BadInputError, FileNotFoundError, HotnessError))  # fmt: skip
+    run_cli(lambda: prepare(typed, run_dir), (BadInputError, FileNotFoundError, HotnessError),
+            _report)  # fmt: skip
+
+
+def _report(summary: dict) -> str:
     clipped = summary["dense"]["clipped"]
-    print(
+    return (
         f"{summary['rows']:,} rows from {len(summary['files'])} file(s), "
         f"{summary['bad_lines']:,} bad lines skipped, "
         + (f"{clipped:,} counts clipped to {summary['dense']['floor']}, " if clipped else "")

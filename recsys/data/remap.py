@@ -23,12 +23,12 @@ import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from tqdm import tqdm
 
 from recsys.data.atomic import atomic_dir, check_not_input, run_cli
 from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
 from recsys.data.npy_io import NpyAppender
+from recsys.progress import Progress
 
 BLOCK_ROWS = 1 << 20
 
@@ -58,7 +58,7 @@ def count_ids(arrays: list[np.ndarray], max_ind_range: int, progress: bool):
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     acc = [empty] * CAT_FEATURES
     total = sum(-(-len(a) // BLOCK_ROWS) for a in arrays)
-    with tqdm(total=total, desc="count ids", disable=not progress) as bar:
+    with Progress(total, desc="count ids", unit="blocks", enabled=progress) as bar:
         for arr in arrays:
             for i in range(0, len(arr), BLOCK_ROWS):
                 block = np.asarray(arr[i : i + BLOCK_ROWS])
@@ -130,8 +130,11 @@ ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="remap")
 def main(cfg: DictConfig) -> None:
-    result = run_cli(lambda: remap(OmegaConf.to_object(cfg)), (CriteoDataError,))  # type: ignore[arg-type]
-    print(f"tables: {result['num_embeddings_per_feature']} -> {cfg.output}/remap.json")
+    run_cli(
+        lambda: remap(OmegaConf.to_object(cfg)),
+        (CriteoDataError,),  # type: ignore[arg-type]
+        lambda r: f"tables: {r['num_embeddings_per_feature']} -> {cfg.output}/remap.json",
+    )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ ConfigStore.instance().store(name="base_synth", node=SynthConfig)
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="synth")
 def main(cfg: DictConfig) -> None:
     typed: SynthConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    paths = run_cli(lambda: synthesize(typed), (ValueError,))
-    print(f"wrote {', '.join(str(p) for p in paths)}; cardinalities {cardinalities(typed)}")
+    run_cli(lambda: synthesize(typed), (ValueError,),
+            lambda paths: f"wrote {', '.join(str(p) for p in paths)}; cardinalities "
+                          f"{cardinalities(typed)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from recsys.data.atomic import atomic_dir
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo, power_law_ranks
+from recsys.progress import Progress
 
 KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
                         8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
@@ -103,11 +103,13 @@ def write_file(cfg: SynthConfig, path: Path, rows: int, labeled: bool, file_seed
     opener = gzip.open if cfg.gzip else open
     with opener(path, "wt", newline="\n") as f:
         written = 0
-        for start in tqdm(range(0, rows, cfg.chunk_rows), desc=f"synth {path.name}", unit="chunk"):
-            lines = _lines(cfg, model, cards, rng, min(cfg.chunk_rows, rows - start), labeled)
-            written += len(lines)
-            last = written == rows
-            f.write("\n".join(lines) + ("\n" if not last or cfg.final_newline else ""))
+        with Progress(rows, desc=f"synth {path.name}", unit="rows") as bar:
+            for start in range(0, rows, cfg.chunk_rows):
+                lines = _lines(cfg, model, cards, rng, min(cfg.chunk_rows, rows - start), labeled)
+                written += len(lines)
+                last = written == rows
+                f.write("\n".join(lines) + ("\n" if not last or cfg.final_newline else ""))
+                bar.update(len(lines))
 
 
 def synthesize(cfg: SynthConfig) -> list[Path]:

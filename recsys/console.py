@@ -1,0 +1,90 @@
+"""What a command prints also goes to its log file (Hydra's `<run dir>/<command>.log`), and
+so does what its ranks print: a run's log holds its progress, its result and its errors,
+not only the few lines that went through `logging`.
+
+A rank's native (C++) stderr (gloo's aborts, FBGEMM's glog lines) goes to the log only:
+when a rank dies inside a collective, the reason is in the run's log, not lost on a console.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+LOG_ENV = "RECSYS_LOG_FILE"  # set by the command, read by the ranks it starts
+
+
+class _Tee(io.TextIOBase):
+    """Writes to `stream` and `log`; asks `stream` whether it is a terminal. A terminal's
+    redrawn lines (tqdm's `\\r` bars) stay out of the log."""
+
+    def __init__(self, stream: IO[str], log: IO[str]) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        n = self.stream.write(text)
+        if "\r" not in text:
+            self.log.write(text)
+        return n
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+def command_log() -> Path | None:
+    """The file Hydra's job logging writes (its root FileHandler), if any."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return Path(handler.baseFilename)
+    return None
+
+
+@contextmanager
+def tee_to_log(path: Path | None = None) -> Iterator[None]:
+    """Inside, stdout and stderr also go to `path` (default: the command's Hydra log), and
+    ranks started here find it in the environment."""
+    path = path or command_log()
+    if path is None:
+        yield
+        return
+    log = open(path, "a", buffering=1)  # noqa: SIM115 - closed below
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(old[0], log), _Tee(old[1], log)
+    os.environ[LOG_ENV] = str(path)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = old
+        os.environ.pop(LOG_ENV, None)
+        log.close()
+
+
+def rank_output_to_log() -> None:
+    """In a rank its command started: Python's output to the console and the command's log,
+    native stderr to the log only."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the rank
+    console = os.fdopen(os.dup(2), "w", buffering=1)
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 2)
+    sys.stderr = _Tee(console, log)
+    sys.stdout = _Tee(sys.stdout, log)
