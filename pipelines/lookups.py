@@ -49,6 +49,9 @@ class _Group:
     lookup: torch.nn.Module
     exchange: ChunkedPooledExchange | None  # None: data-parallel, no exchange
     dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
+    # what TorchRec's output dist applies to what it receives (column-wise tables sharing
+    # ranks: a column permutation); per sample, so applied to each chunk as it arrives
+    callbacks: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # for the lookahead's refresh of exchanged groups (data-parallel lookups are DDP-
@@ -63,6 +66,12 @@ class _Group:
             for f, d in zip(emb.config.feature_names(), emb.config.embedding_dims(), strict=True):
                 self.columns[f] = (col, col + d)
                 col += d
+
+    def received(self, chunk: torch.Tensor) -> torch.Tensor:
+        """A received chunk in the module's output column order."""
+        for callback in self.callbacks:
+            chunk = callback(chunk)
+        return chunk
 
     def send(self, values: torch.Tensor, plan: ChunkPlan, state, k: int) -> Pending:
         if self.dedup is not None:
@@ -111,11 +120,10 @@ def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
     if isinstance(dist_module, DpPooledEmbeddingDist):
         return None
     if isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED:
-        if dist_module._callbacks or dist_module._codecs is not None:
+        if dist_module._codecs is not None:
             raise NotImplementedError(
-                f"pipeline=nested: '{fqn}' ({sharding_type}) uses output callbacks or "
-                f"quantized comms, which the chunked exchange does not replicate; use "
-                f"pipeline=sparse_dist for this plan"
+                f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
+                f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
             )
         return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
     raise NotImplementedError(
@@ -166,11 +174,12 @@ class Lookups:
                     f"false (pooled cold parts), or use pipeline=sparse_dist"
                 )
             groups = [
-                _Group(st, lookup, _group_exchange(od, fqn, st))
+                _Group(st, lookup, _group_exchange(od, fqn, st),
+                       callbacks=list(getattr(od, "_callbacks", None) or []))
                 for st, lookup, od in zip(
                     m._sharding_types, m._lookups, m._output_dists, strict=True
                 )
-            ]
+            ]  # fmt: skip
             for group, sharding in zip(groups, m._embedding_shardings, strict=True):
                 if dedup and group.exchange is not None:
                     group.dedup = _dedup_exchange(group, sharding, fqn, self.stats)

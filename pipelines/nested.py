@@ -227,7 +227,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             leaf = [p.requires_grad_() for p in parts]
             leaves.append(leaf)
             names, dims = m.module._embedding_names, m.module._embedding_dims
-            m.module.forward = _returns(construct_output_kt(leaf, names, dims))
+            outs = [group.received(t) for group, t in zip(m.groups, leaf, strict=True)]
+            m.module.forward = _returns(construct_output_kt(outs, names, dims))
         try:
             with deferred:
                 deferred.start_micro_batch()
