@@ -623,8 +623,11 @@ def _replicated_rows(
             break
         allreduce_s = 2 * (w - 1) / w * h * t.dim * FLOAT_BYTES / ar.bytes_per_s
         # with the pooled exchange a cold part still sends a vector per sample: only
-        # replicating the whole table saves the exchange
-        saved = cov(h) if split else float(h == t.rows)
+        # replicating the whole table saves the exchange. Exchanged per lookup, a table
+        # looked up in no sample (empty bags) has nothing to save (a fraction of samples:
+        # that fraction; more than one lookup a sample is counted as one, as before)
+        looked_up = min(1.0, t.lookups_per_sample)
+        saved = cov(h) * looked_up if split else float(h == t.rows)
         gain = saved * exchange_s - allreduce_s
         if split and h < t.rows:  # the owner looks up every sample's cold ids as
             # sequences, each rank pools its own

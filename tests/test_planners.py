@@ -229,6 +229,25 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     assert plan.a2a_bytes_per_step < blind.a2a_bytes_per_step
 
 
+def test_hybrid_replicates_no_hot_rows_of_a_table_never_looked_up() -> None:
+    """The same cluster and tables with one table's bags always empty: its hot rows save no
+    exchange (cold ids travel per lookup), so it is not split; the others still are."""
+    from dataclasses import replace
+
+    mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
+    spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
+                       network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
+    tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)]
+    inputs = inputs_for(spec, tables)
+    split = {t.name for t in PLANNERS["hybrid"](inputs).tables if 0 < t.replicated_rows < t.rows}
+    assert "t0" in split, split
+    inputs.tables = [replace(t, lookups_per_sample=0.0) if t.name == "t0" else t for t in tables]
+    plan = PLANNERS["hybrid"](inputs)
+    t0 = next(t for t in plan.tables if t.name == "t0")
+    assert not 0 < t0.replicated_rows < t0.rows
+    assert any(0 < t.replicated_rows < t.rows for t in plan.tables)
+
+
 def test_hybrid_cuts_a_lone_tables_cold_part_in_row_parts_over_the_ranks() -> None:
     """One big table: whole on one rank its cold part would unbalance the exchange; in row
     parts on both ranks it beats keeping the table whole (column-split over both)."""
