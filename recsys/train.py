@@ -81,6 +81,8 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
 
     plan = make_plan(cfg, plan_inputs(cfg, None, None))
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
+    if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run:
+        _say_if_plan_follows_pipeline(cfg, plan)
     if not plan.feasible:
         raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
     replicated = [t.name for t in plan.tables if t.replicated_rows]
@@ -92,6 +94,27 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
             f"(it then plans without them) or another pipeline (sparse_dist, nested)"
         )
     return plan
+
+
+def _say_if_plan_follows_pipeline(cfg: TrainConfig, plan) -> None:
+    """Our planners price the pipeline's schedule, so another pipeline can get another plan;
+    a pipeline equals the plain loop only under one plan. Say so when it happened here."""
+    from recsys.planning import make_plan, plan_inputs
+
+    plain_cfg = replace(cfg, pipeline=replace(cfg.pipeline, name=PipelineName.plain))
+    other = make_plan(plain_cfg, plan_inputs(plain_cfg, None, None))
+    moved = [a.name for a, b in zip(plan.tables, other.tables, strict=True)
+             if (a.sharding_type, a.shards, a.replicated_rows) !=
+             (b.sharding_type, b.shards, b.replicated_rows)]  # fmt: skip
+    if moved or plan.batch_per_rank != other.batch_per_rank:
+        log.info(
+            "planner=%s priced pipeline=%s's schedule: its plan differs from the plain loop's "
+            "(%d tables placed otherwise%s; batch shares %s vs %s), so the losses differ from "
+            "a plain run's; under one plan they are equal (docs/pipelines.md)",
+            plan.planner, cfg.pipeline.name.value, len(moved),
+            f": {', '.join(moved[:4])}{' ...' if len(moved) > 4 else ''}" if moved else "",
+            plan.batch_per_rank, other.batch_per_rank,
+        )  # fmt: skip
 
 
 def check_tables_fit(cfg: TrainConfig) -> None:

@@ -189,3 +189,19 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(tty: bool) ->
         assert "\r" not in text and len(lines) == 10  # one line every tenth of the run
         assert lines[0].startswith("train plain x2: step 2/20 (10%), loss 0.5100, ")
         assert lines[-1].startswith("train plain x2: step 20/20 (100%), loss 0.6900, ")
+
+
+def test_a_plan_that_follows_the_pipeline_is_said_to(typed_cfg, tmp_path, caplog) -> None:
+    """Hybrid prices the pipeline's schedule: on the skewed cluster nested gets another plan
+    than the plain loop, and the run says so (its losses then differ from a plain run's)."""
+    import logging
+
+    from recsys.train import plan_ours
+
+    base = ["debug=tiny", "cluster=local_cpu3_skewed", "planner=hybrid"]
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        plan_ours(typed_cfg(base), tmp_path)
+        assert "priced" not in caplog.text  # the plain loop: nothing to compare
+        plan_ours(typed_cfg([*base, "pipeline=nested"]), tmp_path)
+    assert "planner=hybrid priced pipeline=nested's schedule: its plan differs from the plain " \
+           "loop's (" in caplog.text  # fmt: skip
