@@ -20,6 +20,7 @@ from recsys.train import to_typed, train
 from sharding.cluster import ClusterConfigError, resolve_cluster
 from tests.conftest import compose_config
 from tests.test_data_robustness import _sigint_default
+from tests.test_netns import sendable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,11 +111,12 @@ def test_a_share_really_limits_a_rank() -> None:
     for r, (_, cgroups) in zip(emu.ranks, results, strict=True):  # its own, not the start one
         assert f"/recsys-{emu.tag}/n{r.node}/r{r.rank}\n" in cgroups, cgroups
     fast, slow_a, slow_b = (fraction for fraction, _ in results)
-    # the shares cap each rank (the claim); what a rank gets below its cap depends on what
-    # else the 2 cores run, so the floor only says the 0.8 rank ran well ahead of the others
-    assert fast <= 0.85 and fast >= 2 * max(slow_a, slow_b)  # share 0.8
+    # the shares cap each rank (the claim, whatever else runs); what a rank gets below its
+    # cap depends on what else the 2 cores run (3.2x the slow ones on a quiet machine, 1.99x
+    # and 2.0x beside two busy loops, 2026-12-04), so the floor says the 0.8 rank ran ahead
+    assert fast <= 0.85 and fast >= 1.3 * max(slow_a, slow_b)  # share 0.8
     for slow in (slow_a, slow_b):
-        assert 0.1 <= slow <= 0.3  # share 0.25: "at most ~0.3 of a core"
+        assert 0.05 <= slow <= 0.3  # share 0.25: "at most ~0.3 of a core"
 
 
 @pytest.mark.slow
@@ -143,7 +145,9 @@ def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: 
                               tuple(map(emu.node_if, n)), emulation.link_rate(spec))  # fmt: skip
         rate = netns.rate_bits(emulation.link_rate(spec))
         chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 16) / rate
-    assert 0.6 <= chunked <= 1.05  # at most 5% above the nominal rate
+    # at most 5% above the nominal rate (the claim); the floor relative to what the sender
+    # reaches unshaped right now, as for the benchmarks' link (tests/test_netns.py)
+    assert 0.6 * min(1.0, sendable(chunk_bytes) / rate) <= chunked <= 1.05
 
 
 def _train_args(run_dir: Path, steps: int = 5) -> list[str]:

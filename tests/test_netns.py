@@ -26,36 +26,57 @@ RATE = "1200mbit"
 def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
     with netns.veth_link(RATE, tag="hon", burst=netns.HONEST_BURST) as link:
         chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 32) / netns.rate_bits(RATE)
-    # at most 5% above the rate (the claim); below it by tbf counting headers, TCP restarting
-    # its window after each idle gap and the sender's share of a busy 2-core machine (0.75x
-    # to 0.95x seen alone, 0.54x once in a full suite run): the floor only says data flowed
-    assert 0.3 <= chunked <= 1.05
+    # at most 5% above the rate (the claim, whatever the load: a busy sender only goes
+    # slower); below it by tbf counting headers, TCP restarting its window after each idle
+    # gap and the sender's share of the 2 cores (0.75x to 0.95x seen alone, 0.54x in a full
+    # suite run): the floor says data flowed, relative to what this machine sends unshaped
+    # right now
+    assert 0.3 * min(1.0, sendable(chunk_bytes) / netns.rate_bits(RATE)) <= chunked <= 1.05
+
+
+def sendable(chunk_bytes: int, chunks: int = 16) -> float:
+    """Bits/s this machine's sender reaches now for such chunks, on a link shaped far above
+    any rate tested: the ceiling of what a shaped link can show under the current load."""
+    with netns.veth_link("40gbit", tag="cap", burst="4mb") as link:
+        return netns.chunked_rate(link, chunk_bytes, 0.005, chunks)
 
 
 @pytest.mark.slow
 @needs_root
 def test_the_legacy_burst_lets_small_chunks_run_above_the_rate() -> None:
-    """What the probe exists to catch: a 256 KB bucket, refilled in every gap."""
-    with netns.veth_link(RATE, tag="leg", burst=netns.LEGACY_BURST) as link:
-        chunked = netns.chunked_rate(link, 128 * 1024, 0.005, 32) / netns.rate_bits(RATE)
-    assert chunked > 1.2  # 1.4x to 3.7x seen here
+    """What the probe exists to catch: a 256 KB bucket, refilled in every gap. At 200 Mbit/s
+    a 5 ms gap refills half a 128 KB chunk's credit, and even a sender sharing busy cores
+    goes well above that rate."""
+    rate = "200mbit"
+    with netns.veth_link(rate, tag="leg", burst=netns.LEGACY_BURST) as link:
+        chunked = netns.chunked_rate(link, 128 * 1024, 0.005, 32) / netns.rate_bits(rate)
+    assert chunked > 1.2, (chunked, sendable(128 * 1024) / netns.rate_bits(rate))
 
 
 @pytest.mark.slow
 @needs_root
 def test_the_link_passes_whole_gso_packets() -> None:
     """tbf sees fewer, larger packets (it stops to wait for tokens less often) when the
-    senders' GSO packets fit its bucket than when it must cut them to the MTU itself."""
-    stops = {}
-    for limit in (None, netns.GSO_MAX):
-        with netns.veth_link(RATE, tag="gso", gso_max_size=limit) as link:
-            sender = link.prefix(1)
-            shown = _json(sender + ["ip", "-j", "-d", "link", "show", "dev", link.ifnames[1]])
-            assert shown[0]["gso_max_size"] == (limit or netns.gso_limit(link.burst))
-            netns.chunked_rate(link, 1 << 20, 0.0, 8)
-            qdisc = _json(sender + ["tc", "-j", "-s", "qdisc", "show", "dev", link.ifnames[1]])[0]
-            stops[limit] = qdisc["overlimits"] / qdisc["bytes"]
-    assert stops[None] < 0.75 * stops[netns.GSO_MAX]  # 1188 vs 2554-2939 per 8.8 MB here
+    senders' GSO packets fit its bucket than when it must cut them to the MTU itself. Up to
+    three tries: a sender starved by other work on the 2 cores seldom fills tbf's queue, so
+    tbf seldom waits either way (with GSO cut to the MTU every try shows about 1x)."""
+    tries = []
+    for _ in range(3):
+        stops = {limit: _tbf_waits_per_byte(limit) for limit in (None, netns.GSO_MAX)}
+        tries.append(stops[None] / stops[netns.GSO_MAX])
+        if tries[-1] < 0.75:  # 1188 vs 2554-2939 per 8.8 MB on a quiet machine
+            return
+    pytest.fail(f"tbf waited as often with whole GSO packets as with MTU-cut ones: {tries}")
+
+
+def _tbf_waits_per_byte(limit: int | None) -> float:
+    with netns.veth_link(RATE, tag="gso", gso_max_size=limit) as link:
+        sender = link.prefix(1)
+        shown = _json(sender + ["ip", "-j", "-d", "link", "show", "dev", link.ifnames[1]])
+        assert shown[0]["gso_max_size"] == (limit or netns.gso_limit(link.burst))
+        netns.chunked_rate(link, 1 << 20, 0.0, 8)
+        qdisc = _json(sender + ["tc", "-j", "-s", "qdisc", "show", "dev", link.ifnames[1]])[0]
+        return qdisc["overlimits"] / qdisc["bytes"]
 
 
 def test_gso_packets_fit_the_bucket_with_their_headers() -> None:
