@@ -313,11 +313,15 @@ def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = No
     if not launch.errors and all(c == 0 for c in launch.exitcodes):
         return launch.results
     lines = [f"{what} failed on {len(launch.errors)} of {len(launch.exitcodes)} ranks:"]
+    same: dict[str, list[int]] = {}  # one line per distinct error, naming its ranks
     for r in launch.errors:
-        last = launch.errors[r].strip().splitlines()[-1]
+        lines_r = launch.errors[r].strip().splitlines()
+        same.setdefault(lines_r[-1] if lines_r else "no message", []).append(r)
+    for last, ranks in same.items():
         fix = known_fix(last)
-        lines.append(f"  rank {r} (exit code {launch.exitcodes[r]}): {last[:400]}"
-                     + (f" [{fix}]" if fix else ""))  # fmt: skip
+        who = (f"rank {ranks[0]} (exit code {launch.exitcodes[ranks[0]]})" if len(ranks) == 1
+               else f"ranks {', '.join(map(str, ranks))} (the same error)")  # fmt: skip
+        lines.append(f"  {who}: {last[:400]}" + (f" [{fix}]" if fix else ""))
     first = first_cause(launch.errors)
     if log_file is None:
         lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")

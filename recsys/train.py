@@ -289,15 +289,22 @@ register_configs()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys.checkpoint import CheckpointMismatchError
     from recsys.data.criteo_binary import CriteoDataError
     from recsys.data.multi_hot import HotnessError
     from recsys.emulation import EmulationError
     from recsys.models.dlrm import ModelConfigError
+    from recsys.planning import PlanConfigError
     from sharding.cluster import ClusterConfigError
+    from sharding.plan_check import MalformedPlanError, PlanInputError
     from sharding.plan_eval import PlanDoesNotFitError
 
     return (
         TrainConfigError,
+        PlanConfigError,
+        PlanInputError,
+        MalformedPlanError,
+        CheckpointMismatchError,
         launch.RankFailedError,
         ClusterConfigError,
         ModelConfigError,

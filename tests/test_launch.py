@@ -59,6 +59,19 @@ def test_a_failure_is_one_line_per_rank_with_the_tracebacks_in_the_log(tmp_path:
     assert "rank 1 (exit code 1) =====\nTraceback" in text and 'File "x.py"' in text
 
 
+def test_the_same_error_on_every_rank_is_one_line(tmp_path: Path) -> None:
+    same = 'Traceback (most recent call last):\n  File "z.py", line 3\nNotImplementedError: no'
+    job = LaunchResult(results=[None] * 3, exitcodes=[1, 1, 1],
+                       errors={2: same, 0: same, 1: same})  # fmt: skip
+    with pytest.raises(RankFailedError) as e:
+        raise_on_failure(job, "training (3 ranks)", tmp_path / "train.log")
+    assert str(e.value).splitlines()[1:] == [
+        "  ranks 2, 0, 1 (the same error): NotImplementedError: no",
+        f"  every rank's traceback: {tmp_path / 'train.log'} (first failure: rank 2)",
+    ]
+    assert e.value.first_failure == "rank 2: NotImplementedError: no"
+
+
 @pytest.mark.parametrize(
     ("line", "fix"),
     [

@@ -96,6 +96,20 @@ def test_the_cli_refuses_a_zero_timeout_in_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "recsys.train", "planner=hybrid",
+                           "planner.storage_reservation=1.0", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: planner.storage_reservation is the share of each device's memory kept free"
+        )
+    )
+
+
 def test_run_directories_of_one_second_differ() -> None:
     """Hydra's run dir carries the process id beside the time."""
     text = (REPO / "conf" / "config.yaml").read_text()
