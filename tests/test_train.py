@@ -148,6 +148,20 @@ def test_unequal_shares_report_global_figures(tmp_path: Path, capfd) -> None:
     assert shown == [pytest.approx(sum(losses[3:]) / 3, abs=1e-4)], (shown, losses)
 
 
+def test_samples_per_s_leaves_out_evaluation_time(tmp_path: Path) -> None:
+    """Five evaluations of 0.5 s between 8 steps of ~30 ms: counted, they would cut the
+    figure more than tenfold."""
+    runs = {}
+    for every in (0, 1):
+        cfg = to_typed(compose_config(TINY + ["trainer.max_steps=8", f"trainer.eval_every={every}",
+                                              "trainer.warmup_steps=2"]))  # fmt: skip
+        (tmp_path / str(every)).mkdir()
+        job = spawn_ranks(rank_jobs.train_slow_eval, 2, args=(cfg, str(tmp_path / str(every))))
+        runs[every] = raise_on_failure(job, "slow eval")[0]
+    assert len(runs[1]["evals"]) == 7 and not runs[0]["evals"]
+    assert runs[1]["samples_per_s"] > 0.3 * runs[0]["samples_per_s"], runs
+
+
 def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
     cfg = compose_config(["planner=hybrid", "trainer.max_steps=60", "trainer.batch_size=256"])
     summary = train(cfg, tmp_path)
