@@ -80,7 +80,7 @@ def rank_output_to_log() -> None:
     """In a rank its command started: Python's output to the console and the command's log,
     native stderr to the log only."""
     path = os.environ.get(LOG_ENV)
-    if not path:
+    if not path or isinstance(sys.stderr, _Tee):  # torchrun: the command itself is the rank
         return
     log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the rank
     console = os.fdopen(os.dup(2), "w", buffering=1)

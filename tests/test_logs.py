@@ -55,6 +55,7 @@ def test_torchrun_shows_what_the_local_launcher_shows(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "SplitTableBatchedEmbeddingBagsCodegen" not in ok.stdout + ok.stderr
     assert len((ok.stdout + ok.stderr).splitlines()) < 15
+    assert (tmp_path / "ok" / "train.log").read_text().count("eval AUC 0.6305") == 1
     wrong = _run(["torch.distributed.run", "--nproc_per_node", "3", "-m", "recsys.train",
                   "debug=tiny", f"hydra.run.dir={tmp_path / 'wrong'}"])  # fmt: skip
     errors = [ln for ln in wrong.stderr.splitlines() if ln.startswith("error:")]
