@@ -140,10 +140,10 @@ class LossWatch:
     rank at the same steps): the figure shown is the global mean loss whatever each rank's
     share, and a NaN on any rank stops every rank at once."""
 
-    def __init__(self, start_step: int, rank: int, world: int = 1) -> None:
+    def __init__(self, start_step: int, world: int = 1) -> None:
         self.losses: list[torch.Tensor] = []
         self.reduced: list[float] = []  # the global mean of every checked step, in order
-        self._start, self._rank, self._world, self._checked = start_step, rank, world, 0
+        self._start, self._world, self._checked = start_step, world, 0
 
     def check(self) -> float | None:
         """Raise naming the first bad step; return the global mean loss of the new window."""
@@ -376,7 +376,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         if rank == 0:
             log.info("resumed from %s at step %d", tcfg.resume_from, start)
     ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
-    watch = LossWatch(start, rank, world)
+    watch = LossWatch(start, world)
     try:
         with interruptible():  # Ctrl-C or SIGTERM: rank 0 writes what the run has so far
             return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device)
