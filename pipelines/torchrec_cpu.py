@@ -1,5 +1,5 @@
 """Small shims that let TorchRec's SemiSync pipeline run on CPU ranks (measured on
-TorchRec 1.8, see shared/TORCHREC_NOTES.md): `Tensor.record_stream` rejects a CPU stream,
+TorchRec 1.8 on this project's CPU machine): `Tensor.record_stream` rejects a CPU stream,
 and the pipelined forward assumes a CUDA device when it has no stream. Installed only
 when such a pipeline is built on CPU; CUDA behaviour is unchanged.
 """

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def quiet_library_noise(log_level: str = "info") -> None:
-    """Filter warnings TorchRec and torch print on every run (see TORCHREC_NOTES.md);
+    """Filter warnings TorchRec and torch print on every run (each named below);
     `log_level="debug"` (trainer.log_level) keeps every library message."""
     if log_level == "debug":
         return

@@ -1,5 +1,5 @@
 """Cluster model and planners: where each embedding table lives and what it costs.
 
 Library code here takes typed dataclasses and plain iterables; it never imports Hydra,
-OmegaConf, `recsys` or `pipelines` (see DESIGN.md).
+OmegaConf, `recsys` or `pipelines` (docs/layout.md: the layers and their direction).
 """
