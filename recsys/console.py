@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from recsys.interrupts import exit_code, interruptible
+
 LOG_ENV = "RECSYS_LOG_FILE"  # set by the command, read by the ranks it starts
 
 
@@ -88,3 +90,18 @@ def rank_output_to_log() -> None:
     os.dup2(log.fileno(), 2)
     sys.stderr = _Tee(console, log)
     sys.stdout = _Tee(sys.stdout, log)
+
+
+@contextmanager
+def command(interrupted: str = "nothing was written") -> Iterator[None]:
+    """A command's body: what it prints also goes to its log; Ctrl-C or SIGTERM is one line
+    (`interrupted`: what that leaves) and exit 130 or 143."""
+    with tee_to_log():
+        try:
+            with interruptible():
+                yield
+        except KeyboardInterrupt as e:
+            if not getattr(e, "reported", False):  # atomic_dir already said what it removed
+                print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted}",
+                      file=sys.stderr)  # fmt: skip
+            sys.exit(exit_code(e))

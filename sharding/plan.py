@@ -20,6 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import register_configs
+from recsys.console import command
 from recsys.models.dlrm import feature_names
 from recsys.planning import PlanAppConfig, make_plan, plan_inputs, plan_json, torchrec_plans
 from sharding.access_profile import AccessProfile
@@ -151,6 +152,11 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="plan")
 def main(cfg: DictConfig) -> None:
+    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     from recsys.train import quiet_library_noise
 
     quiet_library_noise()

@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import TrainConfig, register_configs
+from recsys.console import command
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, calibrated_link, constants_source
 from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
@@ -94,6 +95,11 @@ ConfigStore.instance().store(name="base_predict", node=PredictConfig)
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
+    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     from recsys.train import quiet_library_noise
 
     quiet_library_noise()

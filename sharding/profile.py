@@ -22,6 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import register_configs
+from recsys.console import command
 from recsys.data.criteo_binary import CriteoDataError
 from recsys.data.source import DatasetConfig, build_source
 from recsys.models.dlrm import ModelConfig, feature_names
@@ -179,6 +180,11 @@ ConfigStore.instance().store(name="base_profile", node=ProfileAppConfig)
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="profile")
 def main(cfg: DictConfig) -> None:
+    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     typed: ProfileAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     out = Path(typed.output or HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)

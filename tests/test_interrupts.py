@@ -123,3 +123,17 @@ def test_sigterm_to_prepare_removes_the_partial_output_and_its_workers(tmp_path:
            f"unchanged" in err and "Traceback" not in err  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tsv"]
     assert _gone_within(workers, 10), _alive(workers)
+
+
+def test_every_command_body_stops_on_sigterm_in_one_line(capsys) -> None:
+    """`recsys.console.command()`, which the data commands and `sharding.plan`, `profile` and
+    `predict` run in: SIGTERM mid-work is one line and exit 143."""
+    from recsys.console import command
+
+    with pytest.raises(SystemExit) as e, command():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        pytest.fail("SIGTERM did not stop the command")
+    assert e.value.code == 143
+    assert capsys.readouterr().err.strip() == "interrupted (SIGTERM): nothing was written"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after the command

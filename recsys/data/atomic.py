@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from recsys.console import tee_to_log
-from recsys.interrupts import exit_code, interruptible
+from recsys.console import command
 
 T = TypeVar("T")
 
@@ -100,16 +99,11 @@ def run_cli(
     """A data command's body: `job()`, then `report(result)` printed. An expected error is one
     line and exit 1; Ctrl-C or SIGTERM (after `atomic_dir` removed the partial output) is one
     line and exit 130 or 143. All of it also goes to the command's log."""
-    try:
-        with interruptible(), tee_to_log():
+    with command():
+        try:
             result = job()
-            print(report(result))
-            return result
-    except (*errors, OutputDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt as e:
-        if not getattr(e, "reported", False):
-            print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): nothing was written",
-                  file=sys.stderr)  # fmt: skip
-        sys.exit(exit_code(e))
+        except (*errors, OutputDirError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(report(result))
+        return result
