@@ -13,7 +13,7 @@ TORCHREC := torchrec==1.8.0
 
 help:
 	@echo "make demo        install, make the demo data, train DLRM on 2 local ranks (about 1.5 min)"
-	@echo "make test        install, run the whole test suite (14-18 min on 2 cores; CI runs this)"
+	@echo "make test        install, run the whole test suite (about 20 min on 2 cores; CI runs this)"
 	@echo "make test-fast   the tests not marked slow"
 	@echo "make lint        ruff check and format check"
 	@echo "make install     the virtual environment (.venv); KERNELS=cuda for the CUDA fbgemm-gpu"
