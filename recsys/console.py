@@ -12,7 +12,7 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -93,15 +93,16 @@ def rank_output_to_log() -> None:
 
 
 @contextmanager
-def command(interrupted: str = "nothing was written") -> Iterator[None]:
+def command(interrupted: Callable[[], str] = lambda: "nothing was written") -> Iterator[None]:
     """A command's body: what it prints also goes to its log; Ctrl-C or SIGTERM is one line
-    (`interrupted`: what that leaves) and exit 130 or 143."""
+    (`interrupted()`: what that leaves, asked once everything has stopped) and exit 130 or
+    143."""
     with tee_to_log():
         try:
             with interruptible():
                 yield
         except KeyboardInterrupt as e:
             if not getattr(e, "reported", False):  # atomic_dir already said what it removed
-                print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted}",
+                print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}",
                       file=sys.stderr)  # fmt: skip
             sys.exit(exit_code(e))

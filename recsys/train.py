@@ -26,9 +26,8 @@ from tqdm import tqdm
 from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
-from recsys.console import rank_output_to_log, tee_to_log
+from recsys.console import command, rank_output_to_log
 from recsys.data.multi_hot import resolve_hotness
-from recsys.interrupts import exit_code, interruptible
 from recsys.models.dlrm import validate_model_config
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.types import PlannerName
@@ -358,7 +357,10 @@ def _record_failed_job(job_dir: Path, error: BaseException) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    with tee_to_log():  # what this command and its ranks print also goes to its log
+    # what this command and its ranks print also goes to its log; Ctrl-C or SIGTERM: the
+    # ranks are stopped, then one line says what was kept
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with command(lambda: f"every rank stopped; {kept_after_interrupt(run_dir)}"):
         return _main(cfg)
 
 
@@ -367,14 +369,7 @@ def _main(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     try:
-        with interruptible():
-            summary = train(cfg, hydra_cfg.runtime.output_dir)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the ranks are stopped by now
-        name = getattr(e, "name", "SIGINT")
-        print(f"interrupted ({name}): every rank stopped; "
-              f"{kept_after_interrupt(Path(hydra_cfg.runtime.output_dir))}",
-              file=sys.stderr)  # fmt: skip
-        sys.exit(exit_code(e))
+        summary = train(cfg, hydra_cfg.runtime.output_dir)
     except _user_errors() as e:  # a clear message, not a traceback from deep inside
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
