@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from recsys.interrupts import exit_code, interruptible
+from recsys.interrupts import clear, exit_code, interruptible
 
 LOG_ENV = "RECSYS_LOG_FILE"  # set by the command, read by the ranks it starts
 
@@ -105,4 +105,5 @@ def command(interrupted: Callable[[], str] = lambda: "nothing was written") -> I
             if not getattr(e, "reported", False):  # atomic_dir already said what it removed
                 print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}",
                       file=sys.stderr)  # fmt: skip
+            clear()  # handled: a later command in this process starts afresh
             sys.exit(exit_code(e))

@@ -49,6 +49,19 @@ def received() -> str | None:
     return signal.Signals(_RECEIVED[0]).name if _RECEIVED else None
 
 
+def clear() -> None:
+    """Forget the signals received: the interruption they caused has been handled."""
+    _RECEIVED.clear()
+
+
+def check() -> None:
+    """Raise `Interrupted` if a signal arrived inside `interruptible()` whose exception was
+    swallowed: the handler can run where Python ignores exceptions (a fork hook, a
+    finalizer: `Exception ignored in ...`), so long loops call this between steps."""
+    if _RECEIVED:
+        raise Interrupted(_RECEIVED[0])
+
+
 def _raise(signum: int, _frame: Any) -> None:
     _RECEIVED.append(signum)
     raise Interrupted(signum)
@@ -57,7 +70,9 @@ def _raise(signum: int, _frame: Any) -> None:
 @contextmanager
 def interruptible() -> Iterator[None]:
     """Inside, SIGINT and SIGTERM raise `Interrupted` (main thread only; elsewhere a no-op).
-    An ignored SIGINT (a background job) stays ignored."""
+    An ignored SIGINT (a background job) stays ignored. A signal whose exception was
+    swallowed inside is raised again on the way out (see `check`)."""
+    clear()
     try:
         old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s, handler in old.items():
@@ -68,6 +83,7 @@ def interruptible() -> Iterator[None]:
         return
     try:
         yield
+        check()
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

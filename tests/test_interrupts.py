@@ -137,3 +137,20 @@ def test_every_command_body_stops_on_sigterm_in_one_line(capsys) -> None:
     assert e.value.code == 143
     assert capsys.readouterr().err.strip() == "interrupted (SIGTERM): nothing was written"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored after the command
+
+
+def test_a_swallowed_interrupt_is_raised_again() -> None:
+    """The handler can run where Python ignores exceptions (seen: logging's fork hook while
+    prepare's pool forked a worker, and prepare then finished with exit 0): the command still
+    stops, at the next check or on leaving `interruptible()`."""
+    from recsys import interrupts
+
+    with pytest.raises(interrupts.Interrupted) as e, interrupts.interruptible():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException:  # noqa: B036 - what a fork hook or finalizer does with it
+            pass
+    assert e.value.exit_code == 143
+    interrupts.clear()
+    interrupts.check()  # handled: nothing pending

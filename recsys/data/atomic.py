@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from recsys import interrupts
 from recsys.console import command
 
 T = TypeVar("T")
@@ -76,6 +77,7 @@ def atomic_dir(
         raise OutputDirError(f"cannot write to output '{path}': {e.strerror}") from None
     try:
         yield tmp
+        interrupts.check()  # never rename into place what an interrupted command wrote
     except BaseException as e:  # noqa: B036 - an error, Ctrl-C or SIGTERM: nothing partial
         shutil.rmtree(tmp, ignore_errors=True)
         said = f"removed the partial output; '{path}' is unchanged"

@@ -32,6 +32,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from recsys import interrupts
 from recsys.data.criteo_tsv import (
     CAT_FEATURES,
     INT_FEATURES,
@@ -189,6 +190,7 @@ def convert_file(
                 if chunk.clipped_I is not None:
                     clipped_I[:] += chunk.clipped_I
                 bar.update(raw.tell() - bar.done)
+                interrupts.check()  # a signal whose exception a fork hook swallowed
 
             pending: deque[Future[ParsedChunk]] = deque()
             in_flight = 2 * workers
