@@ -37,6 +37,14 @@ def compose_cfg() -> Callable[..., DictConfig]:
 
 
 @pytest.fixture
+def no_ranks(monkeypatch) -> None:
+    """A test that fails if any rank is spawned: what it checks must stop before that."""
+    from recsys import launch
+
+    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
+
+
+@pytest.fixture
 def typed_cfg() -> Callable:
     return lambda overrides=None: to_typed(compose_config(overrides))
 

@@ -33,14 +33,6 @@ def criteo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "tsv", root / "bin"
 
 
-@pytest.fixture
-def no_ranks(monkeypatch) -> None:
-    """A test that fails if any rank is spawned: what it checks must stop before that."""
-    from recsys import launch
-
-    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
-
-
 def _copy(src: Path, dst: Path) -> Path:
     dst.mkdir()
     for p in src.iterdir():

@@ -50,14 +50,6 @@ def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tm
         train(cfg, tmp_path / "run")
 
 
-@pytest.fixture
-def no_ranks(monkeypatch) -> None:
-    """A test that fails if any rank is spawned: what it checks must stop before that."""
-    from recsys import launch
-
-    monkeypatch.setattr(launch, "spawn_ranks", lambda *a, **k: pytest.fail("ranks started"))
-
-
 def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
     typed_cfg, tmp_path, no_ranks
 ) -> None:
