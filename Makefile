@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # fbgemm-gpu-cpu by default; `make install KERNELS=cuda` takes the CUDA fbgemm-gpu instead.
 KERNELS ?= cpu
 # torchrec goes in with --no-deps: its metadata asks for the CUDA fbgemm-gpu.
-TORCHREC := torchrec==1.8.0
+TORCHREC := torchrec==1.9.2
 
 help:
 	@echo "make demo        install, make the demo data, train DLRM on 2 local ranks (about 1.5 min)"
