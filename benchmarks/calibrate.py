@@ -39,7 +39,7 @@ from benchmarks.comm_probe import probe
 from benchmarks.common import environment, finish, start
 from recsys.launch import raise_on_failure, spawn_ranks
 from sharding.calibration import load_calibration, save_calibration
-from sharding.cost_model import DeviceCost, LinkCost, NetworkCost
+from sharding.types import DeviceCost, LinkCost, NetworkCost
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,8 @@ def measure_dense(repeats: int = 7, window_s: float = 0.0) -> dict:
 
 
 def measure_input(repeats: int = 15, window_s: float = 0.0) -> dict:
-    from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+    from recsys.config import SyntheticConfig
+    from recsys.data.synthetic import SyntheticCriteo
 
     points = []
     for batch in (256, 1024, 4096):
@@ -257,7 +258,7 @@ def _train(overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink
     args = [f"trainer.max_steps={steps}", "trainer.progress_bar=false", "trainer.warmup_steps=10",
             "trainer.threads_per_rank=1", "dataset.eval_batches=1", *overrides]  # fmt: skip
     if link is None:
-        from recsys.train import train
+        from recsys.app.train import train
 
         return train(_compose(args), run_dir)
     netns.run_pair(link, ["-m", "recsys.train", *args, f"hydra.run.dir={run_dir}"])
@@ -266,8 +267,8 @@ def _train(overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink
 
 def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> float:
     """The cost model's step time for the run in `run_dir`, under its own plan."""
-    from recsys.train import to_typed
-    from sharding.predict import predict
+    from recsys.app.predict import predict
+    from recsys.app.train import to_typed
 
     layout = json.loads((run_dir / "plan_layout.json").read_text())
     summary = run_dir / "summary.json"  # a speed-aware plan's own batch split
@@ -283,9 +284,9 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     busiest rank). The split is forced (`plan_with_splits`: planned across the slowest
     measured link with free sequence costs), so the measurement does not depend on what
     the planner, told the previous constants, would choose on loopback."""
+    from recsys.app.planning import has_split_tables, plan_inputs, plan_with_splits, run_context
+    from recsys.app.train import _rank_main, to_typed
     from recsys.launch import raise_on_failure, spawn_ranks
-    from recsys.planning import has_split_tables, plan_inputs, plan_with_splits
-    from recsys.train import _rank_main, to_typed
     from sharding.plan_eval import evaluate
 
     link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
@@ -301,7 +302,7 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
         typed = config(batch, sequence)
         d = run_dir / "sequence_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
         d.mkdir(parents=True, exist_ok=True)
-        job = spawn_ranks(_rank_main, 2, args=(typed, str(d), plan), timeout_s=900)
+        job = spawn_ranks(_rank_main, 2, args=(run_context(typed, plan), str(d)), timeout_s=900)
         summary = raise_on_failure(job, f"sequence calibration (batch {batch})")[0]
         predicted = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", cal))
         # the same plan's prediction with 1 s per sequence lookup: the model's slope
@@ -376,7 +377,7 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
     """Per emulated cluster: every rank's compute rates in its own cgroup, all ranks at once
     as in training, and gloo between all its ranks across its nodes (fitted as one link)."""
     from recsys import emulation
-    from recsys.train import to_typed
+    from recsys.app.train import to_typed
     from sharding.calibration import share_key
 
     by_share: dict[str, list[DeviceCost]] = {}
@@ -445,7 +446,7 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
 def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None,
              why_not: str | None) -> list[dict]:  # fmt: skip
     """Each setting trained for real, its step time predicted under its own plan."""
-    from recsys.train import to_typed
+    from recsys.app.train import to_typed
 
     validation = []
     for s in cfg.settings:

@@ -64,7 +64,7 @@ def start(cfg: Any) -> Any:
     """A benchmark app's typed config, with the libraries' routine warnings filtered."""
     from omegaconf import OmegaConf
 
-    from recsys.train import quiet_library_noise
+    from recsys.app.train import quiet_library_noise
 
     quiet_library_noise()
     return OmegaConf.to_object(cfg)
@@ -142,7 +142,7 @@ def train_emulated(
     its nodes during the whole job and the run's summary."""
     import hydra
 
-    from recsys.train import train
+    from recsys.app.train import train
 
     args = [f"cluster={cluster}", *overrides, f"trainer.max_steps={steps}",
             "trainer.progress_bar=false", "dataset.eval_batches=1",

@@ -360,7 +360,7 @@ def device_kind(name: str, memory_gib: float) -> str | None:
 
 
 def constants(result: dict) -> dict:
-    """The device constants (`sharding.cost_model.DeviceCost` fields) in the CPU
+    """The device constants (`sharding.types.DeviceCost` fields) in the CPU
     calibration's format: measured where the probe measures them, the datasheet model's
     (`sharding.constants.datasheet_rates`) for the rest, which `measured.assumed` names."""
     sizes, kind = result["sizes"], result["device"]["kind"]

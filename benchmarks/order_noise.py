@@ -40,7 +40,8 @@ def _rank(cfgs: list, plan, steps: int, run_dir: str) -> list[list[float]]:
     import torch
 
     from pipelines.clustering import permute_batch
-    from recsys.train import quiet_library_noise
+    from recsys.app.planning import run_context
+    from recsys.app.train import quiet_library_noise
     from recsys.trainer import train_each
 
     quiet_library_noise()
@@ -49,14 +50,15 @@ def _rank(cfgs: list, plan, steps: int, run_dir: str) -> list[list[float]]:
     def shuffle(b):
         return permute_batch(b, torch.randperm(len(b.labels), generator=gen))
 
-    runs = [(cfgs[0], plan, None), (cfgs[0], plan, shuffle), (cfgs[1], plan, None)]
+    plain, nested = run_context(cfgs[0], plan), run_context(cfgs[1], plan)
+    runs = [(plain, None), (plain, shuffle), (nested, None)]
     return [losses for _, losses in train_each(runs, steps, run_dir)]
 
 
 def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.train import to_typed
     from recsys.launch import raise_on_failure, spawn_ranks
-    from recsys.planning import make_plan, plan_inputs
-    from recsys.train import to_typed
     from sharding.types import PlannerName
 
     nested = ["pipeline=nested", f"pipeline.micro_batches={cfg.micro_batches}",

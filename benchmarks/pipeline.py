@@ -203,8 +203,8 @@ def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
     exchange sends one vector per sample and feature either way, the unique-row exchange
     (dedup) one per distinct (feature, id)."""
     from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
+    from recsys.app.train import to_typed
     from recsys.data.source import build_source
-    from recsys.train import to_typed
 
     typed = to_typed(hydra.compose(config_name="config", overrides=cfg.overrides))
     source = build_source(typed.dataset, typed.model, typed.trainer.batch_size, 2)

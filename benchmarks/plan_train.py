@@ -79,8 +79,8 @@ def trainer_on(cfg: PlanTrainBenchConfig) -> Iterator[Callable[..., tuple[int, d
 
 
 def run(cfg: PlanTrainBenchConfig) -> dict:
-    from recsys.planning import make_plan, plan_inputs
-    from recsys.train import to_typed
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.train import to_typed
 
     short, long = cfg.steps
     if cfg.trainer.max_steps is not None:  # shorter runs: the long one at max_steps

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from sharding.access_profile import AccessProfile
-from sharding.plan_eval import PlanDoesNotFitError, PlanInputs, evaluate
+from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
 from sharding.suites import SuiteSpec, Workload, random_suite
-from sharding.types import PlannerConfig
+from sharding.types import PlanDoesNotFitError, PlanInputs, PlannerConfig
 
 GRID_PLANNERS = ("hybrid", "torchrec", "torchrec_own", "greedy_size", "round_robin")
 TIE = 1e-9  # relative: step times this close are the same

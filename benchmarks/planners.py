@@ -34,8 +34,8 @@ from benchmarks.planner_grid import (
     write_csv,
 )
 from benchmarks.planner_grid import table as grid_table
-from sharding.cost_model import TableStats
 from sharding.suites import Workload
+from sharding.types import TableStats
 
 REPO = Path(__file__).resolve().parents[1]
 # the gain decomposition: each step adds one of hybrid's ideas to the one before
@@ -65,7 +65,7 @@ class PlannerBenchConfig:
 
 
 def _compose(overrides: list[str]):
-    from recsys.train import to_typed
+    from recsys.app.train import to_typed
 
     return to_typed(hydra.compose(config_name="plan", overrides=overrides))
 
@@ -78,7 +78,7 @@ def _base(cfg: PlannerBenchConfig, cluster: str | None = None) -> list[str]:
 
 def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
     """Every planner on one preset, and the gain decomposition."""
-    import recsys.planning as cli
+    import recsys.app.planning as cli
     from sharding.hybrid import HybridOptions, hybrid, with_speed_aware_batch
     from sharding.plan_eval import evaluate
     from sharding.planners import PLANNERS
@@ -135,7 +135,7 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
 
 
 def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
-    import recsys.planning as cli
+    import recsys.app.planning as cli
 
     inputs = cli.plan_inputs(_compose(_base(cfg, "1x8_a100_80g")), None, None)
     return Workload("mlperf_dcnv2", inputs.tables, inputs.coverage, inputs.dense_params,
@@ -144,7 +144,7 @@ def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
 
 
 def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
-    import recsys.planning as cli
+    import recsys.app.planning as cli
 
     clusters = {c: cli.plan_inputs(_compose(_base(cfg, c)), None, None) for c in cfg.grid.clusters}
     # the measured profile is reused: the published one if there is one, else this run's
@@ -156,10 +156,10 @@ def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:
     """Hybrid planning time: 1,000 tables (Criteo-like sizes) on 1,536 mixed devices."""
-    import recsys.planning as cli
-    from sharding.plan_eval import evaluate, power_law_coverage
+    import recsys.app.planning as cli
+    from sharding.plan_eval import evaluate
     from sharding.planners import hybrid
-    from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+    from sharding.types import ClusterSpec, DeviceGroup, NodeGroup, PowerLawCoverage
 
     nodes = cfg.scale_devices // 8
     spec = ClusterSpec(
@@ -177,7 +177,7 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
     sizes = rng.choice([10, 1_000, 100_000, 1_000_000, 10_000_000], cfg.scale_tables,
                        p=[0.2, 0.3, 0.3, 0.15, 0.05])  # fmt: skip
     inputs.tables = [TableStats(f"t{i}", int(r), 128) for i, r in enumerate(sizes)]
-    inputs.coverage = {t.name: power_law_coverage(t.rows, 1.1) for t in inputs.tables}
+    inputs.coverage = {t.name: PowerLawCoverage(t.rows, 1.1) for t in inputs.tables}
     begin = time.perf_counter()
     plan = hybrid(inputs)
     planning_s = time.perf_counter() - begin

@@ -37,10 +37,9 @@ from benchmarks.common import environment, finish, start
 
 if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay fast
     from sharding.access_profile import AccessProfile
-    from sharding.cost_model import StepCost
     from sharding.distinct import DedupVolume
-    from sharding.plan_eval import Plan, PlanInputs
     from sharding.simulate import SimResult
+    from sharding.types import Plan, PlanInputs, StepCost
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -87,7 +86,7 @@ class ScaleConfig:
 
 
 def _compose(overrides: list[str]):
-    from recsys.train import to_typed
+    from recsys.app.train import to_typed
 
     return to_typed(hydra.compose(config_name="config", overrides=overrides))
 
@@ -119,7 +118,7 @@ class ScheduleLabel:
     micro-batch's distinct ids and rows exchanged, `sharding.distinct`) and `+cluster`
     (key-centric clustering first: it changes only what dedup sends)."""
 
-    schedule: Any  # sharding.cost_model.Schedule
+    schedule: Any  # sharding.types.Schedule
     micro_batches: int = 1
     stale: bool = False
     dedup: bool = False
@@ -127,7 +126,8 @@ class ScheduleLabel:
 
 
 def schedule_of_label(label: str) -> ScheduleLabel:
-    from sharding.cost_model import Schedule, schedule_of
+    from sharding.cost_model import schedule_of
+    from sharding.types import Schedule
 
     name, *extras = label.split("+")
     if set(extras) - {"dedup", "cluster"} or (extras and not name.startswith("nested")):
@@ -180,7 +180,7 @@ def schedules_and_profile(
 
 def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
     """Every (family, size, planner, schedule) point, and the plans' timelines source."""
-    from recsys.planning import make_plan, plan_inputs
+    from recsys.app.planning import make_plan, plan_inputs
     from sharding.plan_eval import plan_cost
 
     labels, profile = schedules_and_profile(cfg)
@@ -273,7 +273,7 @@ def label_of(tcfg) -> str:
 
 def measured_profile(tcfg, batch_size: int = 2048, batches: int = 4):
     """The access profile of a setting's own data, with distinct ids per micro-batch."""
-    from sharding.profile import ProfileAppConfig, profile_dataset
+    from recsys.app.profile import ProfileAppConfig, profile_dataset
 
     cfg = ProfileAppConfig(dataset=tcfg.dataset, model=tcfg.model, batches=batches,
                            batch_size=batch_size, distinct_batches=batches)  # fmt: skip
@@ -281,7 +281,7 @@ def measured_profile(tcfg, batch_size: int = 2048, batches: int = 4):
 
 
 def validate() -> list[dict]:
-    from recsys.planning import make_plan, plan_inputs
+    from recsys.app.planning import make_plan, plan_inputs
     from sharding.plan_eval import plan_cost
 
     rows, profiles = [], {}

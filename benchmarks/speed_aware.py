@@ -36,7 +36,7 @@ class SpeedAwareBenchConfig:
 
 
 def run(cfg: SpeedAwareBenchConfig) -> dict:
-    from recsys.train import train
+    from recsys.app.train import train
 
     runs: dict[str, list[dict]] = {p: [] for p in cfg.planners}
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,17 +10,148 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from pipelines.types import PipelineConfig
-from recsys.data.source import DatasetConfig
-from recsys.models.dlrm import ModelConfig
-from recsys.trainer import TrainerConfig
 from sharding.types import ClusterSpec, PlannerConfig
 
+# TorchRec's Criteo feature names (torchrec.datasets.criteo.DEFAULT_CAT_NAMES): at most 26
+CRITEO_CAT_FEATURES = 26
+
 GROUPS = ("dataset", "model", "cluster", "planner", "pipeline", "trainer", "experiment", "debug")
+
+
+@dataclass
+class SyntheticConfig:
+    """Synthetic Criteo-shaped data. Table sizes come from the model config."""
+
+    name: str = "synthetic"
+    zipf_exponent: float = 1.1  # p(k-th hottest row) ~ k^-exponent
+    seed: int = 1234  # planted model and data stream; independent of trainer.seed
+    eval_batches: int = 16  # held-out batches per rank (files: at most the val split)
+    signal: float = 1.0  # scales the planted logit; 0 makes labels pure noise
+    bias: float = -1.0  # planted intercept; about 30% positives at signal 1
+    # ids per bag, one per table (0: empty bags), or "mlperf" (MLPerf DLRM-DCNv2's sizes);
+    # null: one id per bag. Prepared files: written by `recsys.data.prepare hotness=...`
+    hotness: Any = None
+
+
+class DataKind(str, Enum):
+    synthetic = "synthetic"  # generated in memory
+    criteo = "criteo"  # binary files made by `python -m recsys.data.prepare`
+
+
+@dataclass
+class DatasetConfig(SyntheticConfig):
+    """Synthetic fields (zipf_exponent, seed, signal, bias) apply to kind=synthetic."""
+
+    kind: DataKind = DataKind.synthetic
+    path: str | None = None  # kind=criteo: the directory `recsys.data.prepare` wrote
+    holdout_fraction: float = 1 / 7  # one-file datasets: rows held out for val + test
+    shuffle_chunk_batches: int = 16  # train batches are shuffled in chunks of this many
+
+
+class Arch(str, Enum):
+    dlrm = "dlrm"  # dot interaction
+    dcnv2 = "dcnv2"  # low-rank DCN cross layers (MLPerf DLRM-DCNv2)
+
+
+@dataclass
+class ModelConfig:
+    """Model shapes. `num_embeddings_per_feature` has one entry per categorical feature."""
+
+    name: str = "dlrm_small"
+    arch: Arch = Arch.dlrm
+    embedding_dim: int = 16
+    num_embeddings_per_feature: list[int] = field(default_factory=lambda: [1000] * 26)
+    dense_in_features: int = 13
+    dense_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 16])
+    over_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 1])
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
+
+
+class ModelConfigError(ValueError):
+    """Model shapes that cannot make a DLRM."""
+
+
+def validate_model_config(cfg: ModelConfig) -> None:
+    """Raise ModelConfigError naming the field when shapes cannot make a DLRM."""
+    if not cfg.num_embeddings_per_feature or min(cfg.num_embeddings_per_feature) < 1:
+        raise ModelConfigError(
+            f"model '{cfg.name}': num_embeddings_per_feature needs rows >= 1 per table"
+        )
+    if cfg.embedding_dim < 1 or cfg.dense_in_features < 1:
+        raise ModelConfigError(
+            f"model '{cfg.name}': embedding_dim and dense_in_features must be >= 1"
+        )
+    if cfg.embedding_dim % 4:
+        raise ModelConfigError(
+            f"model.embedding_dim={cfg.embedding_dim}: TorchRec's fused tables (FBGEMM's TBE) "
+            f"take a multiple of 4 columns per shard; use a multiple of 4 (e.g. "
+            f"{max(4, cfg.embedding_dim // 4 * 4)}), and end dense_arch_layer_sizes with it"
+        )
+    if not cfg.dense_arch_layer_sizes or cfg.dense_arch_layer_sizes[-1] != cfg.embedding_dim:
+        raise ModelConfigError(
+            f"model '{cfg.name}': the last dense_arch_layer_sizes entry must equal embedding_dim "
+            f"({cfg.embedding_dim}), got {list(cfg.dense_arch_layer_sizes)}"
+        )
+    if not cfg.over_arch_layer_sizes or cfg.over_arch_layer_sizes[-1] != 1:
+        raise ModelConfigError(
+            f"model '{cfg.name}': over_arch_layer_sizes must end in 1 (one logit), got "
+            f"{list(cfg.over_arch_layer_sizes)}"
+        )
+    if len(cfg.num_embeddings_per_feature) > CRITEO_CAT_FEATURES:
+        raise ModelConfigError(
+            f"model '{cfg.name}': at most {CRITEO_CAT_FEATURES} categorical features"
+        )
+
+
+class DenseOptimizer(str, Enum):
+    adagrad = "adagrad"
+    sgd = "sgd"
+    adam = "adam"
+
+
+class DenseAllreduce(str, Enum):
+    ddp_buckets = "ddp_buckets"  # DDP's own buckets (nested: one flat buffer; rounds at 3+ ranks)
+    per_tensor = "per_tensor"  # each gradient on its own, in every pipeline: bit-exact at any world
+
+
+class SparseOptimizer(str, Enum):
+    rowwise_adagrad = "rowwise_adagrad"  # fused into FBGEMM's backward (EXACT_ROWWISE_ADAGRAD)
+    sgd = "sgd"  # fused EXACT_SGD
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 400
+    batch_size: int = 1024  # per rank
+    lr: float = 0.05  # dense optimizer
+    embedding_lr: float = 0.05  # fused embedding optimizer
+    dense_optimizer: DenseOptimizer = DenseOptimizer.adagrad
+    sparse_optimizer: SparseOptimizer = SparseOptimizer.rowwise_adagrad
+    eps: float = 1e-8
+    # how dense gradients are averaged over ranks (docs/pipelines.md, "Bit for bit")
+    dense_allreduce: DenseAllreduce = DenseAllreduce.ddp_buckets
+    seed: int = 0  # initial weights; the data has its own (dataset.seed)
+    log_every: int = 20  # also how often losses are checked for NaN/inf
+    eval_every: int = 0  # 0: evaluate once, at the end
+    checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
+    checkpoint_every: int = 0  # 0: only at the end, and only if save_checkpoint
+    save_checkpoint: bool = False
+    resume_from: str | None = None  # a checkpoint dir, or a dir of step_* checkpoints
+    dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
+    job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
+    threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
+    warmup_steps: int = 5  # steps left out of samples/s
+    progress_bar: bool = True  # a bar on a terminal; a line every tenth of the run otherwise
+    log_level: str = "info"  # debug: also every library warning TorchRec and torch print
+    dry_run: bool = False  # plan on the meta device, print the plan, train nothing
 
 
 @dataclass

@@ -11,8 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from recsys.config import TrainConfig, TrainConfigError
-from recsys.data.source import DataKind, build_source
+from recsys.config import DataKind, TrainConfig, TrainConfigError
+from recsys.data.source import build_source
 
 LOCK_NAME = ".run.lock"
 

@@ -1,6 +1,6 @@
 """The per-rank training job: plan, shard with DMP, train through a pipeline, evaluate.
 
-`run_rank(cfg, run_dir)` runs on every rank (spawned locally, or under torchrun / Slurm)
+`run_rank(ctx, run_dir)` runs on every rank (spawned locally, or under torchrun / Slurm)
 and returns that rank's results; rank 0's become `summary.json`.
 """
 
@@ -12,7 +12,6 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,8 @@ from pipelines.build import build_pipeline, detach_for_eval
 from pipelines.dense_step import per_tensor_comm_hook
 from recsys import interrupts, launch
 from recsys.checkpoint import STEP_PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
+from recsys.config import DenseAllreduce, DenseOptimizer, SparseOptimizer, TrainerConfig
+from recsys.context import RunContext
 from recsys.data.source import build_source
 from recsys.interrupts import interruptible
 from recsys.metrics import evaluate
@@ -39,9 +40,7 @@ from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from recsys.progress import Progress
-from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.emit import to_torchrec_plan
-from sharding.plan_eval import Plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import RankDevice
@@ -50,49 +49,6 @@ if TYPE_CHECKING:
     from recsys.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-class DenseOptimizer(str, Enum):
-    adagrad = "adagrad"
-    sgd = "sgd"
-    adam = "adam"
-
-
-class DenseAllreduce(str, Enum):
-    ddp_buckets = "ddp_buckets"  # DDP's own buckets (nested: one flat buffer; rounds at 3+ ranks)
-    per_tensor = "per_tensor"  # each gradient on its own, in every pipeline: bit-exact at any world
-
-
-class SparseOptimizer(str, Enum):
-    rowwise_adagrad = "rowwise_adagrad"  # fused into FBGEMM's backward (EXACT_ROWWISE_ADAGRAD)
-    sgd = "sgd"  # fused EXACT_SGD
-
-
-@dataclass
-class TrainerConfig:
-    max_steps: int = 400
-    batch_size: int = 1024  # per rank
-    lr: float = 0.05  # dense optimizer
-    embedding_lr: float = 0.05  # fused embedding optimizer
-    dense_optimizer: DenseOptimizer = DenseOptimizer.adagrad
-    sparse_optimizer: SparseOptimizer = SparseOptimizer.rowwise_adagrad
-    eps: float = 1e-8
-    # how dense gradients are averaged over ranks (docs/pipelines.md, "Bit for bit")
-    dense_allreduce: DenseAllreduce = DenseAllreduce.ddp_buckets
-    seed: int = 0  # initial weights; the data has its own (dataset.seed)
-    log_every: int = 20  # also how often losses are checked for NaN/inf
-    eval_every: int = 0  # 0: evaluate once, at the end
-    checkpoint_dir: str | None = None  # default: <run dir>/checkpoints
-    checkpoint_every: int = 0  # 0: only at the end, and only if save_checkpoint
-    save_checkpoint: bool = False
-    resume_from: str | None = None  # a checkpoint dir, or a dir of step_* checkpoints
-    dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
-    job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
-    threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
-    warmup_steps: int = 5  # steps left out of samples/s
-    progress_bar: bool = True  # a bar on a terminal; a line every tenth of the run otherwise
-    log_level: str = "info"  # debug: also every library warning TorchRec and torch print
-    dry_run: bool = False  # plan on the meta device, print the plan, train nothing
 
 
 def _dense_optimizer(cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]) -> Any:
@@ -200,25 +156,6 @@ def _place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
     torch.set_num_threads(threads)
 
 
-def plan_only(cfg: TrainConfig, run_dir: Path) -> dict:
-    """Dry run: plan the model for the cluster on the meta device; no process group needed."""
-    from recsys.planning import plan_inputs
-
-    ranks = resolve_cluster(cfg.cluster)
-    model = build_model(cfg.model, dense_device=torch.device("meta"))
-    plan = plan_with_torchrec(model, plan_inputs(cfg, None, None), cfg.planner).plan
-    (run_dir / "plan.txt").write_text(str(plan))
-    return {
-        "dry_run": True,
-        "world_size": len(ranks),
-        "compute_device": compute_device_type(ranks),
-        "planner": cfg.planner.name.value,
-        "plan_file": str(run_dir / "plan.txt"),
-        "tables": len(cfg.model.num_embeddings_per_feature),
-        "embedding_rows": sum(cfg.model.num_embeddings_per_feature),
-    }
-
-
 def _hot_ids(
     source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int
 ) -> dict[str, torch.Tensor]:
@@ -238,19 +175,16 @@ def _hot_ids(
     return out
 
 
-def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank: int, device):
+def _model_and_plan(ctx: RunContext, source, rank: int, device):
     """The train module (with its fused embedding optimizer), its TorchRec plan, the
     sharders, and the id remap its batches need (None unless tables are split)."""
-    tcfg = cfg.trainer
+    cfg, our_plan = ctx.cfg, ctx.plan
     sharders: list = [EmbeddingBagCollectionSharder()]
     if our_plan is None:
         model = build_model(cfg.model, dense_device=device)
-        _fuse_embedding_optimizer(tcfg, model)
-        from recsys.planning import plan_inputs
-
-        inputs = plan_inputs(cfg, None, None)
-        plan = plan_with_torchrec(model, inputs, cfg.planner, sharders, dist.group.WORLD).plan
-        return model, plan, sharders, None
+        _fuse_embedding_optimizer(cfg.trainer, model)
+        plan = plan_with_torchrec(model, ctx.inputs, cfg.planner, sharders, dist.group.WORLD)
+        return model, plan.plan, sharders, None
     hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
                 if 0 < t.replicated_rows < t.rows}  # fmt: skip
     # row parts: of a split table's cold part, or of a table too large for one device
@@ -272,7 +206,7 @@ def _model_and_plan(cfg: TrainConfig, our_plan: Plan | None, source, ranks, rank
     shares = our_plan.batch_per_rank
     if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
         model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))
-    _fuse_embedding_optimizer(tcfg, model)
+    _fuse_embedding_optimizer(cfg.trainer, model)
     feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
     plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
     if sequence_cold:
@@ -301,17 +235,16 @@ class Training:
             yield b
 
 
-def build_training(
-    cfg: TrainConfig, run_dir: str, our_plan: Plan | None, ranks, rank: int, device
-) -> Training:
+def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training:
     """Data source, model sharded under DMP, optimizers and pipeline, from the same seed
     on every call (the process group must be up)."""
+    cfg, our_plan = ctx.cfg, ctx.plan
     tcfg = cfg.trainer
-    world = len(ranks)
+    world = len(ctx.ranks)
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
     shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
     source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
-    model, plan, sharders, remap = _model_and_plan(cfg, our_plan, source, ranks, rank, device)
+    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device)
     layout = plan_layout(plan)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
@@ -332,30 +265,28 @@ def build_training(
 
 
 def train_each(runs: list[tuple], steps: int, run_dir: str):
-    """Side-by-side runs in this rank, one process group for all: for each `(config, plan
-    of ours or None, batch transform or None)`, build the training from the same seed, run
-    `steps` train steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
+    """Side-by-side runs in this rank, one process group for all: for each `(RunContext,
+    batch transform or None)`, build the training from the same seed, run `steps` train
+    steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
     first = runs[0][0]
-    rank, _ = launch.init_distributed(first.trainer.dist_timeout_s)
-    ranks = resolve_cluster(first.cluster)
-    _place_rank(first.trainer, ranks[rank])
+    rank, _ = launch.init_distributed(first.cfg.trainer.dist_timeout_s)
+    _place_rank(first.cfg.trainer, first.ranks[rank])
     device = _device()
-    for cfg, plan, transform in runs:
-        job = build_training(cfg, run_dir, plan, ranks, rank, device)
+    for ctx, transform in runs:
+        job = build_training(ctx, run_dir, rank, device)
         batches = job.batches("train", 0, steps)
         if transform is not None:
             batches = map(transform, batches)
         yield job, [float(job.pipeline.progress(batches)[0]) for _ in range(steps)]
 
 
-def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> dict:
+def run_rank(ctx: RunContext, run_dir: str) -> dict:
     """Train on this rank; every rank returns its results, rank 0 also writes them.
 
-    `our_plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
+    `ctx.plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
     TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
-    tcfg = cfg.trainer
+    cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
     rank, world = launch.init_distributed(tcfg.dist_timeout_s)
-    ranks = resolve_cluster(cfg.cluster)
     if len(ranks) != world:
         raise ValueError(
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
@@ -363,7 +294,7 @@ def run_rank(cfg: TrainConfig, run_dir: str, our_plan: Plan | None = None) -> di
         )
     _place_rank(tcfg, ranks[rank])
     device = _device()
-    job = build_training(cfg, run_dir, our_plan, ranks, rank, device)
+    job = build_training(ctx, run_dir, rank, device)
     start = 0
     if tcfg.resume_from:
         start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from sharding.plan_eval import PlanInputs
+    from sharding.types import PlanInputs
 
 
 def equal_batch(global_batch: int, world: int) -> list[int]:

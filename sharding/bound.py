@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sharding.batch_split import capped_time, dense_s_per_sample
-from sharding.cost_model import FLOAT_BYTES, exposed_exchange_passes
+from sharding.cost_model import exposed_exchange_passes
+from sharding.types import FLOAT_BYTES
 
 if TYPE_CHECKING:
-    from sharding.plan_eval import PlanInputs
+    from sharding.types import PlanInputs
 
 
 def lower_bound_ms(inputs: PlanInputs) -> float:

@@ -17,14 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from sharding.constants import DEVICE_CATALOG
-from sharding.cost_model import (
-    DeviceCost,
-    LinkCost,
-    NetworkCost,
-    datasheet_device_cost,
-    spec_network_cost,
-)
-from sharding.types import ClusterSpec, RankDevice
+from sharding.cost_model import datasheet_device_cost, spec_network_cost
+from sharding.types import ClusterSpec, DeviceCost, LinkCost, NetworkCost, RankDevice
 
 DEFAULT_PATH = Path(__file__).parent / "calibration" / "local_cpu.json"
 GPU_DIR = Path(__file__).parent / "calibration" / "gpu"  # <kind>.json from benchmarks.gpu_probe

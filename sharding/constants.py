@@ -60,7 +60,7 @@ GPU_SEQUENCE_FIXED_S = 20 * 10e-6
 
 
 def datasheet_rates(hbm_gbps: float, speed: float, host_to_device_gbps: float) -> dict[str, float]:
-    """`sharding.cost_model.DeviceCost` fields of a GPU from its datasheet figures and the
+    """`sharding.types.DeviceCost` fields of a GPU from its datasheet figures and the
     assumptions above (what `benchmarks.gpu_probe` measures instead, where it has run)."""
     hbm_bytes_per_s = hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY
     return {

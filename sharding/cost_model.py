@@ -35,31 +35,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
 from sharding.constants import datasheet_rates
-from sharding.types import RankDevice
-
-FLOAT_BYTES = 4
-ALL_RANKS = -1  # the rank of a data-parallel shard: a copy on every rank
-ID_BYTES = 8
-LENGTH_BYTES = 4
-
-
-class Tier(str, Enum):
-    hbm = "hbm"  # device memory (fused)
-    cached = "cached"  # host memory with an HBM cache of hot rows (fused_uvm_caching)
-    host = "host"  # host memory (fused_uvm)
-
-
-class Schedule(str, Enum):
-    plain = "plain"  # nothing overlapped
-    sparse_dist = "sparse_dist"  # TorchRec: the next batch's id all-to-all under this one
-    nested = "nested"  # also the embedding all-to-all, in micro-batches under dense compute
-
+from sharding.types import (
+    FLOAT_BYTES,
+    ID_BYTES,
+    LENGTH_BYTES,
+    DeviceCost,
+    LinkCost,
+    NetworkCost,
+    OptimizerState,
+    RankDevice,
+    Schedule,
+    Shard,
+    StepCost,
+    TableStats,
+    Tier,
+)
 
 # Train pipelines by name (pipelines.types.PipelineName) -> the schedule that models them.
 # TorchRec's SemiSync hides the embedding exchange under the previous batch's dense work
@@ -73,150 +67,6 @@ def schedule_of(pipeline: str) -> Schedule:
         raise ValueError(f"no cost model schedule for pipeline '{pipeline}'; "
                          f"known: {sorted(_PIPELINE_SCHEDULES)}")  # fmt: skip
     return Schedule(_PIPELINE_SCHEDULES[pipeline])
-
-
-@dataclass(frozen=True)
-class TableStats:
-    name: str
-    rows: int
-    dim: int
-    lookups_per_sample: float = 1.0
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Part of a table on one rank: `rows` x `cols`. A data-parallel part (dp=True) stands
-    for a copy on every rank; its `rank` is ALL_RANKS."""
-
-    table: str
-    rank: int
-    rows: int
-    cols: int
-    tier: Tier = Tier.hbm
-    hit_rate: float = 1.0  # share of lookups served from HBM (cached tier)
-    dp: bool = False
-    # share of the table's lookups this shard serves; None: its share of rows (row-wise
-    # shards see ids uniformly). A frequency split sets it: hot part cov(h), cold 1 - cov(h).
-    lookup_share: float | None = None
-    # True: only looked-up vectors cross the network (a variable-length exchange of a
-    # cold part); False: TorchRec's pooled exchange, one vector per sample, empty or not.
-    sparse_exchange: bool = False
-    cache_rows: int = 0  # cached tier: rows the HBM cache holds (0: hit_rate x rows)
-    # True: one of a table-row-wise group on its node (TorchRec's TWRW): its partial sums
-    # are reduce-scattered within the node before one vector per sample crosses nodes
-    node_reduce: bool = False
-
-
-@dataclass(frozen=True)
-class DeviceCost:
-    emb_read_bytes_per_s: float
-    host_read_bytes_per_s: float
-    emb_bwd_factor: float
-    dense_flops_per_s: float
-    step_overhead_s: float
-    input_s_per_sample: float = 0.0  # batch assembly on the training thread (0: runs ahead)
-    interaction_flops_per_s: float = 0.0  # DLRM's batched dot products; 0: dense_flops_per_s
-    sample_overhead_s: float = 0.0  # framework work per sample (id routing, permutes, loss)
-    # CPU work per cold lookup exchanged as a sequence (a split table's cold part): the
-    # embedding collection's per-id output, the variable-length exchange's bookkeeping and
-    # the pooling after it; counted on the rank that looks it up and on the one that pools
-    sequence_s_per_lookup: float = 0.0
-    sequence_s_fixed: float = 0.0  # per step, on a rank with any sequence lookups
-    # and per byte of each such lookup's vector (GPUs: per-id outputs and their gradients
-    # written and read again in device memory)
-    sequence_s_per_byte: float = 0.0
-    # CPU ranks: this rank's speed against one whole core of the calibration machine (an
-    # emulated rank's share, measured), which CPU work measured at one core divides by
-    core_speed: float = 1.0
-
-
-@dataclass(frozen=True)
-class LinkCost:
-    latency_s: float
-    bytes_per_s: float
-    # CPU seconds (one core) a rank spends per byte it sends or receives over this link:
-    # gloo's TCP work on CPU ranks, measured; 0 where the host's CPU does not move the bytes
-    cpu_s_per_byte: float = 0.0
-
-    def time_s(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s if nbytes > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class NetworkCost:
-    """`alltoall`: the link between nodes (on a one-node cluster, the only link);
-    `intra`: between ranks of one node, when it differs (NVLink); `allreduce`: the ring's."""
-
-    alltoall: LinkCost
-    allreduce: LinkCost
-    intra: LinkCost | None = None
-    tree_allreduce: bool = False  # a double binary tree where it beats the ring (NCCL's)
-
-    @property
-    def intra_alltoall(self) -> LinkCost:
-        return self.intra or self.alltoall
-
-
-@dataclass
-class OptimizerState:
-    """Bytes of optimizer state per embedding row of dim d: rowwise Adagrad keeps one float."""
-
-    per_row_bytes: int = FLOAT_BYTES
-    per_value_bytes: int = 0
-
-
-@dataclass
-class StepCost:
-    """Per-rank stage times (s) and the step time under a schedule."""
-
-    lookup_fwd_s: list[float]
-    lookup_bwd_s: list[float]
-    ids_a2a_s: list[float]
-    emb_a2a_fwd_s: list[float]
-    emb_a2a_bwd_s: list[float]
-    dense_s: list[float]
-    allreduce_s: float
-    overhead_s: float
-    input_s: float = 0.0  # batch assembly and per-sample framework work
-    sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
-    a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
-    # per rank, for the step simulator's resources (empty: not split): each exchange's part
-    # across nodes (the rank's NIC share) and within its node (NVLink / loopback), each with
-    # its latency (the exchange's time above is their larger, with one latency), and the
-    # batch's copy to the device over the host-device link (GPU ranks; 0 on CPU ranks)
-    ids_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
-    emb_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
-    input_copy_s: list[float] = field(default_factory=list)
-    allreduce_link: str = "fabric"  # the all-reduce's queue: "nic" when it crosses nodes
-    # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
-    # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
-    comm_cpu_s: dict[str, list[float]] = field(default_factory=dict)
-
-    def hidden_cpu_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
-        """The network CPU work a schedule runs under dense compute, at the slowest rank:
-        the next batch's ids (SparseDist, nested) and (n-1)/n of the embedding exchange
-        both ways (nested)."""
-        if schedule == Schedule.plain or not self.comm_cpu_s:
-            return 0.0
-        n = max(1, micro_batches) if schedule == Schedule.nested else 1
-        ids, emb = self.comm_cpu_s["ids"], self.comm_cpu_s["emb"]
-        return max(i + 2 * e * (n - 1) / n for i, e in zip(ids, emb, strict=True))
-
-    def step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
-        lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
-        ids, dense = max(self.ids_a2a_s), max(self.dense_s)
-        emb = max(self.emb_a2a_fwd_s) + max(self.emb_a2a_bwd_s)
-        fixed = lookup + dense + self.allreduce_s + self.overhead_s + self.input_s
-        fixed += max(self.sequence_s, default=0.0)
-        if schedule == Schedule.plain:
-            return fixed + ids + emb
-        # what hides under the dense work lengthens it by its CPU work (CPU ranks)
-        cpu = self.hidden_cpu_s(schedule, micro_batches)
-        if schedule == Schedule.sparse_dist:  # the embedding exchange stays exposed
-            return fixed + emb + max(0.0, ids - dense, cpu)
-        n = max(1, micro_batches)  # nested: 1/n of the embedding exchange stays exposed; the
-        # rest and the next batch's ids hide under dense compute as far as it lasts
-        return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense, cpu)
 
 
 STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",

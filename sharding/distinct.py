@@ -22,8 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sharding.access_profile import AccessProfile
-from sharding.cost_model import FLOAT_BYTES, ID_BYTES, StepCost
-from sharding.plan_eval import Coverage, Plan, PlanInputs
+from sharding.types import FLOAT_BYTES, ID_BYTES, Coverage, Plan, PlanInputs, StepCost
 
 
 def expected_distinct(coverage: Coverage, rows: int, draws: float, points: int = 64) -> float:

@@ -27,9 +27,8 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
-from sharding.cost_model import Tier
-from sharding.plan_eval import Plan, TablePlan
 from sharding.row_parts import cold_part_rows, cold_suffixes
+from sharding.types import Plan, TablePlan, Tier
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
 SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts, sequence_cold

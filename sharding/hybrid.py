@@ -42,29 +42,23 @@ from sharding.batch_split import (
     proportional_batch,
 )
 from sharding.bound import BoundGuide, bound_guides
-from sharding.cost_model import (
+from sharding.cost_model import exposed_exchange_passes, vectors_per_sample
+from sharding.placer import Piece, Placer
+from sharding.plan_check import check_inputs
+from sharding.plan_eval import check_fits, evaluate, finish_table, plan_cost
+from sharding.row_parts import cold_part_rows
+from sharding.types import (
     ALL_RANKS,
     FLOAT_BYTES,
     ID_BYTES,
-    Shard,
-    TableStats,
-    Tier,
-    exposed_exchange_passes,
-    vectors_per_sample,
-)
-from sharding.placer import Piece, Placer
-from sharding.plan_check import check_inputs
-from sharding.plan_eval import (
     Plan,
     PlanDoesNotFitError,
     PlanInputs,
+    Shard,
     TablePlan,
-    check_fits,
-    evaluate,
-    finish_table,
-    plan_cost,
+    TableStats,
+    Tier,
 )
-from sharding.row_parts import cold_part_rows
 
 MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
 MAX_REPLICATED_SHARE = 0.85  # of the smallest rank's fast memory, for all hot rows together

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sharding.cost_model import FLOAT_BYTES, Shard, TableStats, Tier
-from sharding.plan_eval import PlanDoesNotFitError, PlanInputs
+from sharding.types import FLOAT_BYTES, PlanDoesNotFitError, PlanInputs, Shard, TableStats, Tier
 
 
 @dataclass

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from sharding.cost_model import ALL_RANKS, Tier
 from sharding.row_parts import cold_part_rows
+from sharding.types import ALL_RANKS, Tier
 
 if TYPE_CHECKING:
-    from sharding.plan_eval import Plan, PlanInputs, TablePlan
+    from sharding.types import Plan, PlanInputs, TablePlan
 
 
 class PlanInputError(ValueError):

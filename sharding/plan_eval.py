@@ -9,116 +9,22 @@ planner, so plans are compared on the same terms.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from sharding.bound import lower_bound_ms
-from sharding.cost_model import (
-    FLOAT_BYTES,
+from sharding.cost_model import memory_bytes, step_cost, step_parts_s
+from sharding.plan_check import check_plan
+from sharding.types import (
     ID_BYTES,
     LENGTH_BYTES,
-    DeviceCost,
-    NetworkCost,
-    OptimizerState,
-    Schedule,
+    Plan,
+    PlanDoesNotFitError,
+    PlanInputs,
     Shard,
     StepCost,
-    TableStats,
+    TablePlan,
     Tier,
-    memory_bytes,
-    step_cost,
-    step_parts_s,
 )
-from sharding.plan_check import check_plan
-from sharding.types import RankDevice
-
-
-class PlanDoesNotFitError(RuntimeError):
-    """No placement of the tables fits the cluster's memory."""
-
-
-Coverage = Callable[[int], float]  # hottest-k rows -> share of the table's lookups
-
-
-def power_law_coverage(rows: int, exponent: float) -> Coverage:
-    """Share of lookups on the hottest k rows of a power law (the parametric profile)."""
-    if abs(exponent - 1.0) < 1e-9:
-        return lambda k: math.log1p(min(k, rows)) / math.log1p(rows)
-    e = 1.0 - exponent
-    top = (rows + 1.0) ** e - 1.0
-    return lambda k: ((min(k, rows) + 1.0) ** e - 1.0) / top
-
-
-@dataclass
-class PlanInputs:
-    tables: list[TableStats]
-    coverage: dict[str, Coverage]  # per table: from a profile, or a parametric power law
-    ranks: list[RankDevice]
-    devices: list[DeviceCost]
-    network: NetworkCost
-    global_batch: int
-    dense_params: int
-    interaction_flops_per_sample: float = 0.0
-    schedule: Schedule = Schedule.sparse_dist
-    micro_batches: int = 1  # the nested schedule's N
-    cpu: bool = False  # CPU ranks: table-wise, column-wise and data-parallel, one tier
-    reserve: float = 0.15  # share of each device's memory kept free (activations, buffers)
-    optimizer: OptimizerState = field(default_factory=OptimizerState)
-    cluster: str = ""
-    # True: split tables' cold parts exchange only their own lookups (sequence embeddings);
-    # False: TorchRec's pooled exchange, one vector per sample
-    cold_only_exchange: bool = True
-
-    @property
-    def world(self) -> int:
-        return len(self.ranks)
-
-    def row_bytes(self, cols: int) -> int:
-        return cols * (FLOAT_BYTES + self.optimizer.per_value_bytes) + self.optimizer.per_row_bytes
-
-    def hbm_budget(self) -> list[float]:
-        """Bytes each rank may fill: device memory (a CPU rank's budget) less the reserve."""
-        return [r.hbm_bytes * (1 - self.reserve) for r in self.ranks]
-
-    def host_budget(self) -> list[float]:
-        return [0.0 if self.cpu else r.host_bytes * (1 - self.reserve) for r in self.ranks]
-
-
-@dataclass
-class TablePlan:
-    name: str
-    rows: int
-    dim: int
-    sharding_type: str  # table_wise | column_wise | row_wise | data_parallel
-    ranks: list[int]
-    tier: Tier
-    hot_rows: int  # rows served from fast memory: all of an HBM table, a cache's rows
-    replicated_rows: int  # hottest rows replicated on every rank (data parallel)
-    shards: list[Shard]
-    cold_parts: int = 1  # > 1: the cold rows in that many row parts, one shard each
-
-
-@dataclass
-class Plan:
-    planner: str
-    cluster: str
-    tables: list[TablePlan]
-    batch_per_rank: list[int]
-    feasible: bool = True
-    est_step_ms: float = 0.0
-    lower_bound_ms: float = 0.0
-    planning_s: float = 0.0
-    devices: list[dict] = field(default_factory=list)
-    a2a_bytes_per_step: float = 0.0
-    torchrec_text: str | None = None  # TorchRec's own plan text, for plans TorchRec made
-    # the train pipeline's schedule both est_step_ms and lower_bound_ms assume
-    schedule: str = Schedule.sparse_dist.value
-    micro_batches: int = 1
-    step_parts_ms: dict[str, float] = field(default_factory=dict)  # they add up to est_step_ms
-
-    def shards(self) -> list[Shard]:
-        return [s for t in self.tables for s in t.shards]
 
 
 def _merge_columns_on_one_rank(tp: TablePlan) -> None:

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from torchrec.distributed.types import ShardingPlan
 
 from sharding.batch_split import equal_batch
-from sharding.cost_model import ALL_RANKS, Shard, TableStats, Tier
-from sharding.plan_eval import Plan, PlanInputs, TablePlan, finish_table
+from sharding.plan_eval import finish_table
+from sharding.types import ALL_RANKS, Plan, PlanInputs, Shard, TablePlan, TableStats, Tier
 
 _KERNEL_TIER = {"fused_uvm": Tier.host, "fused_uvm_caching": Tier.cached}
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # TorchRec's and FBGEMM's when a plan names none

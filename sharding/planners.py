@@ -1,6 +1,6 @@
 """Planners by name: `hybrid` (ours, `sharding.hybrid`), the simple baselines `greedy_size`
 and `round_robin`, and `torchrec` (TorchRec's own, `sharding.torchrec_planner`, run from
-`recsys.planning` because it needs the model).
+`recsys.app.planning` because it needs the model).
 
 The simple baselines place whole tables with equal batch shares: `round_robin` table i on
 rank i mod world, `greedy_size` the largest tables first on the rank with the most free
@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from sharding.batch_split import equal_batch
-from sharding.cost_model import Shard, Tier
 from sharding.hybrid import hybrid
 from sharding.placer import Piece, Placer
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import Plan, PlanInputs, TablePlan, check_fits, finish_table
+from sharding.plan_eval import check_fits, finish_table
+from sharding.types import Plan, PlanInputs, Shard, TablePlan, Tier
 
 
 def _simple(inputs: PlanInputs, name: str, choose) -> Plan:

@@ -1,4 +1,4 @@
-"""A discrete-event simulation of training steps: where `cost_model.StepCost.step_s` adds
+"""A discrete-event simulation of training steps: where `types.StepCost.step_s` adds
 stage maxima in closed form, this runs each rank's stages as tasks on the resources they
 use and lets the schedule's overlap fall out.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sharding.cost_model import Schedule, StepCost
+from sharding.types import Schedule, StepCost
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharding.cost_model import FLOAT_BYTES, TableStats
-from sharding.plan_eval import Coverage, power_law_coverage
+from sharding.types import FLOAT_BYTES, Coverage, PowerLawCoverage, TableStats
 
 DENSE_IN = 13  # Criteo's dense features
 BOTTOM = (512, 256, 128)
@@ -88,7 +87,7 @@ def random_suite(seed: int, spec: SuiteSpec | None = None) -> Workload:
         for i, (r, d, p) in enumerate(zip(rows, dims, pooling, strict=True))
     ]
     coverage = {
-        t.name: power_law_coverage(t.rows, float(e)) for t, e in zip(tables, skew, strict=True)
+        t.name: PowerLawCoverage(t.rows, float(e)) for t, e in zip(tables, skew, strict=True)
     }
     return Workload(
         name=f"random_{seed}",

@@ -60,9 +60,9 @@ from torchrec.distributed.types import (
 
 from sharding.cluster import local_world_size
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import Coverage, Plan, PlanDoesNotFitError, PlanInputs, evaluate
+from sharding.plan_eval import evaluate
 from sharding.plan_shards import plan_from_layout, plan_layout
-from sharding.types import PlannerConfig
+from sharding.types import Coverage, Plan, PlanDoesNotFitError, PlanInputs, PlannerConfig
 
 CACHE_HIT_TARGET = 0.9  # a UVM cache's starting size: the hottest rows with this hit rate
 

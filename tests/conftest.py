@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_dir
 from hypothesis import settings
 from omegaconf import DictConfig
 
+from recsys.app.train import quiet_library_noise, to_typed
 from recsys.config import register_configs
-from recsys.train import quiet_library_noise, to_typed
 
 # Property tests draw the same examples on every run (`make test`, CI): a red build names a
 # change, not a lucky draw. HYPOTHESIS_PROFILE=explore draws new ones, to hunt for bugs.
@@ -52,7 +52,7 @@ def typed_cfg() -> Callable:
 def plan_with_splits(cfg):
     """Our hybrid plan for `cfg` with split tables (`recsys.planning.plan_with_splits`),
     across the calibrated 1 Gbit/s link."""
-    from recsys.planning import plan_with_splits as plan
+    from recsys.app.planning import plan_with_splits as plan
     from sharding.calibration import load_calibration
 
     return plan(cfg, load_calibration(), "veth_1gbit")

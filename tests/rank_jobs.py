@@ -50,10 +50,11 @@ def _fault_at(step: int, rank: int, action) -> None:
 
 
 def train_rank_dies(cfg, run_dir: str) -> dict:
-    from recsys.train import _rank_main
+    from recsys.app.planning import run_context
+    from recsys.app.train import _rank_main
 
     _fault_at(3, 1, lambda: os._exit(17))
-    return _rank_main(cfg, run_dir)
+    return _rank_main(run_context(cfg), run_dir)
 
 
 def train_rank0_killed(cfg, run_dir: str) -> dict:
@@ -61,17 +62,19 @@ def train_rank0_killed(cfg, run_dir: str) -> dict:
     lost connection first."""
     import signal
 
-    from recsys.train import _rank_main
+    from recsys.app.planning import run_context
+    from recsys.app.train import _rank_main
 
     _fault_at(3, 0, lambda: os.kill(os.getpid(), signal.SIGKILL))
-    return _rank_main(cfg, run_dir)
+    return _rank_main(run_context(cfg), run_dir)
 
 
 def train_rank_hangs(cfg, run_dir: str) -> dict:
-    from recsys.train import _rank_main
+    from recsys.app.planning import run_context
+    from recsys.app.train import _rank_main
 
     _fault_at(3, 1, lambda: time.sleep(3600))
-    return _rank_main(cfg, run_dir)
+    return _rank_main(run_context(cfg), run_dir)
 
 
 def _local_tensors(named, prefix: str = "") -> dict:
@@ -118,18 +121,21 @@ def train_variants(
         from pipelines.lookups import Lookups
 
         Lookups.refresh = lambda *_: None
-    from recsys.train import quiet_library_noise
+    from recsys.app.train import quiet_library_noise
     from recsys.trainer import train_each
 
     quiet_library_noise()
-    todo = [(cfg, plan, None) for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]
+    from recsys.app.planning import run_context
+
+    todo = [(run_context(cfg, plan), None)
+            for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]  # fmt: skip
     from pipelines.clustering import permute_batch
 
     def shuffler(seed: int):
         gen = torch.Generator().manual_seed(seed)
         return lambda b: permute_batch(b, torch.randperm(len(b.labels), generator=gen))
 
-    todo += [(cfgs[i], todo[i][1], shuffler(seed)) for i in shuffle if shuffled
+    todo += [(todo[i][0], shuffler(seed)) for i in shuffle if shuffled
              for seed in range(1, shuffled + 1)]  # fmt: skip
     runs = []
     for job, losses in train_each(todo, steps, run_dir):
@@ -153,7 +159,8 @@ def native_abort() -> None:
 def train_slow_eval(cfg, run_dir: str) -> dict:
     """Every evaluation takes 0.5 s longer: what samples_per_s must leave out."""
     from recsys import trainer
-    from recsys.train import _rank_main
+    from recsys.app.planning import run_context
+    from recsys.app.train import _rank_main
 
     original = trainer.evaluate
 
@@ -162,4 +169,4 @@ def train_slow_eval(cfg, run_dir: str) -> dict:
         return original(*args, **kwargs)
 
     trainer.evaluate = slow
-    return _rank_main(cfg, run_dir)
+    return _rank_main(run_context(cfg), run_dir)

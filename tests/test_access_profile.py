@@ -94,7 +94,7 @@ def _kjt(bags: list[list[int]]):
 
 
 def test_distinct_ids_per_micro_batch_are_counted_in_data_order_and_clustered() -> None:
-    from sharding.profile import MicroBatchDistinct, micro_sizes_to_count
+    from recsys.app.profile import MicroBatchDistinct, micro_sizes_to_count
 
     assert micro_sizes_to_count(512, 64) == [64, 128, 256, 512]
     assert micro_sizes_to_count(96, 30) == [32]  # powers of two that divide the batch

@@ -13,9 +13,8 @@ from conftest import CONF_DIR, compose_config
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from recsys.config import GROUPS, TrainConfig
-from recsys.models.dlrm import validate_model_config
-from recsys.train import to_typed
+from recsys.app.train import to_typed
+from recsys.config import GROUPS, TrainConfig, validate_model_config
 from sharding.cluster import resolve_cluster
 
 REPO = CONF_DIR.parent

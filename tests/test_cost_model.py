@@ -12,22 +12,26 @@ from benchmarks.calibrate import _fit_comm, fit_line
 from sharding.calibration import DEFAULT_PATH, device_costs, load_calibration, network_cost
 from sharding.cluster import resolve_cluster
 from sharding.cost_model import (
-    ALL_RANKS,
-    DeviceCost,
-    LinkCost,
-    NetworkCost,
-    OptimizerState,
-    Schedule,
-    Shard,
-    TableStats,
-    Tier,
     datasheet_device_cost,
     dot_interaction_flops,
     memory_bytes,
     step_cost,
 )
 from sharding.plan_shards import shards_from_layout
-from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+from sharding.types import (
+    ALL_RANKS,
+    ClusterSpec,
+    DeviceCost,
+    DeviceGroup,
+    LinkCost,
+    NetworkCost,
+    NodeGroup,
+    OptimizerState,
+    Schedule,
+    Shard,
+    TableStats,
+    Tier,
+)
 
 # round numbers so every expected value below is done by hand
 DEV = DeviceCost(
@@ -260,7 +264,7 @@ def test_predict_command_plans_and_prints_the_step(tmp_path) -> None:
 
 
 def test_predict_matches_the_cost_model_for_a_local_run(typed_cfg) -> None:
-    from sharding.predict import predict
+    from recsys.app.predict import predict
 
     cfg = typed_cfg(["trainer.batch_size=1024"])
     plain = predict(cfg)
@@ -320,7 +324,7 @@ def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typ
     constants, the planner keeps tables whole over loopback, so the calibration plans its
     runs across the slowest measured link with free sequence costs (each batch it uses)."""
     from benchmarks.calibrate import CalibrateConfig
-    from recsys.planning import has_split_tables, plan_with_splits
+    from recsys.app.planning import has_split_tables, plan_with_splits
     from sharding.calibration import load_calibration
 
     cal = load_calibration()

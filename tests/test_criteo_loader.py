@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import compose_config
 
+from recsys.app.train import train
 from recsys.data.convert import ConvertOptions, convert
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
 from recsys.data.remap import RemapConfig, remap
 from recsys.data.synthetic_files import Preset, SynthConfig, cardinalities, synthesize
-from recsys.train import train
 
 NAMES = [f"cat_{i}" for i in range(26)]
 ROWS = [1000] * 26

@@ -230,7 +230,7 @@ def test_the_loader_refuses_two_layouts_in_one_directory(tmp_path: Path) -> None
 
 
 def test_profile_refuses_a_zero_sketch_and_negative_hot_ids() -> None:
-    from sharding.profile import ProfileAppConfig, check_profile_config
+    from recsys.app.profile import ProfileAppConfig, check_profile_config
 
     with pytest.raises(ValueError, match="sketch_capacity must be >= 1, got 0"):
         check_profile_config(ProfileAppConfig(sketch_capacity=0))

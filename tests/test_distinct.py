@@ -7,9 +7,17 @@ import pytest
 
 from recsys.data.synthetic import power_law_ranks
 from sharding.access_profile import build_profile
-from sharding.cost_model import ALL_RANKS, Shard, StepCost, TableStats
 from sharding.distinct import dedup_volume, expected_distinct, with_dedup
-from sharding.plan_eval import Plan, PlanInputs, TablePlan, power_law_coverage
+from sharding.types import (
+    ALL_RANKS,
+    Plan,
+    PlanInputs,
+    PowerLawCoverage,
+    Shard,
+    StepCost,
+    TablePlan,
+    TableStats,
+)
 
 
 @pytest.mark.parametrize("rows,exponent,draws", [(10_000, 1.1, 2_000), (1_000_000, 0.8, 8_192),
@@ -18,7 +26,7 @@ def test_expected_distinct_matches_sampled_power_law_draws(rows, exponent, draws
     rng = np.random.default_rng(1)
     sampled = np.mean([len(np.unique(power_law_ranks(rng.random(draws), rows, exponent)))
                        for _ in range(20)])  # fmt: skip
-    expected = expected_distinct(power_law_coverage(rows, exponent), rows, draws)
+    expected = expected_distinct(PowerLawCoverage(rows, exponent), rows, draws)
     assert expected == pytest.approx(sampled, rel=0.03)
     assert expected <= min(rows, draws)
 
@@ -26,7 +34,7 @@ def test_expected_distinct_matches_sampled_power_law_draws(rows, exponent, draws
 def _inputs(tables: list[TableStats], batch: list[int]) -> PlanInputs:
     """What dedup_volume reads: the tables and their coverage curves."""
     return PlanInputs(tables=tables, ranks=[], devices=[], network=None,  # type: ignore[arg-type]
-                      coverage={t.name: power_law_coverage(t.rows, 1.1) for t in tables},
+                      coverage={t.name: PowerLawCoverage(t.rows, 1.1) for t in tables},
                       global_batch=sum(batch), dense_params=0)  # fmt: skip
 
 

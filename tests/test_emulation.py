@@ -15,8 +15,8 @@ import pytest
 
 from benchmarks import netns
 from recsys import emulation
+from recsys.app.train import to_typed, train
 from recsys.launch import RankFailedError, raise_on_failure
-from recsys.train import to_typed, train
 from sharding.cluster import ClusterConfigError, resolve_cluster
 from tests.conftest import compose_config
 from tests.test_data_robustness import _sigint_default

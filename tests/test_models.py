@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recsys.models.dlrm import Arch, ModelConfig, ModelConfigError, build_model, table_configs
+from recsys.config import Arch, ModelConfig, ModelConfigError
+from recsys.models.dlrm import build_model, table_configs
 
 
 def test_mlperf_reference_shapes(typed_cfg) -> None:
@@ -39,7 +40,8 @@ def test_bad_shapes_fail_naming_the_field(change: dict, field: str) -> None:
 
 
 def test_replicated_tables_get_the_row_wise_adagrad_of_the_fused_ones() -> None:
-    from recsys.trainer import SparseOptimizer, TrainerConfig, _replicated_embedding_optimizer
+    from recsys.config import SparseOptimizer, TrainerConfig
+    from recsys.trainer import _replicated_embedding_optimizer
 
     w = torch.nn.Parameter(torch.ones(4, 3))
     opt = _replicated_embedding_optimizer(TrainerConfig(embedding_lr=0.1, eps=1e-8), {"w": w})

@@ -13,8 +13,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
 from pipelines.exchange import ChunkPlan, micro_sizes
+from recsys.app.train import to_typed
 from recsys.launch import raise_on_failure, spawn_ranks
-from recsys.train import to_typed
 
 
 def _kjt(rows: dict[str, list[list[int]]]) -> KeyedJaggedTensor:
@@ -242,8 +242,8 @@ def _torchrec_default_plan(cfg):
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 
+    from recsys.app.planning import plan_inputs
     from recsys.models.dlrm import build_model
-    from recsys.planning import plan_inputs
     from sharding.plan_eval import evaluate
     from sharding.plan_shards import plan_from_layout, plan_layout
 
@@ -260,7 +260,7 @@ def _torchrec_default_plan(cfg):
 
 
 def _our_plan(cfg):
-    from recsys.planning import make_plan, plan_inputs
+    from recsys.app.planning import make_plan, plan_inputs
 
     return make_plan(cfg, plan_inputs(cfg, None, None))
 
@@ -281,8 +281,8 @@ def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
 
 def _column_wise_plan(cfg):
     """Our plan with its first table cut in two column halves on ranks 0 and 1."""
-    from sharding.cost_model import Shard
     from sharding.plan_eval import finish_table
+    from sharding.types import Shard
 
     plan = _our_plan(cfg)
     t = plan.tables[0]
@@ -402,7 +402,7 @@ def test_every_rank_issues_its_collectives_in_one_order_whatever_its_share(
 def test_nested_through_the_trainer_with_evals_between_steps(tmp_path: Path) -> None:
     """`recsys.train pipeline=nested` with evaluations between training steps (the next
     batch is already prefetched then): the same losses and AUCs as the plain loop."""
-    from recsys.train import train
+    from recsys.app.train import train
 
     common = ["debug=tiny", "trainer.max_steps=8", "trainer.eval_every=3"]
     plain = train(compose_config(common), tmp_path / "plain")
@@ -418,7 +418,7 @@ def test_nested_through_the_trainer_with_evals_between_steps(tmp_path: Path) -> 
 def test_dedup_trains_when_every_bag_is_empty(tmp_path: Path) -> None:
     """`dataset.hotness` all 0: no id to send (dedup concatenated an empty list), and the
     embeddings add nothing, so nested with dedup gives the plain loop's losses exactly."""
-    from recsys.train import train
+    from recsys.app.train import train
 
     common = ["debug=tiny", "trainer.max_steps=4", f"dataset.hotness=[{','.join(['0'] * 26)}]"]
     plain = train(compose_config(common), tmp_path / "plain")

@@ -12,13 +12,23 @@ import pytest
 from conftest import CONF_DIR
 from test_planners import inputs_for
 
-from recsys.planning import PlanConfigError, check_profile, plan_inputs
+from recsys.app.planning import PlanConfigError, check_profile, plan_inputs
 from sharding.access_profile import build_profile
-from sharding.cost_model import ALL_RANKS, LinkCost, NetworkCost, Shard, TableStats
 from sharding.plan_check import MalformedPlanError, PlanInputError, check_inputs
-from sharding.plan_eval import Plan, TablePlan, evaluate
+from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
-from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+from sharding.types import (
+    ALL_RANKS,
+    ClusterSpec,
+    DeviceGroup,
+    LinkCost,
+    NetworkCost,
+    NodeGroup,
+    Plan,
+    Shard,
+    TablePlan,
+    TableStats,
+)
 
 SPEC = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])])
 TABLES = [TableStats("a", 1000, 8), TableStats("b", 500, 8)]

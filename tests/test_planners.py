@@ -15,19 +15,28 @@ from hypothesis import strategies as st
 
 from sharding.batch_split import capped_batch, capped_time, proportional_batch
 from sharding.cluster import resolve_cluster
-from sharding.cost_model import ALL_RANKS, OptimizerState, Schedule, Shard, TableStats, Tier
 from sharding.emit import to_torchrec_plan
-from sharding.plan_eval import (
+from sharding.plan_eval import evaluate
+from sharding.planners import PLANNERS
+from sharding.row_parts import cold_part_rows
+from sharding.types import (
+    ALL_RANKS,
+    ClusterSpec,
+    DeviceGroup,
+    NetworkSpec,
+    NodeGroup,
+    OptimizerState,
     Plan,
     PlanDoesNotFitError,
     PlanInputs,
+    PlannerConfig,
+    PowerLawCoverage,
+    Schedule,
+    Shard,
     TablePlan,
-    evaluate,
-    power_law_coverage,
+    TableStats,
+    Tier,
 )
-from sharding.planners import PLANNERS
-from sharding.row_parts import cold_part_rows
-from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup, PlannerConfig
 
 KINDS = ["h100_80g", "a100_40g", "v100_16g", "t4_16g", "l4_24g"]
 
@@ -38,7 +47,7 @@ def inputs_for(spec: ClusterSpec, tables: list[TableStats], batch: int = 1024) -
     ranks = resolve_cluster(spec)
     return PlanInputs(
         tables=tables,
-        coverage={t.name: power_law_coverage(t.rows, 1.1) for t in tables},
+        coverage={t.name: PowerLawCoverage(t.rows, 1.1) for t in tables},
         ranks=ranks,
         devices=device_costs(ranks, None),
         network=network_cost(spec, ranks, None, None),
@@ -331,7 +340,7 @@ def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
 
 
 def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
-    import recsys.planning as cli
+    import recsys.app.planning as cli
 
     cfg = typed_cfg(["cluster=hetero_64", "model=dcnv2_mlperf", "trainer.batch_size=1024"])
     inputs = cli.plan_inputs(cfg, None, None)

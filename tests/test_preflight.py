@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import compose_config
 
-from recsys.config import TrainConfigError
+from recsys.app.train import train
+from recsys.config import ModelConfigError, TrainConfigError
 from recsys.data.criteo_binary import CriteoDataError
 from recsys.data.multi_hot import HotnessError
 from recsys.data.prepare import PrepareConfig, prepare
 from recsys.data.synthetic_files import SynthConfig, synthesize
-from recsys.models.dlrm import ModelConfigError
-from recsys.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 CRITEO = ["debug=tiny", "dataset=criteo_kaggle", "dataset.eval_batches=2", "trainer.batch_size=64"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from recsys.app.train import train
 from recsys.config import TrainConfigError, check_train_config, register_configs
-from recsys.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tm
 def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
     typed_cfg, tmp_path, no_ranks
 ) -> None:
-    from sharding.plan_eval import PlanDoesNotFitError
+    from sharding.types import PlanDoesNotFitError
 
     with pytest.raises(PlanDoesNotFitError, match=r"the tables need 98\.12 GiB .* offers 0\.85 "
                        r"GiB .* trainer\.dry_run=true cluster=<a GPU layout"):  # fmt: skip
@@ -202,12 +202,15 @@ def test_a_plan_that_follows_the_pipeline_is_said_to(typed_cfg, tmp_path, caplog
     than the plain loop, and the run says so (its losses then differ from a plain run's)."""
     import logging
 
-    from recsys.train import plan_ours
+    from recsys.app.planning import plan_inputs
+    from recsys.app.train import plan_ours
 
     base = ["debug=tiny", "cluster=local_cpu3_skewed", "planner=hybrid"]
-    with caplog.at_level(logging.INFO, logger="recsys.train"):
-        plan_ours(typed_cfg(base), tmp_path)
-        assert "priced" not in caplog.text  # the plain loop: nothing to compare
-        plan_ours(typed_cfg([*base, "pipeline=nested"]), tmp_path)
+    with caplog.at_level(logging.INFO, logger="recsys.app.train"):
+        for overrides in (base, [*base, "pipeline=nested"]):
+            cfg = typed_cfg(overrides)
+            plan_ours(cfg, plan_inputs(cfg, None, None), tmp_path)
+            if overrides == base:
+                assert "priced" not in caplog.text  # the plain loop: nothing to compare
     assert "planner=hybrid priced pipeline=nested's schedule: its plan differs from the plain " \
            "loop's (" in caplog.text  # fmt: skip

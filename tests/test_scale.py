@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.scale import Family, ScaleConfig, ScheduleLabel, cluster_at, schedule_of_label
-from sharding.cost_model import Schedule
+from sharding.types import Schedule
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,8 @@ import torch
 from torchrec import EmbeddingBagCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
-from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
+from recsys.config import SyntheticConfig
+from recsys.data.synthetic import SyntheticCriteo
 from recsys.models.shares import SharedBatchDLRMTrain
 
 ROWS = [30] * 26
@@ -14,7 +15,8 @@ NAMES = [f"cat_{i}" for i in range(26)]
 
 
 def dlrm() -> DLRM:
-    from recsys.models.dlrm import ModelConfig, table_configs
+    from recsys.config import ModelConfig
+    from recsys.models.dlrm import table_configs
 
     cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sharding.cost_model import Schedule, StepCost
 from sharding.simulate import Task, run, simulate
+from sharding.types import Schedule, StepCost
 
 
 def test_two_stages_on_one_resource_run_one_after_the_other() -> None:

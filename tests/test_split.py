@@ -7,8 +7,9 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
-from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
-from recsys.models.dlrm import ModelConfig, feature_names, table_configs
+from recsys.config import ModelConfig, SyntheticConfig
+from recsys.data.synthetic import SyntheticCriteo
+from recsys.models.dlrm import feature_names, table_configs
 from recsys.models.split import (
     SplitRemap,
     SplitSparseArch,

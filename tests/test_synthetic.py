@@ -7,7 +7,8 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 
-from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo, power_law_ranks
+from recsys.config import SyntheticConfig
+from recsys.data.synthetic import SyntheticCriteo, power_law_ranks
 
 ROWS = [1000, 50, 20000] + [300] * 23
 NAMES = [f"cat_{i}" for i in range(26)]

@@ -8,8 +8,6 @@ import torch
 from test_planners import inputs_for
 
 from recsys.models.dlrm import build_model
-from sharding.cost_model import TableStats, Tier
-from sharding.plan_eval import PlanDoesNotFitError
 from sharding.plan_shards import plan_from_layout
 from sharding.torchrec_planner import (
     CoverageCacheStats,
@@ -20,7 +18,16 @@ from sharding.torchrec_planner import (
     torchrec_plans,
     torchrec_topology,
 )
-from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup, PlannerConfig
+from sharding.types import (
+    ClusterSpec,
+    DeviceGroup,
+    NetworkSpec,
+    NodeGroup,
+    PlanDoesNotFitError,
+    PlannerConfig,
+    TableStats,
+    Tier,
+)
 
 TWO_NODES = ClusterSpec(
     name="two_nodes",
@@ -120,7 +127,7 @@ def test_uvm_caching_shards_hold_their_cache_in_hbm_and_miss_at_host_speed() -> 
 
 
 def test_plan_that_cannot_fit_names_every_rank_and_the_fix(typed_cfg) -> None:
-    from recsys.planning import plan_inputs
+    from recsys.app.planning import plan_inputs
 
     cfg = typed_cfg(["model=dcnv2_mlperf"])  # 2 CPU ranks of 0.5 GiB: ~97 GiB of tables
     inputs = plan_inputs(cfg, None, None)
@@ -133,7 +140,7 @@ def test_plan_that_cannot_fit_names_every_rank_and_the_fix(typed_cfg) -> None:
 
 
 def test_mlperf_tables_plan_on_meta_for_a_gpu_node(typed_cfg) -> None:
-    from recsys.planning import plan_inputs
+    from recsys.app.planning import plan_inputs
 
     cfg = typed_cfg(["experiment=mlperf_plan_a100"])
     inputs = plan_inputs(cfg, None, None)

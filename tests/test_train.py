@@ -14,9 +14,9 @@ import pytest
 import rank_jobs
 from conftest import CONF_DIR, compose_config, plan_with_splits
 
+from recsys.app.train import to_typed, train
 from recsys.config import TrainConfigError
 from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
-from recsys.train import to_typed, train
 
 pytestmark = pytest.mark.slow
 TINY = ["debug=tiny"]
@@ -177,7 +177,8 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     remap."""
     from dataclasses import replace
 
-    from recsys.train import _rank_main
+    from recsys.app.planning import run_context
+    from recsys.app.train import _rank_main
     from sharding.row_parts import cold_part_rows
 
     cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
@@ -194,7 +195,7 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
             for j, n in enumerate(rows)
         ]
         t.cold_parts = cold_parts
-    job = spawn_ranks(_rank_main, 2, args=(cfg, str(tmp_path), plan), timeout_s=300)
+    job = spawn_ranks(_rank_main, 2, args=(run_context(cfg, plan), str(tmp_path)), timeout_s=300)
     summary = raise_on_failure(job, "split training")[0]
     torchrec_plan = (tmp_path / "plan.txt").read_text()
     cold_names = [f"{t.name}_cold"] if cold_parts == 1 else [f"{t.name}_cold{j}" for j in (0, 1)]

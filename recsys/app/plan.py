@@ -19,15 +19,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recsys.app import CONF_DIR
+from recsys.app.planning import PlanAppConfig, make_plan, plan_inputs, plan_json, torchrec_plans
 from recsys.config import register_configs
 from recsys.console import command
 from recsys.models.dlrm import feature_names
-from recsys.planning import PlanAppConfig, make_plan, plan_inputs, plan_json, torchrec_plans
 from sharding.access_profile import AccessProfile
 from sharding.cluster import ClusterConfigError
 from sharding.emit import to_torchrec_plan
-from sharding.plan_eval import Plan, PlanDoesNotFitError
-from sharding.types import PlannerName
+from sharding.types import Plan, PlanDoesNotFitError, PlannerName
 
 
 def plan_table(plan: Plan) -> str:
@@ -150,14 +150,14 @@ def plot(plan: Plan, path: Path) -> None:
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="plan")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="plan")
 def main(cfg: DictConfig) -> None:
     with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
         _main(cfg)
 
 
 def _main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
+    from recsys.app.train import quiet_library_noise
 
     quiet_library_noise()
     typed: PlanAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from hydra.core.config_store import ConfigStore
 
 from recsys.config import TrainConfig, register_configs
+from recsys.context import RunContext
 from recsys.data.multi_hot import resolve_hotness
 from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import table_configs
@@ -24,22 +25,17 @@ from sharding.calibration import (
     network_cost,
 )
 from sharding.cluster import compute_device_type, resolve_cluster
-from sharding.cost_model import TableStats, schedule_of
+from sharding.cost_model import schedule_of
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import (
-    Plan,
-    PlanInputs,
-    evaluate,
-    power_law_coverage,
-)
+from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
 from sharding.torchrec_planner import TorchRecPlans
-from sharding.types import PlannerName
+from sharding.types import Plan, PlanInputs, PlannerName, PowerLawCoverage, TableStats
 
 
 @dataclass
 class PlanAppConfig(TrainConfig):
-    profile: str | None = None  # a profile.json from sharding.profile
+    profile: str | None = None  # a profile.json from recsys.app.profile
     link: str | None = None  # CPU clusters: calibrated link (loopback, veth_1gbit)
 
 
@@ -122,7 +118,7 @@ def plan_inputs(
         if profile is not None:
             coverage[t.name] = profile.table(t.name).hit_rate
         else:
-            coverage[t.name] = power_law_coverage(t.rows, cfg.dataset.zipf_exponent)
+            coverage[t.name] = PowerLawCoverage(t.rows, cfg.dataset.zipf_exponent)
     inputs = PlanInputs(
         tables=mc.tables,
         coverage=coverage,
@@ -203,3 +199,10 @@ def plan_json(plan: Plan) -> dict:
             for t in plan.tables
         ],
     }  # fmt: skip
+
+
+def run_context(cfg: TrainConfig, plan: Plan | None = None) -> RunContext:
+    """`cfg` resolved for its ranks: the planner's inputs (and `plan`, one of ours, or None:
+    TorchRec's planner plans in the ranks). What `recsys.app.train.train` hands its ranks;
+    tests and benchmarks that spawn ranks themselves build theirs here."""
+    return RunContext(cfg, plan_inputs(cfg, None, None), plan)

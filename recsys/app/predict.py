@@ -20,13 +20,14 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from recsys.app import CONF_DIR
 from recsys.config import TrainConfig, register_configs
 from recsys.console import command
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, calibrated_link, constants_source
-from sharding.cost_model import StepCost, memory_bytes, schedule_of, step_cost
-from sharding.plan_eval import PlanDoesNotFitError
+from sharding.cost_model import memory_bytes, schedule_of, step_cost
 from sharding.plan_shards import check_layout, plan_layout, shards_from_layout
+from sharding.types import PlanDoesNotFitError, StepCost
 
 
 @dataclass
@@ -45,7 +46,7 @@ def predict(
     """Predicted memory and step time of `cfg` (its plan: `layout`, else TorchRec's plan
     of it; `batch_per_rank`: a speed-aware split, else the config's batch on every rank).
     CPU clusters use `cal`, by default the calibration file."""
-    from recsys.planning import plan_inputs
+    from recsys.app.planning import plan_inputs
     from sharding.torchrec_planner import plan_with_torchrec
 
     inputs = plan_inputs(cfg, None, link, cal)
@@ -93,14 +94,14 @@ register_configs()
 ConfigStore.instance().store(name="base_predict", node=PredictConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="predict")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
 def main(cfg: DictConfig) -> None:
     with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
         _main(cfg)
 
 
 def _main(cfg: DictConfig) -> None:
-    from recsys.train import quiet_library_noise
+    from recsys.app.train import quiet_library_noise
 
     quiet_library_noise()
     typed: PredictConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]

@@ -21,11 +21,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.config import register_configs
+from recsys.app import CONF_DIR
+from recsys.config import DatasetConfig, ModelConfig, register_configs
 from recsys.console import command
 from recsys.data.criteo_binary import CriteoDataError
-from recsys.data.source import DatasetConfig, build_source
-from recsys.models.dlrm import ModelConfig, feature_names
+from recsys.data.source import build_source
+from recsys.models.dlrm import feature_names
 from sharding.access_profile import AccessProfile, build_profile
 
 
@@ -178,7 +179,7 @@ register_configs()
 ConfigStore.instance().store(name="base_profile", node=ProfileAppConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="profile")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="profile")
 def main(cfg: DictConfig) -> None:
     with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
         _main(cfg)

@@ -25,12 +25,24 @@ from tqdm import tqdm
 
 from pipelines.types import PipelineName
 from recsys import launch, preflight
-from recsys.config import TrainConfig, TrainConfigError, check_train_config, register_configs
+from recsys.app import CONF_DIR
+from recsys.app.planning import make_plan, plan_inputs, plan_json
+from recsys.config import (
+    TrainConfig,
+    TrainConfigError,
+    check_train_config,
+    register_configs,
+    validate_model_config,
+)
 from recsys.console import command, rank_output_to_log
+from recsys.context import RunContext
 from recsys.data.multi_hot import resolve_hotness
-from recsys.models.dlrm import validate_model_config
-from sharding.cluster import compute_device_type, resolve_cluster
-from sharding.types import PlannerName
+from recsys.models.dlrm import build_model
+from sharding.cluster import compute_device_type
+from sharding.cost_model import schedule_of
+from sharding.plan_eval import check_fits
+from sharding.torchrec_planner import plan_with_torchrec
+from sharding.types import Plan, PlanDoesNotFitError, PlanInputs, PlannerName
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +82,13 @@ def _not_library_chatter(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Sharding spec not found")
 
 
-def plan_ours(cfg: TrainConfig, run_dir: Path):
+def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts; the
     ranks run this plan. Writes plan.json beside the run's other outputs."""
-    import json
-
-    from recsys.planning import make_plan, plan_inputs, plan_json
-    from sharding.plan_eval import PlanDoesNotFitError
-
-    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    plan = make_plan(cfg, inputs)
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run:
-        _say_if_plan_follows_pipeline(cfg, plan)
+        _say_if_plan_follows_pipeline(cfg, inputs, plan)
     if not plan.feasible:
         raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
     replicated = [t.name for t in plan.tables if t.replicated_rows]
@@ -95,13 +102,11 @@ def plan_ours(cfg: TrainConfig, run_dir: Path):
     return plan
 
 
-def _say_if_plan_follows_pipeline(cfg: TrainConfig, plan) -> None:
+def _say_if_plan_follows_pipeline(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> None:
     """Our planners price the pipeline's schedule, so another pipeline can get another plan;
     a pipeline equals the plain loop only under one plan. Say so when it happened here."""
-    from recsys.planning import make_plan, plan_inputs
-
     plain_cfg = replace(cfg, pipeline=replace(cfg.pipeline, name=PipelineName.plain))
-    other = make_plan(plain_cfg, plan_inputs(plain_cfg, None, None))
+    other = make_plan(plain_cfg, replace(inputs, schedule=schedule_of(PipelineName.plain.value)))
     moved = [a.name for a, b in zip(plan.tables, other.tables, strict=True)
              if (a.sharding_type, a.shards, a.replicated_rows) !=
              (b.sharding_type, b.shards, b.replicated_rows)]  # fmt: skip
@@ -116,13 +121,9 @@ def _say_if_plan_follows_pipeline(cfg: TrainConfig, plan) -> None:
         )  # fmt: skip
 
 
-def check_tables_fit(cfg: TrainConfig) -> None:
+def check_tables_fit(cfg: TrainConfig, inputs: PlanInputs) -> None:
     """PlanDoesNotFitError when the tables (weights and optimizer state) exceed the whole
     cluster's memory, whatever the plan: one message before any rank starts."""
-    from recsys.planning import plan_inputs
-    from sharding.plan_eval import PlanDoesNotFitError, check_fits
-
-    inputs = plan_inputs(cfg, None, None)
     try:
         check_fits(inputs)
     except PlanDoesNotFitError as e:
@@ -134,15 +135,36 @@ def check_tables_fit(cfg: TrainConfig) -> None:
         ) from None
 
 
-def _rank_main(cfg: TrainConfig, run_dir: str, our_plan=None) -> dict:
+def _rank_main(ctx: RunContext, run_dir: str) -> dict:
     rank_output_to_log()
-    quiet_library_noise(cfg.trainer.log_level)
+    quiet_library_noise(ctx.cfg.trainer.log_level)
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
     # launch.exit_now), which would leak it. One process needs only a thread lock.
     tqdm.set_lock(threading.RLock())
     from recsys.trainer import run_rank
 
-    return run_rank(cfg, run_dir, our_plan)
+    return run_rank(ctx, run_dir)
+
+
+def plan_only(ctx: RunContext, run_dir: Path) -> dict:
+    """Dry run: plan the model for the cluster on the meta device; no process group needed."""
+    cfg = ctx.cfg
+    if ctx.plan is not None:
+        return {"dry_run": True, "world_size": len(ctx.ranks), "planner": cfg.planner.name.value,
+                "plan_file": str(run_dir / "plan.json"),
+                "est_step_ms": ctx.plan.est_step_ms}  # fmt: skip
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    plan = plan_with_torchrec(model, ctx.inputs, cfg.planner).plan
+    (run_dir / "plan.txt").write_text(str(plan))
+    return {
+        "dry_run": True,
+        "world_size": len(ctx.ranks),
+        "compute_device": compute_device_type(ctx.ranks),
+        "planner": cfg.planner.name.value,
+        "plan_file": str(run_dir / "plan.txt"),
+        "tables": len(cfg.model.num_embeddings_per_feature),
+        "embedding_rows": sum(cfg.model.num_embeddings_per_feature),
+    }
 
 
 def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
@@ -192,7 +214,8 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         log.info("pipeline=semi_sync: TorchRec's planner replicates no table "
                  "(planner.torchrec_data_parallel=false; SemiSync cannot train them)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, torchrec_data_parallel=False))
-    ranks = resolve_cluster(tcfg.cluster)
+    inputs = plan_inputs(tcfg, None, None)  # the cluster resolved, costs read: once, here
+    ranks = inputs.ranks
     if (not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda"
             and not torch.cuda.is_available()):  # fmt: skip
         raise TrainConfigError(
@@ -216,7 +239,9 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         if why:  # before planning: one line, nothing made
             raise EmulationError(why)
     if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
-        check_tables_fit(tcfg)  # TorchRec plans inside the ranks; a hopeless model stops here
+        check_tables_fit(
+            tcfg, inputs
+        )  # TorchRec plans inside the ranks; a hopeless model stops here
     run_dir = Path(run_dir or os.getcwd())
     preflight.check_outputs(tcfg, run_dir)
     if launch.launched_externally() and os.environ.get("RANK", "0") != "0":
@@ -224,34 +249,32 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     else:
         lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))
     with lock:
-        return _train_in(tcfg, ranks, run_dir, emulate)
+        return _train_in(tcfg, inputs, run_dir, emulate)
 
 
-def _train_in(tcfg: TrainConfig, ranks, run_dir: Path, emulate: bool) -> dict:
+def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: bool) -> dict:
     """`train` once the config is checked and the run directory is this run's."""
-    from recsys.trainer import plan_only, write_summary
+    from recsys.trainer import write_summary
 
-    our_plan = None if tcfg.planner.name == PlannerName.torchrec else plan_ours(tcfg, run_dir)
-    world = len(ranks)
+    ours = tcfg.planner.name != PlannerName.torchrec
+    ctx = RunContext(tcfg, inputs, plan_ours(tcfg, inputs, run_dir) if ours else None)
+    world = len(ctx.ranks)
     if not tcfg.trainer.dry_run:
-        preflight.check_data(tcfg, world, our_plan.batch_per_rank if our_plan else None)
+        preflight.check_data(tcfg, world, ctx.plan.batch_per_rank if ours else None)
     writer = True
     if tcfg.trainer.dry_run:
-        summary = plan_only(tcfg, run_dir) if our_plan is None else {
-            "dry_run": True, "world_size": world, "planner": tcfg.planner.name.value,
-            "plan_file": str(run_dir / "plan.json"), "est_step_ms": our_plan.est_step_ms,
-        }  # fmt: skip
+        summary = plan_only(ctx, run_dir)
     elif launch.launched_externally():
-        summary = _rank_main(tcfg, str(run_dir), our_plan)
+        summary = _rank_main(ctx, str(run_dir))
         launch.shutdown_distributed(clean=True)
         writer = summary["rank"] == 0
     elif emulate:
-        summary = _train_emulated(tcfg, run_dir, our_plan)
+        summary = _train_emulated(ctx, run_dir)
     else:
         job = launch.spawn_ranks(
             _rank_main,
             world,
-            args=(tcfg, str(run_dir), our_plan),
+            args=(ctx, str(run_dir)),
             timeout_s=tcfg.trainer.job_timeout_s,
             grace_s=tcfg.trainer.dist_timeout_s + 10,
         )
@@ -264,17 +287,18 @@ def _train_in(tcfg: TrainConfig, ranks, run_dir: Path, emulate: bool) -> dict:
     return summary
 
 
-def _train_emulated(cfg: TrainConfig, run_dir: Path, our_plan) -> dict:
+def _train_emulated(ctx: RunContext, run_dir: Path) -> dict:
     """Every rank in its node's namespace and its own cpu cgroup (recsys/emulation.py);
     the summary adds `link_bytes`, what crossed between nodes during the whole job."""
     from recsys import emulation
 
+    cfg = ctx.cfg
     with emulation.emulated(cfg.cluster) as emu:
         log.info("emulated cluster '%s': %d nodes, %s between them, shares %s", cfg.cluster.name,
                  emu.nodes, emulation.link_rate(cfg.cluster),
                  [r.share for r in emu.ranks])  # fmt: skip
         before = emu.link_bytes()
-        job = emulation.run_ranks(emu, _rank_main, args=(cfg, str(run_dir), our_plan),
+        job = emulation.run_ranks(emu, _rank_main, args=(ctx, str(run_dir)),
                                   timeout_s=cfg.trainer.job_timeout_s,
                                   grace_s=cfg.trainer.dist_timeout_s + 10)  # fmt: skip
         summary = launch.raise_on_failure(
@@ -288,15 +312,15 @@ register_configs()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from recsys.app.planning import PlanConfigError
     from recsys.checkpoint import CheckpointMismatchError
+    from recsys.config import ModelConfigError
     from recsys.data.criteo_binary import CriteoDataError
     from recsys.data.multi_hot import HotnessError
     from recsys.emulation import EmulationError
-    from recsys.models.dlrm import ModelConfigError
-    from recsys.planning import PlanConfigError
     from sharding.cluster import ClusterConfigError
     from sharding.plan_check import MalformedPlanError, PlanInputError
-    from sharding.plan_eval import PlanDoesNotFitError
+    from sharding.types import PlanDoesNotFitError
 
     return (
         TrainConfigError,
@@ -355,7 +379,7 @@ def _record_failed_job(job_dir: Path, error: BaseException) -> None:
     FAILED_JOBS.append(str(job_dir))
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     # what this command and its ranks print also goes to its log; Ctrl-C or SIGTERM: the
     # ranks are stopped, then one line says what was kept
@@ -405,8 +429,14 @@ def exit_status_of_sweep() -> int:
     return min(len(FAILED_JOBS), 100)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m recsys.train`: the command, then its exit status (a sweep's: how many of
+    its jobs failed)."""
     main()
     if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now
         launch.exit_now(0)
     sys.exit(exit_status_of_sweep())
+
+
+if __name__ == "__main__":
+    cli()

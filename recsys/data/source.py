@@ -6,28 +6,11 @@ A source gives deterministic batches: `batches(split, start, stop, rank)` with s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-
+from recsys.config import DataKind, DatasetConfig, ModelConfig
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
 from recsys.data.multi_hot import resolve_hotness
-from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo
-from recsys.models.dlrm import ModelConfig, feature_names
-
-
-class DataKind(str, Enum):
-    synthetic = "synthetic"  # generated in memory
-    criteo = "criteo"  # binary files made by `python -m recsys.data.prepare`
-
-
-@dataclass
-class DatasetConfig(SyntheticConfig):
-    """Synthetic fields (zipf_exponent, seed, signal, bias) apply to kind=synthetic."""
-
-    kind: DataKind = DataKind.synthetic
-    path: str | None = None  # kind=criteo: the directory `recsys.data.prepare` wrote
-    holdout_fraction: float = 1 / 7  # one-file datasets: rows held out for val + test
-    shuffle_chunk_batches: int = 16  # train batches are shuffled in chunks of this many
+from recsys.data.synthetic import SyntheticCriteo
+from recsys.models.dlrm import feature_names
 
 
 def build_source(

@@ -16,35 +16,19 @@ Shapes: B = batch size per rank, F = categorical features, D = dense features.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys.config import SyntheticConfig
 from recsys.data.multi_hot import bags_to_jagged, resolve_hotness
 
 _SPLITS = {"train": 0, "eval": 1}
 _SCATTER_PRIME = 2_147_483_647  # hot ranks scattered over the table by k * p mod rows
 _PLANTED_ROWS_CAP = 1 << 16  # planted effects repeat with period 65536 ids in huge tables
 _LATENT_DIM = 4
-
-
-@dataclass
-class SyntheticConfig:
-    """Synthetic Criteo-shaped data. Table sizes come from the model config."""
-
-    name: str = "synthetic"
-    zipf_exponent: float = 1.1  # p(k-th hottest row) ~ k^-exponent
-    seed: int = 1234  # planted model and data stream; independent of trainer.seed
-    eval_batches: int = 16  # held-out batches per rank (files: at most the val split)
-    signal: float = 1.0  # scales the planted logit; 0 makes labels pure noise
-    bias: float = -1.0  # planted intercept; about 30% positives at signal 1
-    # ids per bag, one per table (0: empty bags), or "mlperf" (MLPerf DLRM-DCNv2's sizes);
-    # null: one id per bag. Prepared files: written by `recsys.data.prepare hotness=...`
-    hotness: Any = None
 
 
 def power_law_ranks(u: np.ndarray, rows: int, exponent: float) -> np.ndarray:

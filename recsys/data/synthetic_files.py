@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from recsys.config import SyntheticConfig
 from recsys.data.atomic import atomic_dir
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
-from recsys.data.synthetic import SyntheticConfig, SyntheticCriteo, power_law_ranks
+from recsys.data.synthetic import SyntheticCriteo, power_law_ranks
 from recsys.progress import Progress
 
 KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from recsys.models.dlrm import Arch, ModelConfig, build_model, table_configs
-from sharding.cost_model import TableStats, dot_interaction_flops
+from recsys.config import Arch, ModelConfig
+from recsys.models.dlrm import build_model, table_configs
+from sharding.cost_model import dot_interaction_flops
+from sharding.types import TableStats
 
 
 @dataclass

@@ -6,69 +6,12 @@ The embedding tables are one EmbeddingBagCollection, one table per categorical f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
-
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
-
-class Arch(str, Enum):
-    dlrm = "dlrm"  # dot interaction
-    dcnv2 = "dcnv2"  # low-rank DCN cross layers (MLPerf DLRM-DCNv2)
-
-
-@dataclass
-class ModelConfig:
-    """Model shapes. `num_embeddings_per_feature` has one entry per categorical feature."""
-
-    name: str = "dlrm_small"
-    arch: Arch = Arch.dlrm
-    embedding_dim: int = 16
-    num_embeddings_per_feature: list[int] = field(default_factory=lambda: [1000] * 26)
-    dense_in_features: int = 13
-    dense_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 16])
-    over_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 1])
-    dcn_num_layers: int = 3
-    dcn_low_rank_dim: int = 512
-
-
-class ModelConfigError(ValueError):
-    """Model shapes that cannot make a DLRM."""
-
-
-def validate_model_config(cfg: ModelConfig) -> None:
-    """Raise ModelConfigError naming the field when shapes cannot make a DLRM."""
-    if not cfg.num_embeddings_per_feature or min(cfg.num_embeddings_per_feature) < 1:
-        raise ModelConfigError(
-            f"model '{cfg.name}': num_embeddings_per_feature needs rows >= 1 per table"
-        )
-    if cfg.embedding_dim < 1 or cfg.dense_in_features < 1:
-        raise ModelConfigError(
-            f"model '{cfg.name}': embedding_dim and dense_in_features must be >= 1"
-        )
-    if cfg.embedding_dim % 4:
-        raise ModelConfigError(
-            f"model.embedding_dim={cfg.embedding_dim}: TorchRec's fused tables (FBGEMM's TBE) "
-            f"take a multiple of 4 columns per shard; use a multiple of 4 (e.g. "
-            f"{max(4, cfg.embedding_dim // 4 * 4)}), and end dense_arch_layer_sizes with it"
-        )
-    if not cfg.dense_arch_layer_sizes or cfg.dense_arch_layer_sizes[-1] != cfg.embedding_dim:
-        raise ModelConfigError(
-            f"model '{cfg.name}': the last dense_arch_layer_sizes entry must equal embedding_dim "
-            f"({cfg.embedding_dim}), got {list(cfg.dense_arch_layer_sizes)}"
-        )
-    if not cfg.over_arch_layer_sizes or cfg.over_arch_layer_sizes[-1] != 1:
-        raise ModelConfigError(
-            f"model '{cfg.name}': over_arch_layer_sizes must end in 1 (one logit), got "
-            f"{list(cfg.over_arch_layer_sizes)}"
-        )
-    if len(cfg.num_embeddings_per_feature) > len(DEFAULT_CAT_NAMES):
-        raise ModelConfigError(
-            f"model '{cfg.name}': at most {len(DEFAULT_CAT_NAMES)} categorical features"
-        )
+from recsys.config import Arch, ModelConfig, validate_model_config
 
 
 def feature_names(cfg: ModelConfig) -> list[str]:

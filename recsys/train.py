@@ -1,0 +1,10 @@
+"""`python -m recsys.train`: train DLRM from Hydra configs on N ranks.
+
+An entry module only: the command is `recsys.app.train` (the app layer, above this package; this
+module is never imported, so the layers keep one direction, tests/test_layers.py).
+"""
+
+if __name__ == "__main__":
+    from recsys.app.train import cli
+
+    cli()
