@@ -1,7 +1,12 @@
-"""Small shims that let TorchRec's SemiSync pipeline run on CPU ranks (measured on
-TorchRec 1.8 on this project's CPU machine): `Tensor.record_stream` rejects a CPU stream,
-and the pipelined forward assumes a CUDA device when it has no stream. Installed only
-when such a pipeline is built on CPU; CUDA behaviour is unchanged.
+"""Small shims that let TorchRec's SemiSync pipeline run on CPU ranks, each still needed
+on TorchRec 1.9.2 / torch 2.14.1 (re-checked: without any one of them `pipeline=semi_sync`
+fails on CPU ranks, tests/test_train.py):
+- `Tensor.record_stream` rejects a CPU stream (TorchRec records its KJTs on the streams
+  that consume them);
+- the pipelined forward assumes a CUDA device when it has no stream;
+- 1.9's stream-synced embedding lookup asks its stream for `.device`, which
+  `torch.cpu.Stream` lacks (new in 1.9: `_start_embedding_lookup_stream_synced`).
+Installed only when such a pipeline is built on CPU; CUDA behaviour is unchanged.
 """
 
 from __future__ import annotations
@@ -33,4 +38,6 @@ def install() -> None:
             self._device = torch.device("cpu")
 
     runtime_forwards.BaseForward.__init__ = init_keeping_cpu  # type: ignore[method-assign]
+    if not hasattr(torch.cpu.Stream, "device"):
+        torch.cpu.Stream.device = property(lambda self: torch.device("cpu"))  # type: ignore[attr-defined]
     _installed = True
