@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -89,6 +90,26 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back inside, delivered on leaving: around work a signal's
+    exception must not cut in half, such as starting worker processes. Children started
+    inside inherit the block (across exec too): they call `unblock()`."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def unblock() -> None:
+    """In a process started inside `deferred()`: take the stop signals again."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
 def die_with_parent(parent_pid: int | None = None) -> None:
     """Linux: SIGTERM to this process when its parent ends (PR_SET_PDEATHSIG). If the
     parent (`parent_pid`, when given) is already gone, SIGTERM now."""
@@ -99,6 +120,20 @@ def die_with_parent(parent_pid: int | None = None) -> None:
         return
     if parent_pid is not None and os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def die_when_closed(fd: int) -> None:
+    """SIGTERM to this process once every write end of the pipe `fd` reads from is closed:
+    its launcher holds one, so this ends with the launcher however that ended (a killed
+    launcher's descriptors close at once, even before its parent reaps it). For ranks the
+    fork server forked: their parent is the server, not the launcher."""
+
+    def watch() -> None:
+        while os.read(fd, 1):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
 
 
 def ignore_further() -> None:

@@ -17,13 +17,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from recsys.interrupts import die_with_parent
+from recsys.interrupts import die_when_closed, die_with_parent
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STOP_GRACE_S = 15.0  # stopped ranks get this long to write what they have before SIGKILL
@@ -100,9 +101,17 @@ class LaunchResult:
 
 
 def _rank_entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any, parent: int
-) -> None:
-    die_with_parent(parent)  # a killed launcher leaves no rank behind
+    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any, alive: int,
+    env: dict[str, str], fds: tuple[int, int],
+) -> None:  # fmt: skip
+    # forked by the fork server, whose life this rank prolongs: it watches the launcher
+    die_with_parent()
+    die_when_closed(alive)
+    os.environ.clear()  # the launcher's environment now, not the fork server's at its start
+    os.environ.update(env)
+    for fd, target in zip(fds, (1, 2), strict=True):  # and its stdout and stderr now
+        os.dup2(fd, target)
+        os.close(fd)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -141,6 +150,26 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+# what the fork server imports once, before it forks ranks (a module it cannot import is
+# skipped; each rank imports what it needs in any case)
+_PRELOAD = ["torch", "torchrec", "recsys.trainer"]
+
+
+class _Fd:
+    """The launcher's file descriptor `fd` as it is when a rank starts, sent to the forked
+    rank (it would otherwise write to the fork server's, fixed when the server started)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:  # pickled while the rank starts: the fd goes with it
+        return (_received_fd, (reduction.DupFd(self.fd),))
+
+
+def _received_fd(dup: Any) -> int:
+    return dup.detach()
+
+
 def spawn_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -150,21 +179,28 @@ def spawn_ranks(
 ) -> LaunchResult:
     """Run `fn(*args)` in `world_size` fresh processes on a free local port.
 
-    `fn` must be importable (spawn pickles it by name). Once a rank fails, the others get
+    `fn` must be importable (it is pickled by name). Once a rank fails, the others get
     `grace_s` seconds to fail on their own (they should: their collectives error out or time
     out) before they are killed; after `timeout_s` every rank still running is killed.
+
+    The ranks are forked by multiprocessing's fork server, which imports the training stack
+    once (TorchRec takes seconds to import) and then forks each rank of every job this
+    process starts; like spawned ones, they share no state with this process but what is
+    pickled to them (and its environment, set in each rank).
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
     out = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(
-            target=_rank_entry, args=(fn, r, world_size, port, args, out, os.getpid()), daemon=False
-        )  # fmt: skip
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
+    alive_r, alive_w = os.pipe()  # the ranks read; they stop once this end closes
+    rank_args = (world_size, port, args, out, _Fd(alive_r), dict(os.environ), (_Fd(1), _Fd(2)))
+    procs = [ctx.Process(target=_rank_entry, args=(fn, r, *rank_args), daemon=False)
+             for r in range(world_size)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        os.close(alive_r)
 
     def reports(block_s: float) -> list[tuple[int, str, Any]]:
         try:
@@ -172,7 +208,10 @@ def spawn_ranks(
         except queue.Empty:
             return []
 
-    return supervise(procs, reports, timeout_s, grace_s)
+    try:
+        return supervise(procs, reports, timeout_s, grace_s)
+    finally:
+        os.close(alive_w)
 
 
 class RankProcess(Protocol):

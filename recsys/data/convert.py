@@ -17,6 +17,7 @@ Chunks are parsed in a pool of worker processes while the main process reads and
 from __future__ import annotations
 
 import gzip
+import multiprocessing
 import os
 import re
 import signal
@@ -44,6 +45,7 @@ from recsys.data.criteo_tsv import (
 from recsys.data.npy_io import NpyAppender
 from recsys.interrupts import die_with_parent
 from recsys.progress import Progress
+from sharding.errors import UserError
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
 
@@ -70,6 +72,10 @@ class ConvertOptions:
     progress: bool = True
 
 
+class InputNotFoundError(UserError, FileNotFoundError):
+    """The input a data command was given does not exist or holds no Criteo text files."""
+
+
 def output_name(path: Path) -> str:
     """`day_0.gz` -> `day_0`, `train.txt` -> `train`, `test.txt.gz` -> `test`."""
     name = path.name
@@ -86,11 +92,11 @@ def input_files(input_path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise FileNotFoundError(f"input '{path}' is neither a file nor a directory")
+        raise InputNotFoundError(f"input '{path}' is neither a file nor a directory")
     files = [p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES)]
     files += [p for p in path.glob("day_*") if p.is_file() and "." not in p.name]  # 1TB: day_0
     if not files:
-        raise FileNotFoundError(f"no Criteo text files (*.txt, *.tsv, *.gz, day_N) in '{path}'")
+        raise InputNotFoundError(f"no Criteo text files (*.txt, *.tsv, *.gz, day_N) in '{path}'")
     return sorted(files, key=natural_key)
 
 
@@ -258,17 +264,36 @@ def convert(
     workers = opts.workers or min(4, os.cpu_count() or 1)
     if workers <= 1:
         return [convert_file(f, out_dir, opts, None, 1) for f in files]
-    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
-                             initargs=(os.getpid(),)) as pool:  # fmt: skip
-        try:
-            return [convert_file(f, out_dir, opts, pool, workers) for f in files]
-        except BaseException:  # noqa: B036 - an error or an interrupt: drop queued chunks
-            pool.shutdown(wait=True, cancel_futures=True)  # the running ones end in a second
-            raise
+    pool = _start_pool(workers)
+    try:
+        return [convert_file(f, out_dir, opts, pool, workers) for f in files]
+    finally:  # done, an error or an interrupt: queued chunks dropped, running ones end
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_pool(workers: int) -> ProcessPoolExecutor:
+    """The parse workers, every one started before any work, with Ctrl-C and SIGTERM held
+    back meanwhile (a second at most): a signal landing while a worker starts would leave
+    it half made, printing a traceback, or the pool unable to stop. Spawned, not forked: a
+    fork runs Python's fork hooks in this process, where a signal is lost to an 'Exception
+    ignored' traceback."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
+                               initargs=(os.getpid(),),
+                               mp_context=multiprocessing.get_context("spawn"))  # fmt: skip
+    try:
+        with interrupts.deferred():
+            for started in [pool.submit(os.getpid) for _ in range(workers)]:
+                started.result()
+    except BaseException:  # noqa: B036 - a signal held back above, delivered on leaving it
+        pool.shutdown(wait=True)
+        raise
+    return pool
 
 
 def _worker_start(parent: int) -> None:
     """A parse worker: Ctrl-C is the parent's to handle (it stops the pool), and the worker
     ends with its parent whatever ended that."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # end quietly, the parent cleans up
+    interrupts.unblock()  # started inside interrupts.deferred()
     die_with_parent(parent)
