@@ -39,7 +39,7 @@ from benchmarks.common import (
     train_emulated,
 )
 from recsys.config import register_configs
-from sharding.calibration import load_calibration
+from sharding.calibration import CalibrationError, load_calibration
 from sharding.types import ClusterSpec
 
 EQUAL_RTOL = 1e-5
@@ -146,7 +146,7 @@ def _predicted_ms(cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path)
     link = name or f"veth_{cfg.link_rate}"
     try:
         return predict_ms([*where, *overrides], run_dir, link, load_calibration())
-    except KeyError:  # not calibrated
+    except CalibrationError:  # not calibrated
         return None
 
 

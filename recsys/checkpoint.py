@@ -25,11 +25,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.optim.keyed import KeyedOptimizer
 
+from sharding.errors import UserError
+
 STEP_PREFIX = "step_"
 RUN_FILE = "run.json"
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointNotFoundError(UserError, FileNotFoundError):
+    """trainer.resume_from names no checkpoint."""
+
+
+class CheckpointMismatchError(UserError, ValueError):
     """A checkpoint that this run's model or plan cannot resume; the message names why."""
 
 
@@ -44,7 +50,7 @@ def latest_checkpoint(path: str | Path) -> Path:
         return path
     steps = sorted(p for p in path.glob(f"{STEP_PREFIX}*") if (p / ".metadata").exists())
     if not steps:
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"no checkpoint at '{path}': expected a DCP checkpoint directory (with .metadata) "
             f"or a directory of {STEP_PREFIX}* checkpoints; check trainer.resume_from"
         )

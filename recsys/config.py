@@ -1,4 +1,7 @@
-"""The root config schema and its registration in Hydra's ConfigStore.
+"""Every config schema of a training run (dataset, model, trainer, and the root), with the
+checks that need no data, and their registration in Hydra's ConfigStore. Light on purpose:
+it imports no TorchRec (the cluster, planner and pipeline schemas come from sharding.types
+and pipelines.types).
 
 Each config group's YAML files extend a schema registered here as `base_<group>`, so an
 unknown key or a value of the wrong type fails at composition with the key's name.
@@ -17,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from pipelines.types import PipelineConfig
+from sharding.errors import UserError
 from sharding.types import ClusterSpec, PlannerConfig
 
 # TorchRec's Criteo feature names (torchrec.datasets.criteo.DEFAULT_CAT_NAMES): at most 26
@@ -75,7 +79,7 @@ class ModelConfig:
     dcn_low_rank_dim: int = 512
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError, ValueError):
     """Model shapes that cannot make a DLRM."""
 
 
@@ -164,7 +168,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(UserError, ValueError):
     """A training config key with a value no run can use; the message names the key."""
 
 

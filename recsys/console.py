@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from recsys.interrupts import clear, exit_code, interruptible
+from sharding.errors import UserError
 
 LOG_ENV = "RECSYS_LOG_FILE"  # set by the command, read by the ranks it starts
 
@@ -94,13 +95,17 @@ def rank_output_to_log() -> None:
 
 @contextmanager
 def command(interrupted: Callable[[], str] = lambda: "nothing was written") -> Iterator[None]:
-    """A command's body: what it prints also goes to its log; Ctrl-C or SIGTERM is one line
-    (`interrupted()`: what that leaves, asked once everything has stopped) and exit 130 or
-    143."""
+    """A command's body: what it prints also goes to its log; a `UserError` is one line,
+    `error: ...`, and exit 1 (anything else keeps its traceback); Ctrl-C or SIGTERM is one
+    line (`interrupted()`: what that leaves, asked once everything has stopped) and exit
+    130 or 143."""
     with tee_to_log():
         try:
             with interruptible():
                 yield
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
         except KeyboardInterrupt as e:
             if not getattr(e, "reported", False):  # atomic_dir already said what it removed
                 print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}",

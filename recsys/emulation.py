@@ -46,6 +46,7 @@ from typing import Any
 
 from recsys.interrupts import die_with_parent
 from sharding.cluster import resolve_cluster
+from sharding.errors import UserError
 from sharding.types import ClusterSpec, RankDevice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ _CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
-class EmulationError(RuntimeError):
+class EmulationError(UserError, RuntimeError):
     """An emulated cluster cannot be set up here; the message says why and what to do."""
 
 

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sharding.errors import UserError
+
 COVERAGE_FRACTIONS = {"0.1%": 0.001, "1%": 0.01, "10%": 0.1}
+
+
+class ProfileError(UserError, ValueError):
+    """A profile.json that is not one, or not of this model."""
 
 
 @dataclass
@@ -82,7 +88,7 @@ class AccessProfile:
         for t in self.tables:
             if t.name == name:
                 return t
-        raise KeyError(f"profile has no table '{name}'; it has {[t.name for t in self.tables]}")
+        raise ProfileError(f"profile has no table '{name}'; it has {[t.name for t in self.tables]}")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -99,7 +105,7 @@ class AccessProfile:
             )
         except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
             msg = f"'{path}' is not a profile.json written by sharding.profile: {e}"
-            raise ValueError(msg) from e
+            raise ProfileError(msg) from e
 
 
 def _mg_merge(ids: np.ndarray, counts: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:

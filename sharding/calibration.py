@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sharding.constants import DEVICE_CATALOG
 from sharding.cost_model import datasheet_device_cost, spec_network_cost
+from sharding.errors import UserError
 from sharding.types import ClusterSpec, DeviceCost, LinkCost, NetworkCost, RankDevice
 
 DEFAULT_PATH = Path(__file__).parent / "calibration" / "local_cpu.json"
@@ -38,6 +39,10 @@ def share_key(share: float) -> str:
     return f"{share:g}"
 
 
+class CalibrationError(UserError, LookupError):
+    """No calibration for these CPU ranks or this link: the message names the calibration to run."""
+
+
 def save_calibration(cal: Calibration, path: Path = DEFAULT_PATH) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(cal), indent=2) + "\n")
@@ -45,7 +50,7 @@ def save_calibration(cal: Calibration, path: Path = DEFAULT_PATH) -> None:
 
 def load_calibration(path: Path = DEFAULT_PATH) -> Calibration:
     if not path.exists():
-        raise FileNotFoundError(
+        raise CalibrationError(
             f"no calibration at {path}: run `python -m benchmarks.calibrate` on this machine"
         )
     raw = json.loads(path.read_text())
@@ -106,11 +111,11 @@ def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[Devic
             out.append(gpu_device_cost(r))
             continue
         if cal is None:
-            raise FileNotFoundError("CPU ranks need a calibration (python -m benchmarks.calibrate)")
+            raise CalibrationError("CPU ranks need a calibration (python -m benchmarks.calibrate)")
         if r.share is not None:
             key = share_key(r.share)
             if key not in cal.shares:
-                raise FileNotFoundError(
+                raise CalibrationError(
                     f"rank {r.rank} is an emulated CPU rank at share {key}, and the calibration "
                     f"has none at that share (has: {sorted(cal.shares) or 'none'}); run "
                     f"`python -m benchmarks.calibrate measure=emulated emulated=[<the "
@@ -158,13 +163,13 @@ def network_cost(
     if all(r.kind == "cpu" for r in ranks) and cal is not None:
         name = calibrated_link(spec, link)
         if name not in cal.links and spec.emulation.enabled and name == spec.name:
-            raise KeyError(
+            raise CalibrationError(
                 f"no calibration for the emulated cluster '{name}' (calibrated: "
                 f"{sorted(cal.links)}); run `python -m benchmarks.calibrate measure=emulated "
                 f"emulated=[{name}]` as root"
             )
         if name not in cal.links:
-            raise KeyError(
+            raise CalibrationError(
                 f"no calibration for link '{name}'; calibrated: {sorted(cal.links)}. Run "
                 f"`python -m benchmarks.calibrate` (as root for veth links and emulated clusters)"
             )

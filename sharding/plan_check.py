@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from sharding.errors import UserError
 from sharding.row_parts import cold_part_rows
 from sharding.types import ALL_RANKS, Tier
 
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
     from sharding.types import Plan, PlanInputs, TablePlan
 
 
-class PlanInputError(ValueError):
+class PlanInputError(UserError, ValueError):
     """Planner inputs that describe no real training step."""
 
 
-class MalformedPlanError(ValueError):
+class MalformedPlanError(UserError, ValueError):
     """A plan that does not place every row and column of every table exactly once."""
 
 

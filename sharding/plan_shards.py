@@ -17,11 +17,16 @@ from collections.abc import Mapping, Sequence
 from torchrec.distributed.types import ShardingPlan
 
 from sharding.batch_split import equal_batch
+from sharding.errors import UserError
 from sharding.plan_eval import finish_table
 from sharding.types import ALL_RANKS, Plan, PlanInputs, Shard, TablePlan, TableStats, Tier
 
 _KERNEL_TIER = {"fused_uvm": Tier.host, "fused_uvm_caching": Tier.cached}
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # TorchRec's and FBGEMM's when a plan names none
+
+
+class LayoutError(UserError, ValueError):
+    """A plan layout (plan_layout.json) that is malformed or not of this model and cluster."""
 
 
 def plan_layout(plan: ShardingPlan) -> list[dict]:
@@ -43,16 +48,16 @@ def plan_layout(plan: ShardingPlan) -> list[dict]:
 def check_layout(layout: object) -> None:
     """Raise ValueError unless `layout` is a list of plan_layout rows (see plan_layout)."""
     if not isinstance(layout, list) or not layout:
-        raise ValueError("a layout is a non-empty JSON list of table rows")
+        raise LayoutError("a layout is a non-empty JSON list of table rows")
     for i, row in enumerate(layout):
         keys = ("table", "sharding_type", "compute_kernel", "shards")
         if not isinstance(row, dict) or any(k not in row for k in keys):
-            raise ValueError(f"row {i} needs the keys {', '.join(keys)}")
+            raise LayoutError(f"row {i} needs the keys {', '.join(keys)}")
         for s in row["shards"]:
             if not isinstance(s, dict) or any(
                 not isinstance(s.get(k), int) or s[k] < 0 for k in ("rank", "rows", "cols")
             ):
-                raise ValueError(f"row {i} ({row['table']}): a shard needs integer rank, rows "
+                raise LayoutError(f"row {i} ({row['table']}): a shard needs integer rank, rows "
                                  f"and cols >= 0, got {s}")  # fmt: skip
 
 
@@ -69,11 +74,11 @@ def shards_from_layout(
     for row in layout:
         name = row["table"]
         if name not in by_name:
-            raise ValueError(f"the layout names table '{name}', which the model does not have; "
+            raise LayoutError(f"the layout names table '{name}', which the model does not have; "
                              f"its tables: {sorted(by_name)[:8]}")  # fmt: skip
         t = by_name[name]
         if any(not 0 <= s["rank"] < world for s in row["shards"]):
-            raise ValueError(f"the layout places table '{name}' on a rank outside 0..{world - 1}")
+            raise LayoutError(f"the layout places table '{name}' on a rank outside 0..{world - 1}")
         if row["sharding_type"] == "data_parallel":
             shards.append(Shard(name, ALL_RANKS, t.rows, t.dim, dp=True))
             continue
@@ -99,7 +104,7 @@ def plan_from_layout(name: str, layout: Sequence[dict], inputs: PlanInputs) -> P
     for t in inputs.tables:
         own = [s for s in shards if s.table == t.name]
         if not own:
-            raise ValueError(f"the layout does not place table '{t.name}'")
+            raise LayoutError(f"the layout does not place table '{t.name}'")
         dp = all(s.dp for s in own)
         tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
                        hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,

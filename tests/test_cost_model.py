@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from benchmarks.calibrate import _fit_comm, fit_line
-from sharding.calibration import DEFAULT_PATH, device_costs, load_calibration, network_cost
+from sharding.calibration import (
+    DEFAULT_PATH,
+    CalibrationError,
+    device_costs,
+    load_calibration,
+    network_cost,
+)
 from sharding.cluster import resolve_cluster
 from sharding.cost_model import (
     datasheet_device_cost,
@@ -194,7 +200,7 @@ def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
     assert slow.dense_flops_per_s == pytest.approx(fast.dense_flops_per_s / 2)
     assert slow.step_overhead_s == pytest.approx(2 * fast.step_overhead_s)
     assert network_cost(skewed, resolve_cluster(skewed), cal, None) is cal.links["loopback"]
-    with pytest.raises(KeyError, match="calibrated"):
+    with pytest.raises(CalibrationError, match="calibrated"):
         network_cost(skewed, resolve_cluster(skewed), cal, "carrier_pigeon")
     raw = json.loads(Path(DEFAULT_PATH).read_text())
     assert raw["measured"]["environment"]["torchrec"] == "1.8.0"  # made by benchmarks.calibrate

@@ -88,9 +88,13 @@ def test_the_cli_refuses_a_zero_timeout_in_one_line(tmp_path: Path) -> None:
     )
 
 
-def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "recsys.train", "planner=hybrid",
-                           "planner.storage_reservation=1.0", f"hydra.run.dir={tmp_path}"],
+@pytest.mark.parametrize("command", [["recsys.train"], ["recsys.train", "planner=hybrid"],
+                                     ["sharding.plan"]])  # fmt: skip
+def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """TorchRec's planner (the default) plans in the ranks, ours in the parent, the plan
+    command in-process: each refuses the value in one line."""
+    proc = subprocess.run([sys.executable, "-m", *command, "planner.storage_reservation=1.0",
+                           f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert (

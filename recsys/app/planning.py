@@ -26,6 +26,7 @@ from sharding.calibration import (
 )
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.cost_model import schedule_of
+from sharding.errors import UserError
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
@@ -43,7 +44,7 @@ register_configs()
 ConfigStore.instance().store(name="base_plan", node=PlanAppConfig)
 
 
-class PlanConfigError(ValueError):
+class PlanConfigError(UserError, ValueError):
     """A training config key that the planner cannot use."""
 
 

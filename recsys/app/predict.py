@@ -10,7 +10,6 @@ stage times and the predicted step time of the configured pipeline, and writes
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,8 @@ from recsys.console import command
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, calibrated_link, constants_source
 from sharding.cost_model import memory_bytes, schedule_of, step_cost
-from sharding.plan_shards import check_layout, plan_layout, shards_from_layout
-from sharding.types import PlanDoesNotFitError, StepCost
+from sharding.plan_shards import LayoutError, check_layout, plan_layout, shards_from_layout
+from sharding.types import StepCost
 
 
 @dataclass
@@ -105,21 +104,16 @@ def _main(cfg: DictConfig) -> None:
 
     quiet_library_noise()
     typed: PredictConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    try:
-        layout = None
-        if typed.layout:
-            try:
-                layout = json.loads(Path(typed.layout).read_text())
-                check_layout(layout)
-            except (OSError, json.JSONDecodeError, ValueError) as e:
-                raise ValueError(
-                    f"layout={typed.layout} is not a plan_layout.json written by a training "
-                    f"run: {e}"
-                ) from e
-        result = predict(typed, layout, typed.link)
-    except (FileNotFoundError, KeyError, ValueError, PlanDoesNotFitError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    layout = None
+    if typed.layout:
+        try:
+            layout = json.loads(Path(typed.layout).read_text())
+            check_layout(layout)
+        except (OSError, json.JSONDecodeError, LayoutError) as e:
+            raise LayoutError(
+                f"layout={typed.layout} is not a plan_layout.json written by a training run: {e}"
+            ) from e
+    result = predict(typed, layout, typed.link)
     out = Path(HydraConfig.get().runtime.output_dir) / "predict.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['model']} on {result['cluster']}, {result['pipeline']}, batch "

@@ -11,7 +11,6 @@ module: the library is `sharding.access_profile`.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 from recsys.app import CONF_DIR
 from recsys.config import DatasetConfig, ModelConfig, register_configs
 from recsys.console import command
-from recsys.data.criteo_binary import CriteoDataError
 from recsys.data.source import build_source
 from recsys.models.dlrm import feature_names
 from sharding.access_profile import AccessProfile, build_profile
+from sharding.errors import UserError
 
 
 @dataclass
@@ -44,6 +43,10 @@ class ProfileAppConfig:
     output: str | None = None  # default: the Hydra run dir
 
 
+class ProfileConfigError(UserError, ValueError):
+    """A `sharding.profile` key out of range."""
+
+
 def check_profile_config(cfg: ProfileAppConfig) -> None:
     """The keys `profile_dataset` reads, each refused by name before any batch is read."""
     for key, low in (("batches", 1), ("batch_size", 1), ("hot_ids", 0), ("exact_max_rows", 0),
@@ -51,7 +54,7 @@ def check_profile_config(cfg: ProfileAppConfig) -> None:
                      ("min_micro_samples", 1)):  # fmt: skip
         value = getattr(cfg, key)
         if value < low:
-            raise ValueError(f"{key} must be >= {low}, got {value}")
+            raise ProfileConfigError(f"{key} must be >= {low}, got {value}")
 
 
 def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
@@ -189,11 +192,7 @@ def _main(cfg: DictConfig) -> None:
     typed: ProfileAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     out = Path(typed.output or HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        profile = profile_dataset(typed)
-    except (CriteoDataError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    profile = profile_dataset(typed)
     profile.save(out / "profile.json")
     plot(profile, out / "profile.png")
     print(summary_table(profile))

@@ -21,11 +21,12 @@ from typing import TypeVar
 
 from recsys import interrupts
 from recsys.console import command
+from sharding.errors import UserError
 
 T = TypeVar("T")
 
 
-class OutputDirError(ValueError):
+class OutputDirError(UserError, ValueError):
     """An output directory that cannot or must not be written; the message says why."""
 
 
@@ -95,17 +96,11 @@ def atomic_dir(
         shutil.rmtree(old)
 
 
-def run_cli(
-    job: Callable[[], T], errors: tuple[type[BaseException], ...], report: Callable[[T], str]
-) -> T:
-    """A data command's body: `job()`, then `report(result)` printed. An expected error is one
+def run_cli(job: Callable[[], T], report: Callable[[T], str]) -> T:
+    """A data command's body: `job()`, then `report(result)` printed. A user's error is one
     line and exit 1; Ctrl-C or SIGTERM (after `atomic_dir` removed the partial output) is one
-    line and exit 130 or 143. All of it also goes to the command's log."""
+    line and exit 130 or 143 (`recsys.console.command`). All of it also goes to the log."""
     with command():
-        try:
-            result = job()
-        except (*errors, OutputDirError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
+        result = job()
         print(report(result))
         return result

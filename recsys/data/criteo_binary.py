@@ -27,9 +27,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recsys.data.convert import TEXT_SUFFIXES, natural_key
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.multi_hot import bags_to_jagged, read_multi_hot
+from sharding.errors import UserError
 
 
-class CriteoDataError(ValueError):
+class CriteoDataError(UserError, ValueError):
     """Prepared Criteo files that are missing or do not fit the run."""
 
 

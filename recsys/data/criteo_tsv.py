@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sharding.errors import UserError
+
 INT_FEATURES = 13
 CAT_FEATURES = 26
 MAX_HEX_DIGITS = 8  # Criteo's categorical values are 32-bit hashes
@@ -44,7 +46,7 @@ _PAD_HINT = "; files whose trailing empty fields were stripped are read with pad
 CRITEO_DENSE_FLOOR = -3  # the lowest count in Criteo's Kaggle and 1TB data (one column only)
 
 
-class BadInputError(ValueError):
+class BadInputError(UserError, ValueError):
     """An input file that cannot be read as Criteo TSV; the message names it."""
 
 

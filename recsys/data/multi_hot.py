@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from recsys.progress import Progress
+from sharding.errors import UserError
 
 # MLPerf Training DLRM-DCNv2 (Criteo 1TB multi-hot): bag size per table, cat_0 .. cat_25
 MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
@@ -29,7 +30,7 @@ _ID_SPACE = 1 << 31  # drawn ids stay in the raw id range; tables hash them to t
 MULTI_HOT_SUFFIX = "_sparse_multi_hot.npz"
 
 
-class HotnessError(ValueError):
+class HotnessError(UserError, ValueError):
     """A `dataset.hotness` that does not fit the model."""
 
 

@@ -32,7 +32,7 @@ from recsys.data.convert import (
 )
 from recsys.data.criteo_binary import prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES, CRITEO_DENSE_FLOOR, BadInputError, LineRules
-from recsys.data.multi_hot import HotnessError, resolve_hotness, write_multi_hot
+from recsys.data.multi_hot import resolve_hotness, write_multi_hot
 
 
 @dataclass
@@ -123,8 +123,7 @@ ConfigStore.instance().store(name="base_prepare", node=PrepareConfig)
 def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_cli(lambda: prepare(typed, run_dir), (BadInputError, FileNotFoundError, HotnessError),
-            _report)  # fmt: skip
+    run_cli(lambda: prepare(typed, run_dir), _report)
 
 
 def _report(summary: dict) -> str:

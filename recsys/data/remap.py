@@ -132,7 +132,6 @@ ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 def main(cfg: DictConfig) -> None:
     run_cli(
         lambda: remap(OmegaConf.to_object(cfg)),
-        (CriteoDataError,),  # type: ignore[arg-type]
         lambda r: f"tables: {r['num_embeddings_per_feature']} -> {cfg.output}/remap.json",
     )
 

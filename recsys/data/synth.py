@@ -16,7 +16,7 @@ ConfigStore.instance().store(name="base_synth", node=SynthConfig)
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="synth")
 def main(cfg: DictConfig) -> None:
     typed: SynthConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    run_cli(lambda: synthesize(typed), (ValueError,),
+    run_cli(lambda: synthesize(typed),
             lambda paths: f"wrote {', '.join(str(p) for p in paths)}; cardinalities "
                           f"{cardinalities(typed)}")  # fmt: skip
 

@@ -22,7 +22,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys.config import SyntheticConfig
+from recsys.config import SyntheticConfig, TrainConfigError
 from recsys.data.multi_hot import bags_to_jagged, resolve_hotness
 
 _SPLITS = {"train": 0, "eval": 1}
@@ -53,9 +53,9 @@ class SyntheticCriteo:
         batch_size: int,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+            raise TrainConfigError(f"batch size must be >= 1, got {batch_size}")
         if cfg.zipf_exponent <= 0:
-            raise ValueError(f"dataset.zipf_exponent must be > 0, got {cfg.zipf_exponent}")
+            raise TrainConfigError(f"dataset.zipf_exponent must be > 0, got {cfg.zipf_exponent}")
         self.cfg = cfg
         self.rows = [int(n) for n in num_embeddings_per_feature]
         self.keys = list(feature_names)

@@ -24,6 +24,7 @@ from recsys.data.atomic import atomic_dir
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.synthetic import SyntheticCriteo, power_law_ranks
 from recsys.progress import Progress
+from sharding.errors import UserError
 
 KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
                         8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
@@ -59,12 +60,16 @@ class SynthConfig:
     overwrite: bool = False  # replace a non-empty output directory whole
 
 
+class SynthConfigError(UserError, ValueError):
+    """A `recsys.data.synth` key no file can be written with."""
+
+
 def cardinalities(cfg: SynthConfig) -> list[int]:
     base = cfg.cardinalities or (
         KAGGLE_CARDINALITIES if Preset(cfg.preset) == Preset.kaggle else CRITEO_1TB_CARDINALITIES
     )
     if len(base) != CAT_FEATURES:
-        raise ValueError(f"synth: need {CAT_FEATURES} cardinalities, got {len(base)}")
+        raise SynthConfigError(f"synth: need {CAT_FEATURES} cardinalities, got {len(base)}")
     return [max(1, int(c / cfg.scale)) for c in base]
 
 
@@ -115,7 +120,7 @@ def write_file(cfg: SynthConfig, path: Path, rows: int, labeled: bool, file_seed
 
 def synthesize(cfg: SynthConfig) -> list[Path]:
     if cfg.rows < 1:
-        raise ValueError(f"synth: rows must be >= 1, got {cfg.rows}")
+        raise SynthConfigError(f"synth: rows must be >= 1, got {cfg.rows}")
     out = Path(cfg.output)
     cardinalities(cfg)  # bad ones: before the output is touched
     with atomic_dir(out, cfg.overwrite) as tmp:
