@@ -1,1 +1,2 @@
-"""Entry points and the ML side: data, models, metrics, the train loop and launch."""
+"""The ML side: config schemas, data, models, metrics, the per-rank train job, launching
+and supervising ranks. The commands sit above, in `recsys.app`."""

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,13 @@ from pipelines.build import build_pipeline, detach_for_eval
 from pipelines.dense_step import per_tensor_comm_hook
 from recsys import interrupts, launch
 from recsys.checkpoint import STEP_PREFIX, latest_checkpoint, load_checkpoint, save_checkpoint
-from recsys.config import DenseAllreduce, DenseOptimizer, SparseOptimizer, TrainerConfig
+from recsys.config import (
+    DenseAllreduce,
+    DenseOptimizer,
+    SparseOptimizer,
+    TrainConfigError,
+    TrainerConfig,
+)
 from recsys.context import RunContext
 from recsys.data.source import build_source
 from recsys.interrupts import interruptible
@@ -40,7 +47,9 @@ from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from recsys.progress import Progress
+from sharding.cluster import ClusterConfigError
 from sharding.emit import to_torchrec_plan
+from sharding.errors import UserError
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import RankDevice
@@ -90,6 +99,10 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+class LossDivergedError(UserError, FloatingPointError):
+    """The train loss became NaN or inf: the learning rates or the data are the user's to fix."""
+
+
 class LossWatch:
     """Checks recorded losses for NaN/inf in windows (one host sync per window, not per step).
     Each window is averaged over the ranks first (one small all-reduce per window, every
@@ -114,7 +127,7 @@ class LossWatch:
         bad = ~torch.isfinite(values)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
-            raise FloatingPointError(
+            raise LossDivergedError(
                 f"train loss is {float(values[i])} at step "
                 f"{self._start + self._checked + i + 1}; stopping. Lower trainer.lr / "
                 f"trainer.embedding_lr or check the data."
@@ -143,7 +156,7 @@ def _place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
     if device.cores is not None:
         available = os.sched_getaffinity(0)
         if not set(device.cores) <= available:
-            raise ValueError(
+            raise ClusterConfigError(
                 f"rank {device.rank} is pinned to cores {list(device.cores)} but this machine "
                 f"offers {sorted(available)}; fix cluster.nodes[..].devices[..].cores"
             )
@@ -288,7 +301,7 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
     rank, world = launch.init_distributed(tcfg.dist_timeout_s)
     if len(ranks) != world:
-        raise ValueError(
+        raise TrainConfigError(
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
             f"as many processes as the cluster config has devices"
         )
@@ -300,7 +313,7 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
         start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,
                                 job.layout)  # fmt: skip
         if start >= tcfg.max_steps:
-            raise ValueError(
+            raise TrainConfigError(
                 f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
                 f"trainer.max_steps={tcfg.max_steps}: nothing to train. Raise trainer.max_steps"
             )
@@ -321,10 +334,8 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
 def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch: LossWatch,
                 ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
     """`run_rank`'s steps, evaluations, checkpoints and results."""
-    tcfg, rank, shares, pipeline = cfg.trainer, job.rank, job.shares, job.pipeline
-    model, optimizer, world = job.model, job.optimizer, len(job.shares)
+    tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
     saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
-    train_iter = job.batches("train", start, tcfg.max_steps)
 
     def run_eval() -> dict:
         if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
@@ -332,61 +343,36 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         eval_model = detach_for_eval(pipeline, model)
         return evaluate(eval_model, job.batches("eval", 0, cfg.dataset.eval_batches), device)
 
-    evals: list[dict] = []
-    bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
-                   enabled=rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
-    t_start, timed_from = time.perf_counter(), start
-    paused_s = 0.0  # evaluations and checkpoints inside the timed steps: not training
-    for step in range(start, tcfg.max_steps):
-        try:
-            loss, _, _ = pipeline.progress(train_iter)
-        except RuntimeError as e:
-            if not _is_comm_failure(e):
-                raise
-            raise RuntimeError(
-                f"rank {rank}: step {step + 1} failed in a collective ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}). Another rank probably died or "
-                f"hung; its own error is reported too. Collectives time out after "
-                f"trainer.dist_timeout_s={tcfg.dist_timeout_s:g} s."
-            ) from e
-        watch.losses.append(loss.detach())
-        done = step + 1
-        if done == start + tcfg.warmup_steps:
-            t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
-        if done % tcfg.log_every == 0 or done == tcfg.max_steps:
-            bar.set_postfix(loss=f"{watch.check():.4f}")
-        bar.update(1)
-        pause = time.perf_counter()
+    def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
             evals.append({"step": done, **run_eval()})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
-            save_checkpoint(ckpt_root, model, optimizer, done, saved_run)
-        paused_s += time.perf_counter() - pause
-    bar.close()
-    elapsed = time.perf_counter() - t_start - paused_s
-    timed_steps = tcfg.max_steps - timed_from
+            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run)
 
+    evals: list[dict] = []
+    samples_per_s = _steps(cfg, job, start, watch, between_steps)
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
-        saved = str(save_checkpoint(ckpt_root, model, optimizer, tcfg.max_steps, saved_run))
+        saved = str(save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run))
     final = run_eval()
+    world = len(job.shares)
     losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
     dist.all_reduce(step_losses)  # one collective for the whole run: global mean per step
     step_losses /= world
     window = step_losses[-tcfg.log_every :]
     result = {
-        "rank": rank,
+        "rank": job.rank,
         "world_size": world,
         "steps": tcfg.max_steps,
         "start_step": start,
         # one figure only where every rank has it; else each rank's in batch_per_rank
-        "batch_size_per_rank": shares[0] if len(set(shares)) == 1 else None,
-        "global_batch_size": sum(shares),
+        "batch_size_per_rank": job.shares[0] if len(set(job.shares)) == 1 else None,
+        "global_batch_size": sum(job.shares),
         # training only: evaluations and checkpoints between timed steps are left out
-        "samples_per_s": sum(shares) * timed_steps / elapsed if timed_steps else None,
-        "batch_per_rank": shares,
+        "samples_per_s": samples_per_s,
+        "batch_per_rank": job.shares,
         "train_loss": float(window.mean()) if len(window) else None,
         **final,
         "evals": evals,
@@ -399,9 +385,48 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "step_losses": step_losses.tolist(),
         "versions": versions(),
     }
-    if rank == 0:
+    if job.rank == 0:
         write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
     return result
+
+
+def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
+           between_steps: Callable[[int], None]) -> float | None:  # fmt: skip
+    """The train steps from `start`, each loss recorded in `watch`; `between_steps(done)`
+    after each. Returns the samples per second after the warm-up, the time spent in
+    `between_steps` left out (None: no timed steps)."""
+    tcfg, world = cfg.trainer, len(job.shares)
+    train_iter = job.batches("train", start, tcfg.max_steps)
+    bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
+                   enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
+    t_start, timed_from = time.perf_counter(), start
+    paused_s = 0.0
+    for step in range(start, tcfg.max_steps):
+        try:
+            loss, _, _ = job.pipeline.progress(train_iter)
+        except RuntimeError as e:
+            if not _is_comm_failure(e):
+                raise
+            raise RuntimeError(
+                f"rank {job.rank}: step {step + 1} failed in a collective ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}). Another rank probably died or "
+                f"hung; its own error is reported too. Collectives time out after "
+                f"trainer.dist_timeout_s={tcfg.dist_timeout_s:g} s."
+            ) from e
+        watch.losses.append(loss.detach())
+        done = step + 1
+        if done == start + tcfg.warmup_steps:
+            t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
+        if done % tcfg.log_every == 0 or done == tcfg.max_steps:
+            bar.set_postfix(loss=f"{watch.check():.4f}")
+        bar.update(1)
+        pause = time.perf_counter()
+        between_steps(done)
+        paused_s += time.perf_counter() - pause
+    bar.close()
+    timed_steps = tcfg.max_steps - timed_from
+    elapsed = time.perf_counter() - t_start - paused_s
+    return sum(job.shares) * timed_steps / elapsed if timed_steps else None
 
 
 def write_interrupted(run_dir: Path, ckpt_root: Path, start: int, watch: LossWatch,

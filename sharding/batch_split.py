@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sharding import cost_model
+
 if TYPE_CHECKING:
     from sharding.types import PlanInputs
 
@@ -31,11 +33,9 @@ def proportional_batch(global_batch: int, weights: list[float]) -> list[int]:
 
 def dense_s_per_sample(inputs: PlanInputs) -> np.ndarray:
     """Per rank: seconds of dense work (MLPs and feature interaction) per sample."""
-    return np.array([
-        6.0 * inputs.dense_params / d.dense_flops_per_s
-        + inputs.interaction_flops_per_sample / (d.interaction_flops_per_s or d.dense_flops_per_s)
-        for d in inputs.devices
-    ])  # fmt: skip
+    return np.array([cost_model.dense_s_per_sample(d, inputs.dense_params,
+                                                   inputs.interaction_flops_per_sample)
+                     for d in inputs.devices])  # fmt: skip
 
 
 def capped_time(global_batch: int, sample_s: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -27,13 +27,14 @@ a bound; the property tests in tests/test_planners.py check it against random pl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sharding.batch_split import capped_time, dense_s_per_sample
-from sharding.cost_model import exposed_exchange_passes
+from sharding.cost_model import allreduce_s, exposed_exchange_passes, ring_bytes
 from sharding.types import FLOAT_BYTES
 
 if TYPE_CHECKING:
@@ -49,12 +50,7 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):
         per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
-    w = inputs.world
-    allreduce = 0.0
-    if w > 1:
-        link = inputs.network.allreduce
-        ring_bytes = 2 * (w - 1) / w * inputs.dense_params * FLOAT_BYTES
-        allreduce = 2 * (w - 1) * link.latency_s + ring_bytes / link.bytes_per_s
+    allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network)
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
     return 1000 * (lookup + dense_and_exchange + per_sample + allreduce + overhead)
@@ -116,7 +112,7 @@ class _Exchanged:
         self.rows: dict[str, np.ndarray] = {}  # per table, the replicated rows of each part
         if w < 2:
             return
-        ar_s = 2 * (w - 1) / w * FLOAT_BYTES / inputs.network.allreduce.bytes_per_s
+        ar_s = ring_bytes(FLOAT_BYTES, w) / inputs.network.allreduce.bytes_per_s
         for t in inputs.tables:
             h = np.unique(np.concatenate([[0], np.geomspace(1, t.rows, 100).round(), [t.rows]]))
             cov = np.array([inputs.coverage[t.name](int(k)) for k in h])
@@ -223,17 +219,12 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
         rank = both * np.minimum(y * (1 - y), top * (1 - top))
         return np.maximum(inter, rank)
 
-    def root(lam: np.ndarray, scale: np.ndarray, stretch: np.ndarray) -> np.ndarray:
-        """The smaller x with scale * (x / stretch) (1 - x / stretch) = lam (inf: none)."""
-        disc = 1 - 4 * lam[:, None] / scale[None, :]
-        return np.where(disc < 0, np.inf, stretch[None, :] * (1 - np.sqrt(np.maximum(disc, 0))) / 2)
-
     def reach_c(lam: np.ndarray) -> np.ndarray:
         """Per level, the largest total share with every c_m(x_m) <= lam within the caps:
         the feasible x form intervals that end at the cap or at a smaller root."""
         one = np.ones_like(ranks)
-        ends = [caps, tau, root(lam, per_float / ranks, one), root(lam, both * one, ranks),
-                root(lam, both * one, one)]  # fmt: skip
+        ends = [caps, tau, _root(lam, per_float / ranks, one), _root(lam, both * one, ranks),
+                _root(lam, both * one, one)]  # fmt: skip
         best = np.zeros_like(caps)
         for end in ends:
             x = np.minimum(end, caps)
@@ -244,30 +235,43 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
     def reach_s(sig: np.ndarray) -> np.ndarray:
         return np.minimum(caps, sig[:, None] * ranks[None, :] / big_b).sum(axis=1)
 
-    def least(reach, top: float) -> np.ndarray:
-        lo, hi = np.zeros(len(levels)), np.full(len(levels), top)
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            ok = reach(mid) >= 1.0 - 1e-12
-            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
-        return lo  # a level no larger than the least feasible one: still a bound
-
-    price = least(reach_c, max(per_float, both) / 4)
-    pooled = least(reach_s, float(big_b))
+    price = _least(reach_c, max(per_float, both) / 4, len(levels))
+    pooled = _least(reach_s, float(big_b), len(levels))
     # interval [T_i, T_i+1]: dense at its low end, exchange at its high end (more room)
     nxt = lambda x: np.append(x[1:], x[-1])  # noqa: E731
     total = levels + phi(nxt(price), nxt(pooled))
     i = int(np.argmin(total))
     j = min(i + 1, len(levels) - 1)
-    # shares at that point: each node up to what the price allows (the smaller root); the
-    # rest to one node, the one with the most room (only one node can hold over half)
-    lam = np.array([nxt(price)[i]])
-    one = np.ones_like(ranks)
-    x = np.minimum(caps[j], np.minimum.reduce([root(lam, per_float / ranks, one)[0],
-                                               root(lam, both * one, ranks)[0]]))  # fmt: skip
-    big = int(np.argmax(caps[j] - x))
-    x[big] = 0.0
-    x[big] = max(0.0, 1 - x.sum())
-    shares = {m: float(x[q] / x.sum()) for q, m in enumerate(nodes)}
+    x = _shares_at(float(nxt(price)[i]), caps[j], per_float / ranks, both, ranks)
+    shares = {m: float(x[q]) for q, m in enumerate(nodes)}
     return BoundGuide(float(total[i]), phi.split, node_shares=shares,
                       price=float(nxt(price)[i]), pooled=float(nxt(pooled)[i]))  # fmt: skip
+
+
+def _root(lam: np.ndarray, scale: np.ndarray, stretch: np.ndarray) -> np.ndarray:
+    """The smaller x with scale * (x / stretch) (1 - x / stretch) = lam (inf: none)."""
+    disc = 1 - 4 * lam[:, None] / scale[None, :]
+    return np.where(disc < 0, np.inf, stretch[None, :] * (1 - np.sqrt(np.maximum(disc, 0))) / 2)
+
+
+def _least(reach: Callable[[np.ndarray], np.ndarray], top: float, n: int) -> np.ndarray:
+    """Per level (n of them), by bisection, the least price whose `reach` covers share 1."""
+    lo, hi = np.zeros(n), np.full(n, top)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        ok = reach(mid) >= 1.0 - 1e-12
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    return lo  # a level no larger than the least feasible one: still a bound
+
+
+def _shares_at(price: float, caps: np.ndarray, inter: np.ndarray, both: float,
+               ranks: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Node shares at the optimum: each node up to what the price allows (the smaller root);
+    the rest to one node, the one with the most room (only one node can hold over half)."""
+    lam, one = np.array([price]), np.ones_like(ranks)
+    x = np.minimum(caps, np.minimum.reduce([_root(lam, inter, one)[0],
+                                            _root(lam, both * one, ranks)[0]]))  # fmt: skip
+    big = int(np.argmax(caps - x))
+    x[big] = 0.0
+    x[big] = max(0.0, 1 - x.sum())
+    return x / x.sum()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from sharding.constants import DEVICE_CATALOG, GIB
-from sharding.types import ClusterSpec, RankDevice
+from sharding.errors import UserError
+from sharding.types import ClusterSpec, DeviceGroup, RankDevice
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(UserError, ValueError):
     """A cluster layout that cannot describe real hardware."""
 
 
@@ -19,7 +20,41 @@ def _positive(value: float, what: str, cluster: str) -> None:
 
 
 def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
-    """Expand node and device groups into ranks (node-major order, as torchrun numbers them)."""
+    """Expand node and device groups into ranks (node-major order, as torchrun numbers them),
+    each value checked first."""
+    _check_network(spec)
+    for g, group in enumerate(spec.nodes):
+        where = f"nodes[{g}]"
+        _positive(group.count, f"{where}.count", spec.name)
+        _positive(group.host_memory_gb, f"{where}.host_memory_gb", spec.name)
+        _positive(group.host_to_device_gbps, f"{where}.host_to_device_gbps", spec.name)
+        if not group.devices:
+            raise ClusterConfigError(f"cluster '{spec.name}': {where} has no devices")
+        for d, dev in enumerate(group.devices):
+            _check_device(spec, dev, f"{where}.devices[{d}]")
+    ranks: list[RankDevice] = []
+    node = 0
+    for group in spec.nodes:
+        per_node = sum(d.count for d in group.devices)
+        for _ in range(group.count):
+            devices = [dev for dev in group.devices for _ in range(dev.count)]
+            for local, dev in enumerate(devices):
+                kind = DEVICE_CATALOG[dev.kind]
+                ranks.append(RankDevice(
+                    rank=len(ranks), node=node, local_rank=local, kind=dev.kind,
+                    hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
+                    hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
+                    speed=dev.speed or kind.speed * (dev.share or 1.0),
+                    host_bytes=int(group.host_memory_gb * GIB / per_node),
+                    host_to_device_gbps=group.host_to_device_gbps,
+                    cores=tuple(dev.cores) if dev.cores is not None else None,
+                    share=dev.share,
+                ))  # fmt: skip
+            node += 1
+    return ranks
+
+
+def _check_network(spec: ClusterSpec) -> None:
     if not spec.nodes:
         raise ClusterConfigError(f"cluster '{spec.name}' has no nodes")
     _positive(spec.network.intra_node_gbps, "network.intra_node_gbps", spec.name)
@@ -40,76 +75,44 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
             f"cluster '{spec.name}': emulation.cfs_period_us must be >= 1000 (the kernel's "
             f"minimum), got {spec.emulation.cfs_period_us}"
         )
-    ranks: list[RankDevice] = []
-    node_index = 0
-    for g, group in enumerate(spec.nodes):
-        where = f"nodes[{g}]"
-        _positive(group.count, f"{where}.count", spec.name)
-        _positive(group.host_memory_gb, f"{where}.host_memory_gb", spec.name)
-        _positive(group.host_to_device_gbps, f"{where}.host_to_device_gbps", spec.name)
-        if not group.devices:
-            raise ClusterConfigError(f"cluster '{spec.name}': {where} has no devices")
-        per_node = sum(d.count for d in group.devices)
-        for d_i, dev in enumerate(group.devices):
-            dwhere = f"{where}.devices[{d_i}]"
-            if dev.kind not in DEVICE_CATALOG:
-                raise ClusterConfigError(
-                    f"cluster '{spec.name}': {dwhere}.kind '{dev.kind}' is unknown; "
-                    f"known kinds: {', '.join(sorted(DEVICE_CATALOG))}"
-                )
-            _positive(dev.count, f"{dwhere}.count", spec.name)
-            for name in ("hbm_gb", "hbm_gbps", "speed"):
-                value = getattr(dev, name)
-                if value is not None:
-                    _positive(value, f"{dwhere}.{name}", spec.name)
-            if dev.share is not None:
-                if dev.kind != "cpu" or not spec.emulation.enabled:
-                    raise ClusterConfigError(
-                        f"cluster '{spec.name}': {dwhere}.share limits an emulated CPU rank; it "
-                        f"needs kind cpu (is {dev.kind}) and emulation.enabled=true"
-                    )
-                if not 0 < dev.share <= 1:
-                    raise ClusterConfigError(
-                        f"cluster '{spec.name}': {dwhere}.share is a fraction of one core in "
-                        f"(0, 1], got {dev.share}"
-                    )
-            elif spec.emulation.enabled and dev.kind != "cpu":
-                raise ClusterConfigError(
-                    f"cluster '{spec.name}': an emulated cluster runs CPU ranks; {dwhere}.kind "
-                    f"is {dev.kind}"
-                )
-            if dev.cores is not None:
-                if dev.kind != "cpu":
-                    raise ClusterConfigError(
-                        f"cluster '{spec.name}': {dwhere}.cores pins CPU ranks; kind is {dev.kind}"
-                    )
-                if not dev.cores or min(dev.cores) < 0:
-                    raise ClusterConfigError(
-                        f"cluster '{spec.name}': {dwhere}.cores must list core numbers >= 0"
-                    )
-        for _ in range(group.count):
-            local = 0
-            for dev in group.devices:
-                kind = DEVICE_CATALOG[dev.kind]
-                for _ in range(dev.count):
-                    ranks.append(
-                        RankDevice(
-                            rank=len(ranks),
-                            node=node_index,
-                            local_rank=local,
-                            kind=dev.kind,
-                            hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
-                            hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
-                            speed=dev.speed or kind.speed * (dev.share or 1.0),
-                            host_bytes=int(group.host_memory_gb * GIB / per_node),
-                            host_to_device_gbps=group.host_to_device_gbps,
-                            cores=tuple(dev.cores) if dev.cores is not None else None,
-                            share=dev.share,
-                        )
-                    )
-                    local += 1
-            node_index += 1
-    return ranks
+
+
+def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:
+    """One device group's kind, counts and figures; its share and cores where they apply."""
+    if dev.kind not in DEVICE_CATALOG:
+        raise ClusterConfigError(
+            f"cluster '{spec.name}': {where}.kind '{dev.kind}' is unknown; "
+            f"known kinds: {', '.join(sorted(DEVICE_CATALOG))}"
+        )
+    _positive(dev.count, f"{where}.count", spec.name)
+    for name in ("hbm_gb", "hbm_gbps", "speed"):
+        value = getattr(dev, name)
+        if value is not None:
+            _positive(value, f"{where}.{name}", spec.name)
+    if dev.share is not None:
+        if dev.kind != "cpu" or not spec.emulation.enabled:
+            raise ClusterConfigError(
+                f"cluster '{spec.name}': {where}.share limits an emulated CPU rank; it "
+                f"needs kind cpu (is {dev.kind}) and emulation.enabled=true"
+            )
+        if not 0 < dev.share <= 1:
+            raise ClusterConfigError(
+                f"cluster '{spec.name}': {where}.share is a fraction of one core in "
+                f"(0, 1], got {dev.share}"
+            )
+    elif spec.emulation.enabled and dev.kind != "cpu":
+        raise ClusterConfigError(
+            f"cluster '{spec.name}': an emulated cluster runs CPU ranks; {where}.kind is {dev.kind}"
+        )
+    if dev.cores is not None:
+        if dev.kind != "cpu":
+            raise ClusterConfigError(
+                f"cluster '{spec.name}': {where}.cores pins CPU ranks; kind is {dev.kind}"
+            )
+        if not dev.cores or min(dev.cores) < 0:
+            raise ClusterConfigError(
+                f"cluster '{spec.name}': {where}.cores must list core numbers >= 0"
+            )
 
 
 def compute_device_type(ranks: list[RankDevice]) -> str:

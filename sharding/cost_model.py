@@ -124,6 +124,33 @@ def memory_bytes(
     return [{"hbm": hbm[r] + everyone, "host": host[r]} for r in range(world)]
 
 
+def ring_bytes(nbytes: float, world: int) -> float:
+    """What each rank sends (and receives) in a ring all-reduce of `nbytes`: 2(W-1)/W."""
+    return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
+
+
+def allreduce_s(nbytes: float, world: int, network: NetworkCost) -> float:
+    """One all-reduce of `nbytes` over `world` ranks: a ring, 2(W-1) latency hops and
+    2(W-1)/W of the bytes each way; with `network.tree_allreduce`, NCCL's double binary tree
+    where it is faster (2 log2 W hops, the bytes twice). The ring's per-byte cost is the
+    lower of the two, so it is also the marginal cost the bound and the planners price."""
+    if world < 2:
+        return 0.0
+    link = network.allreduce
+    ring = 2 * (world - 1) * link.latency_s + ring_bytes(nbytes, world) / link.bytes_per_s
+    if not network.tree_allreduce:
+        return ring
+    hops = 2 * math.ceil(math.log2(world))
+    return min(ring, hops * link.latency_s + 2 * nbytes / link.bytes_per_s)
+
+
+def dense_s_per_sample(d: DeviceCost, dense_params: int, interaction_flops: float) -> float:
+    """Seconds of dense work per sample on a device: 6 FLOPs per parameter (2 forward, 4
+    backward) at its dense rate, and the feature interaction's at its own rate."""
+    rate = d.interaction_flops_per_s or d.dense_flops_per_s
+    return 6.0 * dense_params / d.dense_flops_per_s + interaction_flops / rate
+
+
 def step_cost(
     tables: Sequence[TableStats],
     shards: Sequence[Shard],
@@ -139,56 +166,13 @@ def step_cost(
     world = len(batch_per_rank)
     b = np.asarray(batch_per_rank, dtype=np.float64)
     node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
-    by_name = {t.name: t for t in tables}
-    lookup = np.zeros(world)
-    seq_lookups = np.zeros(world)  # cold lookups a rank looks up or pools as sequences
-    seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
     ex = _Exchange(b, node)
-    dp_bytes = 0
-    groups: dict[tuple[str, int], list[float]] = {}  # table-row-wise: [ranks, their batch]
-    for s in shards:
-        if s.node_reduce and not s.dp:
-            g = groups.setdefault((s.table, int(node[s.rank])), [0, 0.0])
-            g[0], g[1] = g[0] + 1, g[1] + b[s.rank]
-    read_s = np.array([1 / d.emb_read_bytes_per_s for d in devices])
-    host_s = np.array([1 / d.host_read_bytes_per_s for d in devices])
-    local = 0.0  # bytes per sample every rank looks up in its own data-parallel copies
-    for s in shards:
-        t = by_name[s.table]
-        share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
-        if s.dp:  # looked up locally for the rank's own samples; gradients all-reduced
-            local += t.lookups_per_sample * share * s.cols * FLOAT_BYTES
-            dp_bytes += s.rows * s.cols * FLOAT_BYTES
-            continue
-        looked_up = ex.total * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
-        hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
-        lookup[s.rank] += looked_up * (hit * read_s[s.rank] + (1 - hit) * host_s[s.rank])
-        if s.sparse_exchange:
-            cold = t.lookups_per_sample * share
-            seq_lookups[s.rank] += ex.total * cold
-            seq_lookups += b * cold  # every rank pools its own samples' cold lookups
-            seq_bytes[s.rank] += ex.total * cold * s.cols * FLOAT_BYTES
-            seq_bytes += b * cold * s.cols * FLOAT_BYTES
-        vec = vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
-        group, members_batch = groups[(s.table, int(node[s.rank]))] if s.node_reduce else (0, 0)
-        ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
-        ex.add(s.rank, vec, ids, group, members_batch)
-    lookup += b * local * read_s
+    lookup, seq_lookups, seq_bytes, dp_bytes = _shard_work(tables, shards, devices, ex)
     emb, ids, sent, (emb_parts, ids_parts) = ex.times(network)
-    dense = []
-    for r, d in enumerate(devices):
-        inter_rate = d.interaction_flops_per_s or d.dense_flops_per_s
-        mlp_s = 6.0 * dense_params / d.dense_flops_per_s
-        dense.append(float(b[r] * (mlp_s + interaction_flops_per_sample / inter_rate)))
+    dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
+             for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
-    allreduce = 0.0
-    if world > 1:  # ring all-reduce: 2(W-1) latency hops, 2(W-1)/W of the bytes each way
-        link = network.allreduce
-        ring_bytes = 2 * (world - 1) / world * grad_bytes
-        allreduce = 2 * (world - 1) * link.latency_s + ring_bytes / link.bytes_per_s
-        if network.tree_allreduce:  # up and down a tree: 2 log2 W hops, the bytes twice
-            hops = 2 * math.ceil(math.log2(world))
-            allreduce = min(allreduce, hops * link.latency_s + 2 * grad_bytes / link.bytes_per_s)
+    allreduce = allreduce_s(grad_bytes, world, network)
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],
@@ -222,6 +206,48 @@ def step_cost(
     )
 
 
+def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
+                devices: Sequence[DeviceCost], ex: _Exchange) -> tuple:  # fmt: skip
+    """Each shard's part of a step: per rank its lookup time, its sequence lookups and their
+    bytes, and the bytes of data-parallel copies (all-reduced); its exchange added to `ex`."""
+    b, node, world = ex.b, ex.node, ex.world
+    by_name = {t.name: t for t in tables}
+    lookup = np.zeros(world)
+    seq_lookups = np.zeros(world)  # cold lookups a rank looks up or pools as sequences
+    seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
+    dp_bytes = 0
+    groups: dict[tuple[str, int], list[float]] = {}  # table-row-wise: [ranks, their batch]
+    for s in shards:
+        if s.node_reduce and not s.dp:
+            g = groups.setdefault((s.table, int(node[s.rank])), [0, 0.0])
+            g[0], g[1] = g[0] + 1, g[1] + b[s.rank]
+    read_s = np.array([1 / d.emb_read_bytes_per_s for d in devices])
+    host_s = np.array([1 / d.host_read_bytes_per_s for d in devices])
+    local = 0.0  # bytes per sample every rank looks up in its own data-parallel copies
+    for s in shards:
+        t = by_name[s.table]
+        share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
+        if s.dp:  # looked up locally for the rank's own samples; gradients all-reduced
+            local += t.lookups_per_sample * share * s.cols * FLOAT_BYTES
+            dp_bytes += s.rows * s.cols * FLOAT_BYTES
+            continue
+        looked_up = ex.total * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
+        hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
+        lookup[s.rank] += looked_up * (hit * read_s[s.rank] + (1 - hit) * host_s[s.rank])
+        if s.sparse_exchange:
+            cold = t.lookups_per_sample * share
+            seq_lookups[s.rank] += ex.total * cold
+            seq_lookups += b * cold  # every rank pools its own samples' cold lookups
+            seq_bytes[s.rank] += ex.total * cold * s.cols * FLOAT_BYTES
+            seq_bytes += b * cold * s.cols * FLOAT_BYTES
+        vec = vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
+        group, members_batch = groups[(s.table, int(node[s.rank]))] if s.node_reduce else (0, 0)
+        ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
+        ex.add(s.rank, vec, ids, group, members_batch)
+    lookup += b * local * read_s
+    return lookup, seq_lookups, seq_bytes, dp_bytes
+
+
 def _comm_cpu_s(
     ex: _Exchange, network: NetworkCost, grad_bytes: float, devices: Sequence[DeviceCost],
     wall_s: dict[str, list[float]],
@@ -236,7 +262,7 @@ def _comm_cpu_s(
         return {}
     (si, ri, se, re), (isi, iri, ise, ire) = ex._bytes()
     world = ex.world
-    ring = 2 * 2 * (world - 1) / world * grad_bytes if world > 1 else 0.0
+    ring = 2 * ring_bytes(grad_bytes, world)  # sent and received
     cpu = {
         "ids": (isi + iri) * intra + (ise + ire) * inter,
         "emb": (si + ri) * intra + (se + re) * inter,

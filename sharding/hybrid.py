@@ -42,7 +42,7 @@ from sharding.batch_split import (
     proportional_batch,
 )
 from sharding.bound import BoundGuide, bound_guides
-from sharding.cost_model import exposed_exchange_passes, vectors_per_sample
+from sharding.cost_model import exposed_exchange_passes, ring_bytes, vectors_per_sample
 from sharding.placer import Piece, Placer
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import check_fits, evaluate, finish_table, plan_cost
@@ -615,7 +615,7 @@ def _replicated_rows(
     for h in candidates if split else [t.rows]:
         if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
             break
-        allreduce_s = 2 * (w - 1) / w * h * t.dim * FLOAT_BYTES / ar.bytes_per_s
+        allreduce_s = ring_bytes(h * t.dim * FLOAT_BYTES, w) / ar.bytes_per_s
         # with the pooled exchange a cold part still sends a vector per sample: only
         # replicating the whole table saves the exchange. Exchanged per lookup, a table
         # looked up in no sample (empty bags) has nothing to save (a fraction of samples:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from sharding.batch_split import dense_s_per_sample
 from sharding.types import FLOAT_BYTES, PlanDoesNotFitError, PlanInputs, Shard, TableStats, Tier
 
 
@@ -71,9 +72,8 @@ class Placer:
         # a cold part's sequence work on its owner, per lookup and per byte of its vector
         self.seq_lookup = np.array([d.sequence_s_per_lookup for d in devs])
         self.seq_byte = np.array([d.sequence_s_per_byte for d in devs])
-        flops = 6.0 * inputs.dense_params + inputs.interaction_flops_per_sample
         self.b = np.asarray(batch, dtype=np.float64)
-        self.load = self.b * flops / np.array([d.dense_flops_per_s for d in devs])
+        self.load = self.b * dense_s_per_sample(inputs)
         if not speed_aware:  # a speed-blind planner sees every rank as rank 0
             self.per_byte[:] = self.per_byte[0]
             self.per_byte_host[:] = self.per_byte_host[0]

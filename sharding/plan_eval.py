@@ -1,10 +1,10 @@
-"""What every planner takes and returns, and how every plan is judged: one cost model.
+"""How every plan is judged: one cost model, the same for every planner.
 
-A planner maps `PlanInputs` (tables with access statistics, the resolved cluster, cost
-constants, the global batch) to a `Plan`: per table its sharding, ranks, memory tier, hot
-rows and replicated rows, as cost-model shards; plus the per-rank batch. `evaluate` fills in
-the predicted step time, per-rank memory and time, and a lower bound, identically for every
-planner, so plans are compared on the same terms.
+A planner maps `PlanInputs` (sharding.types: tables with access statistics, the resolved
+cluster, cost constants, the global batch) to a `Plan`: per table its sharding, ranks,
+memory tier, hot rows and replicated rows, as cost-model shards; plus the per-rank batch.
+`evaluate` fills in the predicted step time, per-rank memory and time, and a lower bound,
+identically for every planner, so plans are compared on the same terms.
 """
 
 from __future__ import annotations

@@ -102,32 +102,55 @@ def step_tasks(
 ) -> list[Task]:  # fmt: skip
     """The tasks of `steps` consecutive training steps (module docstring); `stale`: SemiSync,
     the next batch's lookups and embedding exchange under this batch's dense work."""
-    world = len(cost.dense_s)
-    n = max(1, micro_batches) if schedule == Schedule.nested else 1
-    net = 1.0 if network else 0.0
-    fixed = cost.overhead_s + cost.input_s
-    seq = cost.sequence_s or [0.0] * world
-    tasks: list[Task] = []
-    ranks = range(world)
+    b = _StepTasks(cost, schedule, micro_batches, network)
+    ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
+    pending = b.ids(0, [])  # the first batch's ids
+    prev_done: list[str] = []
+    fwd_next = b.forward(0, pending) if stale else []
+    for k in range(steps):
+        fwd = fwd_next if stale else b.forward(k, (*pending, *prev_done))
+        # the next batch's ids under this batch's dense work (the last step's too: the
+        # steady state prefetches); with SemiSync its lookups and exchange as well, before
+        # this batch's update (one step stale)
+        if ahead:
+            pending = b.ids(k + 1, fwd[0])
+        if stale:
+            fwd_next = b.forward(k + 1, pending)
+        prev_done = b.backward_and_update(k, fwd)
+        if not ahead and k + 1 < steps:
+            pending = b.ids(k + 1, prev_done)
+    return b.tasks
 
-    def parts(durations: Sequence[float], split: dict[str, list[float]], scale: float = 1.0):
+
+class _StepTasks:
+    """Builds a step's tasks stage by stage; each method returns the names to wait on."""
+
+    def __init__(self, cost: StepCost, schedule: Schedule, micro_batches: int, network: bool):
+        self.cost, self.world = cost, len(cost.dense_s)
+        self.ranks = range(self.world)
+        self.n = max(1, micro_batches) if schedule == Schedule.nested else 1
+        self.net = 1.0 if network else 0.0
+        self.seq = cost.sequence_s or [0.0] * self.world
+        self.copy = cost.input_copy_s or [0.0] * self.world
+        self.cpu = {k: [x * self.net for x in xs] for k, xs in cost.comm_cpu_s.items()}
+        self.emb_cpu = [x / self.n for x in self.cpu.get("emb", ())]  # one chunk's, each way
+        self.tasks: list[Task] = []
+
+    def parts(self, durations: Sequence[float], split: dict[str, list[float]],
+              scale: float = 1.0) -> dict[str, list[float]]:  # fmt: skip
         """An exchange's per-rank durations by queue: split by link where the cost has it."""
         chosen = split or {"net": list(durations)}
-        return {link: [x * scale * net for x in xs] for link, xs in chosen.items()}
+        return {link: [x * scale * self.net for x in xs] for link, xs in chosen.items()}
 
-    cpu = {k: [x * net for x in xs] for k, xs in cost.comm_cpu_s.items()}
-    emb_cpu = [x / n for x in cpu.get("emb", ())]  # one chunk's, each way
-
-    def collective(
-        name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
-        cpu_s: Sequence[float] = (),
-    ) -> list[str]:  # fmt: skip
+    def collective(self, name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
+                   cpu_s: Sequence[float] = ()) -> list[str]:  # fmt: skip
         """One task per rank and link on its queue, all after every rank's input (a
         zero-length barrier task keeps this linear in the ranks), and its CPU work
         (`cpu_s`, per rank) on the rank's compute queue; returns the barrier after them."""
+        tasks = self.tasks
         tasks.append(Task(f"{name}:in", f"{name}:in", 0.0, tuple(deps)))
         ends = []
-        for r in ranks:
+        for r in self.ranks:
             for link, durations in by_link.items():
                 ends.append(f"{name}@{r}/{link}")
                 tasks.append(Task(ends[-1], f"{link}:{r}", durations[r], (f"{name}:in",)))
@@ -137,56 +160,43 @@ def step_tasks(
         tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(ends)))
         return [f"{name}:out"]
 
-    copy = cost.input_copy_s or [0.0] * world
-
-    def ids(k: int, after: Sequence[str]) -> list[str]:
+    def ids(self, k: int, after: Sequence[str]) -> list[str]:
         """Batch k's copy to the device (in the host-device link's order), then its ids."""
-        for r in ranks:
-            tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", copy[r], tuple(after)))
-        copies = [f"s{k}:copy@{r}" for r in ranks]
-        return collective(f"s{k}:ids", parts(cost.ids_a2a_s, cost.ids_a2a_parts_s), copies,
-                          cpu.get("ids", ()))  # fmt: skip
+        for r in self.ranks:
+            self.tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", self.copy[r], tuple(after)))
+        copies = [f"s{k}:copy@{r}" for r in self.ranks]
+        by_link = self.parts(self.cost.ids_a2a_s, self.cost.ids_a2a_parts_s)
+        return self.collective(f"s{k}:ids", by_link, copies, self.cpu.get("ids", ()))
 
-    ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
-
-    def forward(k: int, deps: Sequence[str]) -> list[list[str]]:
+    def forward(self, k: int, deps: Sequence[str]) -> list[list[str]]:
         """Step k's lookups, then every forward chunk as soon as they are done."""
-        lookups = [f"s{k}:lookup@{r}" for r in ranks]
-        for r in ranks:
-            tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + seq[r],
-                              tuple(deps)))  # fmt: skip
-        fwd = parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, 1 / n)
-        return [collective(f"s{k}:emb{c}", fwd, lookups, emb_cpu) for c in range(n)]
+        cost = self.cost
+        lookups = [f"s{k}:lookup@{r}" for r in self.ranks]
+        for r in self.ranks:
+            self.tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + self.seq[r],
+                                   tuple(deps)))  # fmt: skip
+        fwd = self.parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, 1 / self.n)
+        return [self.collective(f"s{k}:emb{c}", fwd, lookups, self.emb_cpu) for c in range(self.n)]
 
-    bwd = parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, 1 / n)
-    reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
-    allreduce = {reduce_on: [cost.allreduce_s * net] * world}
-    pending = ids(0, [])  # the first batch's ids
-    prev_done: list[str] = []
-    fwd_next = forward(0, pending) if stale else []
-    for k in range(steps):
-        p = f"s{k}"
-        fwd = fwd_next if stale else forward(k, (*pending, *prev_done))
-        # the next batch's ids under this batch's dense work (the last step's too: the
-        # steady state prefetches); with SemiSync its lookups and exchange as well, before
-        # this batch's update (one step stale)
-        if ahead:
-            pending = ids(k + 1, fwd[0])
-        if stale:
-            fwd_next = forward(k + 1, pending)
+    def backward_and_update(self, k: int, fwd: list[list[str]]) -> list[str]:
+        """Step k's dense work chunk by chunk (each waits for its own chunk only), each
+        chunk's gradient exchange, the all-reduce, then the update on every rank."""
+        cost, p = self.cost, f"s{k}"
+        bwd = self.parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, 1 / self.n)
         grads: list[str] = []
-        for c in range(n):  # each chunk's dense work waits for its own chunk only
-            dense = [f"{p}:dense{c}@{r}" for r in ranks]
-            for r in ranks:
-                tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / n, tuple(fwd[c])))
-            grads += collective(f"{p}:grad{c}", bwd, dense, emb_cpu)
-        reduce = collective(f"{p}:allreduce", allreduce, dense, cpu.get("allreduce", ()))
-        done = [f"{p}:update@{r}" for r in ranks]
-        for r in ranks:
-            tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,
-                              (*grads, *reduce)))  # fmt: skip
-        tasks.append(Task(f"{p}:done", "step", 0.0, tuple(done)))
-        prev_done = [f"{p}:done"]
-        if not ahead and k + 1 < steps:
-            pending = ids(k + 1, prev_done)
-    return tasks
+        for c in range(self.n):
+            dense = [f"{p}:dense{c}@{r}" for r in self.ranks]
+            for r in self.ranks:
+                self.tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / self.n,
+                                       tuple(fwd[c])))  # fmt: skip
+            grads += self.collective(f"{p}:grad{c}", bwd, dense, self.emb_cpu)
+        reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
+        allreduce = {reduce_on: [cost.allreduce_s * self.net] * self.world}
+        reduce = self.collective(f"{p}:allreduce", allreduce, dense, self.cpu.get("allreduce", ()))
+        done = [f"{p}:update@{r}" for r in self.ranks]
+        fixed = cost.overhead_s + cost.input_s
+        for r in self.ranks:
+            self.tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,
+                                   (*grads, *reduce)))  # fmt: skip
+        self.tasks.append(Task(f"{p}:done", "step", 0.0, tuple(done)))
+        return [f"{p}:done"]

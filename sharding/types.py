@@ -1,7 +1,9 @@
-"""Shared dataclasses of the sharding package: the cluster description and planner config.
-
-These double as the Hydra structured-config schemas for `conf/cluster/` and
-`conf/planner/` (registered by `recsys.config`); this package itself never imports Hydra.
+"""The sharding package's data types, in one module its role modules import (as TorchRec's
+planner keeps its `types.py`): the cluster description and planner config (also the Hydra
+schemas for `conf/cluster/` and `conf/planner/`, registered by `recsys.config`; this package
+never imports Hydra), the cost model's inputs and outputs (tables, shards, device and link
+costs, a step's stage times), and what every planner takes and returns (`PlanInputs`,
+`Plan`). The formulas that use them live in cost_model.py, plan_eval.py and bound.py.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+
+from sharding.errors import UserError
 
 
 @dataclass
@@ -295,7 +299,7 @@ class StepCost:
         return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense, cpu)
 
 
-class PlanDoesNotFitError(RuntimeError):
+class PlanDoesNotFitError(UserError, RuntimeError):
     """No placement of the tables fits the cluster's memory."""
 
 

@@ -50,7 +50,7 @@ def typed_cfg() -> Callable:
 
 
 def plan_with_splits(cfg):
-    """Our hybrid plan for `cfg` with split tables (`recsys.planning.plan_with_splits`),
+    """Our hybrid plan for `cfg` with split tables (`recsys.app.planning.plan_with_splits`),
     across the calibrated 1 Gbit/s link."""
     from recsys.app.planning import plan_with_splits as plan
     from sharding.calibration import load_calibration

@@ -170,3 +170,39 @@ def train_slow_eval(cfg, run_dir: str) -> dict:
 
     trainer.evaluate = slow
     return _rank_main(run_context(cfg), run_dir)
+
+
+# What a run works out once (docs/layout.md): counted in the parent and in every rank
+COUNTED = (("sharding.cluster", "resolve_cluster"), ("recsys.app.planning", "plan_inputs"),
+           ("recsys.models.dlrm", "build_model"))  # fmt: skip
+
+
+def count_calls(setattr_=setattr) -> dict[str, int]:
+    """Wrap each COUNTED function wherever a loaded project module holds it; the returned
+    dict counts the calls from then on. `setattr_`: pytest's monkeypatch.setattr, to undo."""
+    import importlib
+
+    counts: dict[str, int] = {}
+    for module_name, name in COUNTED:
+        original = getattr(importlib.import_module(module_name), name)
+        counts[name] = 0
+
+        def wrapper(*args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        for module in list(sys.modules.values()):
+            ours = getattr(module, "__name__", "").split(".")[0] in ("recsys", "sharding")
+            if ours and getattr(module, name, None) is original:
+                setattr_(module, name, wrapper)
+    return counts
+
+
+def counted_rank_main(ctx, run_dir: str) -> dict:
+    """`_rank_main`, with the rank's own COUNTED calls in its result (`calls`)."""
+    import recsys.trainer  # noqa: F401 - everything a rank loads, loaded before counting
+    from recsys.app.train import _rank_main
+
+    counts = count_calls()
+    summary = _rank_main(ctx, run_dir)
+    return summary | {"calls": dict(counts)}

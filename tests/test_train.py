@@ -22,9 +22,19 @@ pytestmark = pytest.mark.slow
 TINY = ["debug=tiny"]
 
 
-def test_two_rank_training_learns_and_writes_summary(tmp_path: Path) -> None:
+def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch) -> None:
+    """The default run learns, writes its outputs, and works out the cluster, the planner's
+    inputs and the model once per process that needs them (rank_jobs.COUNTED)."""
+    import recsys.app.train
+
     cfg = compose_config(["trainer.max_steps=60", "trainer.batch_size=256", "trainer.log_every=10"])
+    in_parent = rank_jobs.count_calls(monkeypatch.setattr)
+    monkeypatch.setattr(recsys.app.train, "_rank_main", rank_jobs.counted_rank_main)
     summary = train(cfg, tmp_path)
+    # the parent: the cluster resolved and the inputs built once (a meta model for its
+    # parameter count); rank 0: the model it trains, nothing planned again
+    assert in_parent == {"resolve_cluster": 1, "plan_inputs": 1, "build_model": 1}
+    assert summary["calls"] == {"resolve_cluster": 0, "plan_inputs": 0, "build_model": 1}
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     for key in ("world_size", "steps", "samples_per_s", "train_loss", "eval_auc", "eval_logloss",
                 "pipeline", "planner"):  # fmt: skip

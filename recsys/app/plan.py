@@ -11,7 +11,6 @@ module (the planners are in `sharding.planners`).
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,9 +24,8 @@ from recsys.config import register_configs
 from recsys.console import command
 from recsys.models.dlrm import feature_names
 from sharding.access_profile import AccessProfile
-from sharding.cluster import ClusterConfigError
 from sharding.emit import to_torchrec_plan
-from sharding.types import Plan, PlanDoesNotFitError, PlannerName
+from sharding.types import Plan, PlannerName
 
 
 def plan_table(plan: Plan) -> str:
@@ -79,11 +77,32 @@ def plot(plan: Plan, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gib, devices, n = 2**30, plan.devices, len(plan.devices)
-    x = list(range(n))
+    n = len(plan.devices)
     labels = _rank_labels(plan)
     width = max(8.0, 1.0 + 0.9 * n if n <= 16 else 0.22 * n)
     fig, (mem, t) = plt.subplots(2, 1, figsize=(width, 8), height_ratios=[1, 1.3])
+    _memory_panel(mem, plan)
+    step_x = _time_panel(t, plan)
+    t.set_xticks(list(range(n)) + [step_x], labels + ["step"], fontsize=7 if n <= 16 else 6,
+                 rotation=0 if n <= 16 else 90)  # fmt: skip
+    mem.set_xticks(range(n), labels, fontsize=7 if n <= 16 else 6, rotation=0 if n <= 16 else 90)
+    caption = (
+        "The step (hatched bar) is not the tallest device: every stage waits for its "
+        "slowest device (collectives), then the all-reduce and fixed overheads add on, "
+        "and the schedule hides part of the exchange. The lower bound: no plan of these "
+        "tables on these devices is faster under the cost model (docs/planning.md)."
+    )
+    fig.text(0.01, 0.005, "\n".join(textwrap.wrap(caption, int(width * 15))), fontsize=7,
+             va="bottom")  # fmt: skip
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _memory_panel(mem, plan: Plan) -> None:
+    """Per device and tier: capacity after the reserve (outline) and used (filled)."""
+    gib, devices = 2**30, plan.devices
+    x = list(range(len(devices)))
     tiers = [("hbm", "fast memory (HBM; a CPU rank's budget)", "tab:blue")]
     if any(d["host_cap_bytes"] for d in devices):
         tiers.append(("host", "host memory", "tab:olive"))
@@ -97,23 +116,27 @@ def plot(plan: Plan, path: Path) -> None:
     mem.set_ylabel("GiB")
     mem.set_title(f"{plan.planner} plan on {plan.cluster}: memory per device")
     mem.legend(fontsize=7, loc="upper right")
-
     mem.set_ylim(0, 1.35 * max(max(d["hbm_cap_bytes"], d["host_cap_bytes"]) for d in devices) / gib)
-    if n <= 16:  # the used amount, readable even when it is a sliver of the capacity
+    if len(devices) <= 16:  # the used amount, readable even when a sliver of the capacity
         for v, d in zip(x, devices, strict=True):
             used = (d["hbm_used_bytes"] + d["host_used_bytes"]) / gib
             mem.annotate(f"{used:.3g} GiB used", (v, used), ha="center", va="bottom", fontsize=7,
                          xytext=(0, 2), textcoords="offset points")  # fmt: skip
 
+
+def _time_panel(t, plan: Plan) -> float:
+    """Per device its own stage times, stacked; a bar apart: the step's parts; the step and
+    the lower bound as lines. Returns the step bar's x."""
+    devices, n = plan.devices, len(plan.devices)
     bottom, named = [0.0] * n, set()
     for key, name in (("lookup_ms", "lookups"), ("dense_ms", "dense"),
                       ("exchange_ms", "exchange"), ("sequence_ms", "sequence work")):  # fmt: skip
         values = [d.get(key, 0.0) for d in devices]
         if any(values):
-            t.bar(x, values, 0.7, bottom=bottom, color=STAGE_COLORS[name], label=name)
+            t.bar(range(n), values, 0.7, bottom=bottom, color=STAGE_COLORS[name], label=name)
             named.add(name)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    step_x = n + 0.5  # the step: its parts stacked, a bar apart from the devices
+    step_x = n + 0.5
     top = 0.0
     for name, ms in plan.step_parts_ms.items():
         if ms > 0:
@@ -124,9 +147,6 @@ def plot(plan: Plan, path: Path) -> None:
     if plan.lower_bound_ms:
         t.axhline(plan.lower_bound_ms, color="k", ls="--", lw=1,
                   label=f"lower bound: {plan.lower_bound_ms:.2f} ms")  # fmt: skip
-    t.set_xticks(x + [step_x], labels + ["step"], fontsize=7 if n <= 16 else 6,
-                 rotation=0 if n <= 16 else 90)  # fmt: skip
-    mem.set_xticks(x, labels, fontsize=7 if n <= 16 else 6, rotation=0 if n <= 16 else 90)
     t.set_ylim(0, 1.4 * max(top, plan.est_step_ms, *bottom))
     t.set_ylabel("predicted ms per step")
     t.set_title(
@@ -134,17 +154,7 @@ def plot(plan: Plan, path: Path) -> None:
         f"{f', {plan.micro_batches} micro-batches' if plan.schedule == 'nested' else ''})"
     )
     t.legend(fontsize=7, loc="upper left", ncol=2)
-    caption = (
-        "The step (hatched bar) is not the tallest device: every stage waits for its "
-        "slowest device (collectives), then the all-reduce and fixed overheads add on, "
-        "and the schedule hides part of the exchange. The lower bound: no plan of these "
-        "tables on these devices is faster under the cost model (docs/planning.md)."
-    )
-    fig.text(0.01, 0.005, "\n".join(textwrap.wrap(caption, int(width * 15))), fontsize=7,
-             va="bottom")  # fmt: skip
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return step_x
 
 
 register_configs()
@@ -162,21 +172,17 @@ def _main(cfg: DictConfig) -> None:
     quiet_library_noise()
     typed: PlanAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     out = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        profile = AccessProfile.load(typed.profile) if typed.profile else None
-        inputs = plan_inputs(typed, profile, typed.link, profile_path=typed.profile or "")
-        note = ""
-        if typed.planner.name == PlannerName.torchrec:
-            tr = torchrec_plans(typed, inputs)
-            plan = tr.chosen
-            note = (f"TorchRec rated {tr.proposals} plans and chose the best under its own "
-                    f"estimate ({tr.own_estimate_ms:.2f} ms by its model); the fastest of them "
-                    f"under our cost model: {tr.best_ours.est_step_ms:.2f} ms")  # fmt: skip
-        else:
-            plan = make_plan(typed, inputs)
-    except (PlanDoesNotFitError, ClusterConfigError, FileNotFoundError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    profile = AccessProfile.load(typed.profile) if typed.profile else None
+    inputs = plan_inputs(typed, profile, typed.link, profile_path=typed.profile or "")
+    note = ""
+    if typed.planner.name == PlannerName.torchrec:
+        tr = torchrec_plans(typed, inputs)
+        plan = tr.chosen
+        note = (f"TorchRec rated {tr.proposals} plans and chose the best under its own "
+                f"estimate ({tr.own_estimate_ms:.2f} ms by its model); the fastest of them "
+                f"under our cost model: {tr.best_ours.est_step_ms:.2f} ms")  # fmt: skip
+    else:
+        plan = make_plan(typed, inputs)
     (out / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     text = plan.torchrec_text
     if text is None:

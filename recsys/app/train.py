@@ -40,6 +40,7 @@ from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type
 from sharding.cost_model import schedule_of
+from sharding.errors import UserError
 from sharding.plan_eval import check_fits
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import Plan, PlanDoesNotFitError, PlanInputs, PlannerName
@@ -175,29 +176,39 @@ def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
 
 
 def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> dict:
-    """Run the job `cfg` describes; return rank 0's summary (also written to summary.json)."""
-    tcfg = to_typed(cfg)
+    """Run the job `cfg` describes; return rank 0's summary (also written to summary.json).
+    Everything that can be checked is checked here, before any rank starts."""
+    tcfg = _settled(to_typed(cfg))
+    inputs = plan_inputs(tcfg, None, None)  # the cluster resolved, costs read: once, here
+    _check_launch(tcfg, inputs.ranks)
+    emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
+    if emulate and not launch.launched_externally():
+        from recsys.emulation import EmulationError, refuse_reason
+
+        why = refuse_reason(tcfg.cluster)
+        if why:  # before planning: one line, nothing made
+            raise EmulationError(why)
+    if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
+        # TorchRec plans inside the ranks: a model no plan can hold stops here
+        check_tables_fit(tcfg, inputs)
+    run_dir = Path(run_dir or os.getcwd())
+    preflight.check_outputs(tcfg, run_dir)
+    if launch.launched_externally() and os.environ.get("RANK", "0") != "0":
+        lock = contextlib.nullcontext()  # rank 0 holds the run directory for the job
+    else:
+        lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))
+    with lock:
+        return _train_in(tcfg, inputs, run_dir, emulate)
+
+
+def _settled(tcfg: TrainConfig) -> TrainConfig:
+    """The config checked (keys, model, checkpoint to resume, hotness) and with the planner
+    keys a pipeline needs set, each change said in the log."""
     quiet_library_noise(tcfg.trainer.log_level)
-    check_train_config(tcfg)  # fail here, before any rank starts
+    check_train_config(tcfg)
     validate_model_config(tcfg.model)
     if tcfg.trainer.resume_from:
-        from recsys.checkpoint import checkpoint_step, first_model_difference, saved_run
-
-        saved = saved_run(tcfg.trainer.resume_from)
-        now = json.loads(json.dumps(asdict(tcfg.model)))
-        differs = saved and first_model_difference(saved["model"], now)
-        if differs:
-            raise TrainConfigError(
-                f"trainer.resume_from: the checkpoint holds another model ({differs}); resume "
-                f"with the model it was saved with"
-            )
-        step = checkpoint_step(tcfg.trainer.resume_from)
-        if step is not None and step >= tcfg.trainer.max_steps:
-            raise TrainConfigError(
-                f"trainer.resume_from: the checkpoint is at step {step}, at or past "
-                f"trainer.max_steps={tcfg.trainer.max_steps}: nothing to train. Raise "
-                f"trainer.max_steps"
-            )
+        _check_resume(tcfg)
     resolve_hotness(tcfg.dataset.hotness, len(tcfg.model.num_embeddings_per_feature))
     if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
         # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
@@ -205,17 +216,37 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         log.info("pipeline=nested: cold parts of split tables stay pooled "
                  "(planner.cold_only_exchange=false)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
-    semi_sync = tcfg.pipeline.name == PipelineName.semi_sync
-    if (
-        semi_sync
-        and tcfg.planner.name == PlannerName.torchrec
-        and tcfg.planner.torchrec_data_parallel
-    ):
+    if (tcfg.pipeline.name == PipelineName.semi_sync and tcfg.planner.name == PlannerName.torchrec
+            and tcfg.planner.torchrec_data_parallel):  # fmt: skip
         log.info("pipeline=semi_sync: TorchRec's planner replicates no table "
                  "(planner.torchrec_data_parallel=false; SemiSync cannot train them)")  # fmt: skip
         tcfg = replace(tcfg, planner=replace(tcfg.planner, torchrec_data_parallel=False))
-    inputs = plan_inputs(tcfg, None, None)  # the cluster resolved, costs read: once, here
-    ranks = inputs.ranks
+    return tcfg
+
+
+def _check_resume(tcfg: TrainConfig) -> None:
+    """The checkpoint to resume holds this model and is before trainer.max_steps."""
+    from recsys.checkpoint import checkpoint_step, first_model_difference, saved_run
+
+    saved = saved_run(tcfg.trainer.resume_from)
+    now = json.loads(json.dumps(asdict(tcfg.model)))
+    differs = saved and first_model_difference(saved["model"], now)
+    if differs:
+        raise TrainConfigError(
+            f"trainer.resume_from: the checkpoint holds another model ({differs}); resume "
+            f"with the model it was saved with"
+        )
+    step = checkpoint_step(tcfg.trainer.resume_from)
+    if step is not None and step >= tcfg.trainer.max_steps:
+        raise TrainConfigError(
+            f"trainer.resume_from: the checkpoint is at step {step}, at or past "
+            f"trainer.max_steps={tcfg.trainer.max_steps}: nothing to train. Raise "
+            f"trainer.max_steps"
+        )
+
+
+def _check_launch(tcfg: TrainConfig, ranks: list) -> None:
+    """The cluster's devices exist here, and torchrun or Slurm started one process per rank."""
     if (not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda"
             and not torch.cuda.is_available()):  # fmt: skip
         raise TrainConfigError(
@@ -231,25 +262,6 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
                 f"were started (torchrun --nnodes x --nproc_per_node, or Slurm's tasks); start "
                 f"{len(ranks)}, or name a cluster with {started} devices"
             )
-    emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
-    if emulate and not launch.launched_externally():
-        from recsys.emulation import EmulationError, refuse_reason
-
-        why = refuse_reason(tcfg.cluster)
-        if why:  # before planning: one line, nothing made
-            raise EmulationError(why)
-    if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
-        check_tables_fit(
-            tcfg, inputs
-        )  # TorchRec plans inside the ranks; a hopeless model stops here
-    run_dir = Path(run_dir or os.getcwd())
-    preflight.check_outputs(tcfg, run_dir)
-    if launch.launched_externally() and os.environ.get("RANK", "0") != "0":
-        lock = contextlib.nullcontext()  # rank 0 holds the run directory for the job
-    else:
-        lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))
-    with lock:
-        return _train_in(tcfg, inputs, run_dir, emulate)
 
 
 def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: bool) -> dict:
@@ -312,32 +324,9 @@ register_configs()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from recsys.app.planning import PlanConfigError
-    from recsys.checkpoint import CheckpointMismatchError
-    from recsys.config import ModelConfigError
-    from recsys.data.criteo_binary import CriteoDataError
-    from recsys.data.multi_hot import HotnessError
-    from recsys.emulation import EmulationError
-    from sharding.cluster import ClusterConfigError
-    from sharding.plan_check import MalformedPlanError, PlanInputError
-    from sharding.types import PlanDoesNotFitError
-
-    return (
-        TrainConfigError,
-        PlanConfigError,
-        PlanInputError,
-        MalformedPlanError,
-        CheckpointMismatchError,
-        launch.RankFailedError,
-        ClusterConfigError,
-        ModelConfigError,
-        PlanDoesNotFitError,
-        FloatingPointError,
-        FileNotFoundError,
-        CriteoDataError,
-        HotnessError,
-        EmulationError,
-    )
+    """One line each, no traceback: the user's to fix, and a failed rank (its first cause is
+    one line; the rank's traceback is in train.log)."""
+    return (UserError, launch.RankFailedError)
 
 
 def kept_after_interrupt(run_dir: Path) -> str:

@@ -1,4 +1,4 @@
-"""The dataset config (`conf/dataset/`) and the batch source it names.
+"""The batch source a dataset config (`recsys.config.DatasetConfig`, `conf/dataset/`) names.
 
 A source gives deterministic batches: `batches(split, start, stop, rank)` with split
 "train" or "eval" (held out), so a run's data position is just its step.

@@ -1,4 +1,4 @@
-"""DLRM and DLRM-DCNv2 built from TorchRec's modules, with their config.
+"""DLRM and DLRM-DCNv2 built from TorchRec's modules (their config: `recsys.config.ModelConfig`).
 
 The embedding tables are one EmbeddingBagCollection, one table per categorical feature
 (`t_cat_<i>` serves feature `cat_<i>`, TorchRec's Criteo names).
