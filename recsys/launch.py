@@ -196,11 +196,6 @@ def spawn_ranks(
     rank_args = (world_size, port, args, out, _Fd(alive_r), dict(os.environ), (_Fd(1), _Fd(2)))
     procs = [ctx.Process(target=_rank_entry, args=(fn, r, *rank_args), daemon=False)
              for r in range(world_size)]  # fmt: skip
-    try:
-        for p in procs:
-            p.start()
-    finally:
-        os.close(alive_r)
 
     def reports(block_s: float) -> list[tuple[int, str, Any]]:
         try:
@@ -209,8 +204,13 @@ def spawn_ranks(
             return []
 
     try:
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            os.close(alive_r)
         return supervise(procs, reports, timeout_s, grace_s)
-    finally:
+    finally:  # every rank started ends once this closes, whatever happened here
         os.close(alive_w)
 
 
