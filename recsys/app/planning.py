@@ -1,7 +1,8 @@
 """Plan a training config's tables with the configured planner, judged by the cost model.
 
-Shared by `python -m sharding.plan`, the trainer (which runs the plan) and the planner
-benchmark. Lives in `recsys` because it reads the model config; `sharding` stays free of it.
+Shared by `python -m sharding.plan`, `python -m recsys.train` (which plans in the parent and
+hands the ranks a RunContext) and the benchmarks. In the app layer because it reads the
+training config and the model; `sharding` stays free of both.
 """
 
 from __future__ import annotations

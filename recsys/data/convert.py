@@ -196,7 +196,6 @@ def convert_file(
                 if chunk.clipped_I is not None:
                     clipped_I[:] += chunk.clipped_I
                 bar.update(raw.tell() - bar.done)
-                interrupts.check()  # a signal whose exception a fork hook swallowed
 
             pending: deque[Future[ParsedChunk]] = deque()
             in_flight = 2 * workers
