@@ -47,13 +47,16 @@ demo: data
 bench-data: $(STAMP)
 	$(BIN)/python -m benchmarks.data
 
-# The whole suite (slow tests included); CI runs this.
+# The whole suite (slow tests included); CI runs this. Two workers: a test often waits (on
+# a rate-limited link, a timeout, a process starting) while the other computes; tests that
+# share the machine's network namespaces run in one worker (xdist_group "link").
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -26,6 +26,12 @@ register_configs()
 quiet_library_noise()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow (multi-process) tests first, in their order: under `make test`'s two workers
+    the long ones start early and short ones fill the gaps at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides or [])

@@ -23,6 +23,8 @@ from tests.test_data_robustness import _sigint_default
 from tests.test_netns import sendable
 
 REPO = Path(__file__).resolve().parents[1]
+# one worker at a time on the machine's namespaces and links (`make test` runs two)
+pytestmark = pytest.mark.xdist_group("link")
 
 
 def _cluster(name: str, overrides: list[str] | None = None):
@@ -250,8 +252,9 @@ def _bench(tmp_path: Path, module: str, *args: str) -> dict:
 @pytest.mark.slow
 @needs_root
 def test_the_plan_benchmark_trains_every_plan_on_the_emulated_cluster(tmp_path: Path) -> None:
+    # batches of 256, not the benchmark's 2048: the same runs, an eighth of the traffic
     s = _bench(tmp_path, "benchmarks.plan_train", "planners=[round_robin,greedy_size]",
-               "repeats=1")  # fmt: skip
+               "repeats=1", "overrides=['trainer.batch_size=256']")  # fmt: skip
     for planner in ("round_robin", "greedy_size"):
         p = s[planner]
         assert p["samples_per_s"] > 0 and p["link_bytes"] > 100_000
@@ -264,10 +267,12 @@ def test_the_plan_benchmark_trains_every_plan_on_the_emulated_cluster(tmp_path: 
 def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
     tmp_path: Path,
 ) -> None:
-    # fast_link=false: the slow link's runs only (the fast link's are the loopback test's)
+    # fast_link=false: the slow link's runs only (the fast link's are the loopback test's);
+    # the benchmark's own overrides, with batches of 256 instead of 2048
     s = _bench(tmp_path, "benchmarks.pipeline", "pipelines=[plain,sparse_dist,nested2]",
                "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2",
-               "fast_link=false")  # fmt: skip
+               "fast_link=false", "overrides=['trainer.batch_size=256','planner=round_robin',"
+               "'trainer.dense_optimizer=sgd','trainer.lr=0.1']")  # fmt: skip
     rows = {r["pipeline"]: r for r in s["rows"]}
     assert set(rows) == {"plain", "sparse_dist", "nested2"}
     for r in rows.values():

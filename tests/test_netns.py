@@ -15,6 +15,8 @@ import pytest
 from benchmarks import netns
 
 REPO = Path(__file__).resolve().parents[1]
+# one worker at a time on the machine's namespaces and links (`make test` runs two)
+pytestmark = pytest.mark.xdist_group("link")
 
 needs_root = pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))
 RATE = "1200mbit"
