@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from benchmarks import netns
 from benchmarks.comm_probe import probe
 from benchmarks.common import environment, finish, start
+from recsys import CONF_DIR
 from recsys.launch import raise_on_failure, spawn_ranks
 from sharding.calibration import load_calibration, save_calibration
 from sharding.types import DeviceCost, LinkCost, NetworkCost
@@ -571,7 +572,7 @@ def table(r: dict) -> str:
 ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="calibrate")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="calibrate")
 def main(cfg: DictConfig) -> None:
     typed: CalibrateConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))

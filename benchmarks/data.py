@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
+from recsys import CONF_DIR
 from recsys.data.convert import ConvertOptions, convert
 from recsys.data.criteo_binary import CriteoBinary
 from recsys.data.synthetic_files import SynthConfig, synthesize
@@ -118,7 +119,7 @@ def table(r: dict) -> str:
 ConfigStore.instance().store(name="base_bench_data", node=DataBenchConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_data")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_data")
 def main(cfg: DictConfig) -> None:
     warnings.filterwarnings("ignore", message=".*non-writable tensors.*")  # TorchRec's reader
     typed: DataBenchConfig = start(cfg)

@@ -1,6 +1,6 @@
 """Copy fresh benchmark results into the docs: `python -m benchmarks.docs_sync`.
 
-The docs quote results two ways (tests/test_docs.py checks both):
+The docs quote results two ways (tests/unit/test_docs.py checks both):
 - a table under `<!-- rows from benchmarks/results/<dir>/<name>.md -->`: each row that is no
   longer a line of that file is replaced by the file's row with the same leading label cells
   (the cells before the first number, e.g. `| hetero_64 | hybrid |`);

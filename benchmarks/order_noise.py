@@ -18,6 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
+from recsys import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,7 +114,7 @@ def table(r: dict) -> str:
 ConfigStore.instance().store(name="base_bench_order_noise", node=OrderNoiseConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_order_noise")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_order_noise")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -38,6 +38,7 @@ from benchmarks.common import (
     start,
     train_emulated,
 )
+from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.calibration import CalibrationError, load_calibration
 from sharding.types import ClusterSpec
@@ -415,7 +416,7 @@ register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_pipeline")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_pipeline")
 def main(cfg: DictConfig) -> None:
     typed: PipelineBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("pipeline", typed.cluster)

@@ -36,6 +36,7 @@ from benchmarks.common import (
     start,
     train_emulated,
 )
+from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
 
@@ -151,7 +152,7 @@ register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_plan_train")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_plan_train")
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("plan_train", typed.cluster)

@@ -34,6 +34,7 @@ from benchmarks.planner_grid import (
     write_csv,
 )
 from benchmarks.planner_grid import table as grid_table
+from recsys import CONF_DIR
 from sharding.suites import Workload
 from sharding.types import TableStats
 
@@ -222,7 +223,7 @@ def table(r: dict) -> str:
 ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_planners")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_planners")
 def main(cfg: DictConfig) -> None:
     typed: PlannerBenchConfig = start(cfg)
     dirs = output_dirs(typed)

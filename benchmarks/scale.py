@@ -34,6 +34,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
+from recsys import CONF_DIR
 
 if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay fast
     from sharding.access_profile import AccessProfile
@@ -448,7 +449,7 @@ def table(result: dict) -> str:
 ConfigStore.instance().store(name="base_bench_scale", node=ScaleConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_scale")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_scale")
 def main(cfg: DictConfig) -> None:
     from benchmarks.common import output_dirs
     from recsys.config import register_configs

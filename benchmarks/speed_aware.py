@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, planner_overrides, start
+from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
 
@@ -77,7 +78,7 @@ register_configs()  # the cluster group's schema
 ConfigStore.instance().store(name="base_bench_speed_aware", node=SpeedAwareBenchConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_speed_aware")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_speed_aware")
 def main(cfg: DictConfig) -> None:
     typed: SpeedAwareBenchConfig = start(cfg)
     result = run(typed)

@@ -1,7 +1,7 @@
 """`python -m recsys.train`: train DLRM from Hydra configs on N ranks.
 
 An entry module only: the command is `recsys.app.train` (the app layer, above this package; this
-module is never imported, so the layers keep one direction, tests/test_layers.py).
+module is never imported, so the layers keep one direction, tests/unit/test_layers.py).
 """
 
 if __name__ == "__main__":

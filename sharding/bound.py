@@ -21,7 +21,7 @@ each rank the pooling of its own samples' cold lookups (at the cheapest device's
 each table takes its cheapest h (`_Exchanged`). A plan that splits any table also pays the
 sequence exchange's fixed cost once: the bound is the lesser of the two cases. b, h and x
 are searched on grids where each interval is charged its cheapest end, so the result stays
-a bound; the property tests in tests/test_planners.py check it against random plans.
+a bound; the property tests in tests/unit/test_planners.py check it against random plans.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class EmulationSpec:
 
     enabled: bool = False
     # tbf burst of each node's link: small enough that chunked traffic gets no credit from
-    # idle gaps. Measured at 200 Mbit/s through the switch (tests/test_emulation.py), 5 ms
+    # idle gaps. Measured at 200 Mbit/s through the switch (tests/ranks/test_emulation.py), 5 ms
     # gaps: 24kb let 16 KB chunks through at 5x the rate and 64 KB ones at 1.35x; 8kb gave
     # 0.93x-0.97x for 64 KB to 256 KB chunks (16 KB chunks, half of which fit the bucket:
     # 0.97x in one run, 1.14x in another)

@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from recsys import CONF_DIR
 from recsys.data.atomic import atomic_dir, run_cli
 from recsys.data.convert import (
     ConvertOptions,
@@ -119,7 +120,7 @@ def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:
 ConfigStore.instance().store(name="base_prepare", node=PrepareConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="prepare")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="prepare")
 def main(cfg: DictConfig) -> None:
     typed: PrepareConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     run_dir = Path(HydraConfig.get().runtime.output_dir)

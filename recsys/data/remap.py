@@ -24,6 +24,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from recsys import CONF_DIR
 from recsys.data.atomic import atomic_dir, check_not_input, run_cli
 from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
@@ -128,7 +129,7 @@ def _all_names(root: Path) -> list[str]:
 ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="remap")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="remap")
 def main(cfg: DictConfig) -> None:
     run_cli(
         lambda: remap(OmegaConf.to_object(cfg)),

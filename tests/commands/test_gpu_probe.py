@@ -1,0 +1,115 @@
+"""The GPU probe runs on CPU (`--device cpu --quick`), writes its results in the shapes the
+cost model reads, and its constants replace the datasheet assumptions for that kind."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from sharding import calibration
+from sharding.calibration import constants_source, device_costs, load_calibration
+from sharding.cluster import resolve_cluster
+from sharding.cost_model import datasheet_device_cost
+from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+
+SECTIONS = ("embedding", "dense", "copies", "host_gather", "sequence")
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    """One quick CPU run in a fresh interpreter that records what it imported."""
+    out = tmp_path_factory.mktemp("probe")
+    code = (
+        "import sys, benchmarks.gpu_probe as g; rc = g.main(sys.argv[1:]); print("
+        "'IMPORTED', sorted({m.split('.')[0] for m in sys.modules})); sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "--device", "cpu", "--quick",
+                           "--kind", "a100_40g", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (out / "stdout.txt").write_text(proc.stdout)
+    return out
+
+
+def _numbers(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield value
+
+
+def test_the_probe_imports_torch_only(probe: Path) -> None:
+    line = next(x for x in (probe / "stdout.txt").read_text().splitlines() if x.startswith("IMP"))
+    imported = set(eval(line.removeprefix("IMPORTED ")))  # noqa: S307 - our own output
+    assert "torch" in imported
+    assert not imported & {"torchrec", "fbgemm_gpu", "hydra", "omegaconf", "recsys"}
+
+
+def test_every_section_measures_and_every_figure_is_positive_and_finite(probe: Path) -> None:
+    result = json.loads((probe / "gpu_probe.json").read_text())
+    assert result["device"]["kind"] == "a100_40g" and result["device"]["type"] == "cpu"
+    assert result["environment"]["torch"]
+    for section in SECTIONS:
+        assert result[section], f"{section} measured nothing"
+    for e in result["embedding"]:
+        assert {"rows", "dim", "pooling", "ids", "forward_ms", "backward_ms"} <= set(e)
+    assert {e["ids"] for e in result["embedding"]} == {"uniform", "power_law"}
+    assert {d["precision"] for d in result["dense"]} == {"fp32", "bf16"}  # no tf32 on CPU
+    assert {d["model"] for d in result["dense"]} == {"dcnv2_mlperf", "dlrm_small"}
+    figures = [x for s in SECTIONS for x in _numbers(result[s])]
+    assert figures and all(math.isfinite(x) and x > 0 for x in figures)
+
+
+def test_its_constants_load_as_a_calibration_and_name_what_is_assumed(probe: Path) -> None:
+    consts = json.loads((probe / "a100_40g.json").read_text())
+    cal = load_calibration(probe / "a100_40g.json")  # the CPU calibration's format
+    measured = consts["measured"]
+    assert "emb_read_bytes_per_s" not in measured["assumed"]
+    assert "step_overhead_s" in measured["assumed"]
+    assert cal.device.emb_read_bytes_per_s == consts["device"]["emb_read_bytes_per_s"]
+    assert measured["datasheet"]["emb_read_bytes_per_s"] == pytest.approx(1555e9 * 0.5)
+    out = (probe / "stdout.txt").read_text()
+    assert "emb_read_bytes_per_s" in out and "778 GB/s" in out  # beside the datasheet's
+
+
+def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path, monkeypatch):
+    spec = ClusterSpec(name="two_kinds", nodes=[NodeGroup(count=1, devices=[
+        DeviceGroup("a100_40g", 1), DeviceGroup("a100_40g", 1, hbm_gbps=777.5),
+        DeviceGroup("t4_16g", 1)])])  # fmt: skip
+    ranks = resolve_cluster(spec)
+    monkeypatch.setattr(calibration, "GPU_DIR", tmp_path)
+    assert constants_source("a100_40g").startswith("datasheet")
+    assert device_costs(ranks, None)[0] == datasheet_device_cost(ranks[0])
+    (tmp_path / "a100_40g.json").write_text((probe / "a100_40g.json").read_text())
+    measured = json.loads((probe / "a100_40g.json").read_text())["device"]
+    full, half, t4 = device_costs(ranks, None)
+    assert full.emb_read_bytes_per_s == measured["emb_read_bytes_per_s"]
+    assert full.dense_flops_per_s == measured["dense_flops_per_s"]
+    assert half.emb_read_bytes_per_s == pytest.approx(measured["emb_read_bytes_per_s"] / 2)
+    assert t4 == datasheet_device_cost(ranks[2])  # no probe for that kind
+    assert constants_source("a100_40g").startswith("measured by benchmarks.gpu_probe")
+
+
+def test_without_cuda_the_probe_says_how_to_check_it() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_probe", "--out", "/nonexistent"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("this machine has CUDA")
+    assert proc.returncode == 2
+    assert "no CUDA device here" in proc.stderr and "--device cpu --quick" in proc.stderr

@@ -1,0 +1,60 @@
+"""`python -m sharding.plan` and `sharding.predict`: a plan's files (json, png, TorchRec's
+text), and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONF_DIR, run_command
+
+
+def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> None:
+    proc = run_command(
+        "sharding.plan",
+        "cluster=hetero_3node",
+        "cluster.network.latency_us=-100000",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert proc.returncode == 1 and "network.latency_us must be >= 0" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    (tmp_path / "notalayout.json").write_text(json.dumps({"planner": "hybrid"}))
+    proc = run_command("sharding.predict", f"layout={tmp_path / 'notalayout.json'}",
+                       f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert proc.returncode == 1 and "is not a plan_layout.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharding.plan", "cluster=hetero_3node", "model=dcnv2_mlperf",
+         "planner=hybrid", "trainer.batch_size=2048", f"hydra.run.dir={tmp_path}"],
+        cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    for key in ("planner", "cluster", "feasible", "est_step_ms", "lower_bound_ms", "planning_s",
+                "devices", "tables"):  # fmt: skip
+        assert key in plan
+    for key in ("rank", "kind", "hbm_used_bytes", "hbm_cap_bytes", "host_used_bytes",
+                "host_cap_bytes", "est_ms", "batch"):  # fmt: skip
+        assert key in plan["devices"][0]
+    for key in ("name", "rows", "dim", "sharding_type", "ranks", "tier", "hot_rows",
+                "replicated_rows"):  # fmt: skip
+        assert key in plan["tables"][0]
+    assert plan["feasible"] and plan["lower_bound_ms"] <= plan["est_step_ms"]
+    parts = plan["step_parts_ms"]  # the picture's step bar: its parts add up to the step
+    assert set(parts) == {"lookups", "dense", "all-reduce", "overhead + input", "sequence work",
+                          "exchange left exposed"}  # fmt: skip
+    assert sum(parts.values()) == pytest.approx(plan["est_step_ms"])
+    assert all(v >= -1e-9 for v in parts.values())
+    assert plan["constants"] == {k: "datasheet with assumed efficiencies (not measured)"
+                                 for k in ("h100_80g", "t4_16g", "v100_16g")}  # fmt: skip
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    text = (tmp_path / "plan_torchrec.txt").read_text()
+    assert "model.sparse_arch.embedding_bag_collection" in text  # a real TorchRec plan
+    assert all(t["name"] in text for t in plan["tables"])  # every table (or its parts)
+    assert "lower bound" in proc.stdout

@@ -1,0 +1,56 @@
+"""`python -m recsys.train` refusing bad input in one line (a zero timeout, a planner value out
+of range, missing data) and ending cleanly when no figure can be computed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import CRITEO, run_command
+
+
+@pytest.mark.slow
+def test_the_cli_prints_a_data_error_once(criteo, tmp_path: Path) -> None:
+    raw = criteo[0]
+    proc = run_command("recsys.train", *CRITEO, f"dataset.path={raw}", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: no prepared Criteo files "), errors
+    assert not (tmp_path / "plan_layout.json").exists()  # what rank 0 writes first
+
+
+def test_the_cli_refuses_a_zero_timeout_in_one_line(tmp_path: Path) -> None:
+    proc = run_command("recsys.train", "trainer.dist_timeout_s=0", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: trainer.dist_timeout_s must be a finite number > 0, got 0.0"
+    )
+
+
+@pytest.mark.parametrize("command", [["recsys.train"], ["recsys.train", "planner=hybrid"],
+                                     ["sharding.plan"]])  # fmt: skip
+def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """TorchRec's planner (the default) plans in the ranks, ours in the parent, the plan
+    command in-process: each refuses the value in one line."""
+    proc = run_command(*command, "planner.storage_reservation=1.0", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: planner.storage_reservation is the share of each device's memory kept free"
+        )
+    )
+
+
+@pytest.mark.slow
+def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) -> None:
+    proc = run_command("recsys.train", "trainer.max_steps=3", "trainer.warmup_steps=3",
+                       "dataset.eval_batches=0", "trainer.progress_bar=false",
+                       f"hydra.run.dir={tmp_path}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval AUC n/a | eval log loss n/a" in proc.stdout and "n/a samples/s" in proc.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["samples_per_s"] is None and summary["eval_auc"] is None
+    assert summary["steps"] == 3 and summary["train_loss"] is not None

@@ -1,0 +1,60 @@
+"""Helpers the test modules share (fixtures are in conftest.py): Criteo text rows, a
+child process that sees Ctrl-C, the machine's ceiling for chunked sends, an input file."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import netns
+from recsys.data.criteo_tsv import LineRules, parse_lines
+
+
+def row(label="1", ints=None, cats=None) -> list[str]:
+    ints = ints if ints is not None else [str(i) for i in range(13)]
+    cats = cats if cats is not None else [f"{0x10 + c:08x}" for c in range(26)]
+    return ([label] if label is not None else []) + ints + cats
+
+
+def tsv(*rows: list[str], final_newline: bool = True) -> bytes:
+    text = "\n".join("\t".join(r) for r in rows)
+    return (text + ("\n" if final_newline else "")).encode()
+
+
+def parse(data: bytes, has_label: bool = True, skip: bool = False, **rules):
+    return parse_lines(data, has_label, "f.txt", 1, LineRules(skip_bad_lines=skip, **rules))
+
+
+def random_rows(n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    return [
+        row(
+            str(int(rng.integers(0, 2))),
+            [str(int(v)) for v in rng.integers(-2, 1000, 13)],
+            [f"{int(v):08x}" for v in rng.integers(0, 2**32, 26)],
+        )
+        for _ in range(n)
+    ]
+
+
+def input_file(tmp: Path, name: str, data: bytes) -> Path:
+    """`data` as the file `name` in `tmp`/in."""
+    path = tmp / "in" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def sigint_default() -> None:
+    """Undo an inherited SIG_IGN (a shell starts background jobs with SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler): the child must see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sendable(chunk_bytes: int, chunks: int = 16) -> float:
+    """Bits/s this machine's sender reaches now for such chunks, on a link shaped far above
+    any rate tested: the ceiling of what a shaped link can show under the current load."""
+    with netns.veth_link("40gbit", tag="cap", burst="4mb") as link:
+        return netns.chunked_rate(link, chunk_bytes, 0.005, chunks)

@@ -1,0 +1,348 @@
+"""The cost model's arithmetic on hand-computed cases, and its calibrated constants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.calibrate import _fit_comm, fit_line
+from sharding.calibration import (
+    DEFAULT_PATH,
+    CalibrationError,
+    device_costs,
+    load_calibration,
+    network_cost,
+)
+from sharding.cluster import resolve_cluster
+from sharding.cost_model import (
+    datasheet_device_cost,
+    dot_interaction_flops,
+    memory_bytes,
+    step_cost,
+)
+from sharding.plan_shards import shards_from_layout
+from sharding.types import (
+    ALL_RANKS,
+    ClusterSpec,
+    DeviceCost,
+    DeviceGroup,
+    LinkCost,
+    NetworkCost,
+    NodeGroup,
+    OptimizerState,
+    Schedule,
+    Shard,
+    TableStats,
+    Tier,
+)
+
+# round numbers so every expected value below is done by hand
+DEV = DeviceCost(
+    emb_read_bytes_per_s=1e9,
+    host_read_bytes_per_s=1e8,
+    emb_bwd_factor=2.0,
+    dense_flops_per_s=1e9,
+    step_overhead_s=0.001,
+)
+
+
+NET = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9))
+
+
+TABLES = [
+    TableStats("a", rows=1000, dim=10),
+    TableStats("b", rows=500, dim=10, lookups_per_sample=2),
+]
+
+
+def test_two_table_wise_tables_on_two_ranks() -> None:
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    cost = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
+    # a on rank 0 serves all 200 samples x 1 lookup x 10 floats x 4 B = 8000 B at 1 GB/s
+    assert cost.lookup_fwd_s == pytest.approx([8e-6, 16e-6])  # b: 2 lookups per sample
+    assert cost.lookup_bwd_s == pytest.approx([16e-6, 32e-6])
+    # each rank sends 100 pooled vectors of 40 B to the other: 4000 B -> 1e-4 + 4e-5
+    assert cost.emb_a2a_fwd_s == pytest.approx([1.4e-4, 1.4e-4])
+    # ids: rank 1 sends rank 0 100 x (1 x 8 + 4) B for a; rank 0 sends 100 x (2 x 8 + 4) for b
+    assert cost.ids_a2a_s == pytest.approx([1e-4 + 2000 / 1e8, 1e-4 + 2000 / 1e8])
+    assert cost.dense_s == pytest.approx([6 * 1000 * 100 / 1e9] * 2)
+    # ring all-reduce on 2 ranks: 2 latencies + 2(W-1)/W x 4000 B at 1 GB/s
+    assert cost.allreduce_s == pytest.approx(2e-5 + 4000 / 1e9)
+    plain = cost.step_s(Schedule.plain)
+    expected = 16e-6 + 32e-6 + 1.2e-4 + 2 * 1.4e-4 + 6e-4 + 2e-5 + 4e-6 + 1e-3
+    assert plain == pytest.approx(expected)
+    # SparseDist hides the id exchange under the dense compute (6e-4 > 1.2e-4)
+    assert cost.step_s(Schedule.sparse_dist) == pytest.approx(expected - 1.2e-4)
+    # nested with 4 micro-batches: a quarter of the embedding exchange stays exposed
+    nested = cost.step_s(Schedule.nested, micro_batches=4)
+    assert nested == pytest.approx(expected - 1.2e-4 - 2 * 1.4e-4 * 3 / 4)
+
+
+def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> None:
+    """gloo's TCP work takes a CPU rank's core: per byte sent or received, over the rank's
+    core speed. An exchange that runs alone (the plain loop) hides it in its own time; one
+    hidden under the dense work lengthens that work."""
+    link = LinkCost(1e-4, 1e8, cpu_s_per_byte=1e-8)
+    net = NetworkCost(alltoall=link, allreduce=LinkCost(1e-5, 1e9, cpu_s_per_byte=1e-8))
+    half = DeviceCost(**{**DEV.__dict__, "core_speed": 0.5})  # rank 1: half a core
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    cost = step_cost(TABLES, shards, [100, 100], [DEV, half], net, dense_params=1000)
+    free = step_cost(TABLES, shards, [100, 100], [DEV, half], NET, dense_params=1000)
+    # each rank sends and receives 4000 B of vectors a way, 2000 + 1200 B of ids, and the
+    # ring all-reduce 2 x 4000 B: at 1e-8 s a byte, twice as long on half a core, but never
+    # longer than the exchange itself takes (1.4e-4 a way; the all-reduce 2.4e-5)
+    assert cost.comm_cpu_s["emb"] == pytest.approx([8e-5, 1.4e-4])
+    assert cost.comm_cpu_s["ids"] == pytest.approx([3.2e-5, 6.4e-5])
+    assert cost.comm_cpu_s["allreduce"] == pytest.approx([2.4e-5, 2.4e-5])
+    assert free.comm_cpu_s == {}  # links without a CPU cost (GPUs) charge none
+    plain = free.step_s(Schedule.plain)
+    assert cost.step_s(Schedule.plain) == pytest.approx(plain)
+    # SparseDist: the next batch's ids (1.2e-4 on the wire) hide under 6e-4 of dense work,
+    # which their CPU work on the slower rank lengthens
+    assert cost.step_s(Schedule.sparse_dist) == pytest.approx(plain - 1.2e-4 + 6.4e-5)
+    # nested4: also 3/4 of the embedding exchange both ways hides, with its CPU work
+    hidden_cpu = 6.4e-5 + 2 * 1.4e-4 * 3 / 4
+    assert cost.step_s(Schedule.nested, 4) == pytest.approx(
+        free.step_s(Schedule.nested, 4) + hidden_cpu
+    )
+
+
+def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
+    """A cold part exchanged as sequences: its owner looks up every sample's cold ids, every
+    rank pools its own; the calibrated CPU time per lookup adds to the step."""
+    seq_dev = DeviceCost(**{**DEV.__dict__, "sequence_s_per_lookup": 1e-6})
+    shards = [Shard("a", 0, 900, 10, lookup_share=0.25, sparse_exchange=True),
+              Shard("b", 1, 500, 10)]  # fmt: skip
+    cost = step_cost(TABLES, shards, [100, 100], [seq_dev, seq_dev], NET, dense_params=1000)
+    # owner (rank 0): 200 samples x 1 lookup x 0.25 = 50, plus its own 25 to pool; rank 1: 25
+    assert cost.sequence_s == pytest.approx([75e-6, 25e-6])
+    free = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
+    assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 75e-6)
+
+
+def test_column_wise_row_wise_and_data_parallel_shards() -> None:
+    shards = [Shard("a", 0, 1000, 5), Shard("a", 1, 1000, 5),  # column-wise halves
+              Shard("b", 0, 250, 10), Shard("b", 1, 250, 10)]  # fmt: skip  # row-wise halves
+    cost = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=0)
+    # a: 200 samples x 5 cols x 4 B; b: 200 x 2 lookups x half the rows x 10 x 4 B
+    assert cost.lookup_fwd_s == pytest.approx([(4000 + 8000) / 1e9] * 2)
+    dp = [Shard("b", ALL_RANKS, 500, 10, dp=True)]
+    dp_cost = step_cost(TABLES, dp, [100, 100], [DEV, DEV], NET, dense_params=0)
+    assert dp_cost.emb_a2a_fwd_s == [0.0, 0.0]  # replicated: nothing to exchange
+    assert dp_cost.lookup_fwd_s == pytest.approx([100 * 2 * 10 * 4 / 1e9] * 2)  # local batch
+    assert dp_cost.allreduce_s == pytest.approx(2e-5 + 500 * 10 * 4 / 1e9)  # its gradients
+
+
+def test_cached_and_host_tiers_read_misses_at_host_bandwidth() -> None:
+    cached = [Shard("a", 0, 1000, 10, Tier.cached, hit_rate=0.9)]
+    cost = step_cost(TABLES[:1], cached, [100], [DEV], NET, dense_params=0)
+    assert cost.lookup_fwd_s == pytest.approx([4000 * 0.9 / 1e9 + 4000 * 0.1 / 1e8])
+    host = step_cost(TABLES[:1], [Shard("a", 0, 1000, 10, Tier.host)], [100], [DEV], NET, 0)
+    assert host.lookup_fwd_s == pytest.approx([4000 / 1e8])
+    assert host.allreduce_s == 0.0  # one rank: nothing to reduce
+
+
+def test_memory_by_tier_counts_optimizer_state() -> None:
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10, Tier.host),
+              Shard("b", 0, 500, 10, Tier.cached, hit_rate=0.5)]  # fmt: skip
+    mem = memory_bytes(shards, world=2, opt=OptimizerState(per_row_bytes=4))
+    assert mem[0]["hbm"] == 1000 * 10 * 4 + 1000 * 4 + 500 * 10 * 4 // 2
+    assert mem[0]["host"] == 500 * 10 * 4 + 500 * 4
+    assert mem[1] == {"hbm": 0, "host": 500 * 10 * 4 + 500 * 4}
+    adam = memory_bytes(shards[:1], 2, OptimizerState(per_row_bytes=0, per_value_bytes=8))
+    assert adam[0]["hbm"] == 1000 * 10 * 4 * 3
+
+
+def test_dot_interaction_flops() -> None:
+    assert dot_interaction_flops(27, 16) == 6 * 27 * 27 * 16
+    with_inter = step_cost(TABLES[:1], [], [10], [DEV], NET, 0, interaction_flops_per_sample=1e6)
+    assert with_inter.dense_s == pytest.approx([10 * 1e6 / 1e9])
+    slow_inter = DeviceCost(**{**DEV.__dict__, "interaction_flops_per_s": 2.5e8})
+    both = step_cost(TABLES[:1], [], [10], [slow_inter], NET, 100, interaction_flops_per_sample=1e6)
+    assert both.dense_s == pytest.approx([10 * (600 / 1e9 + 1e6 / 2.5e8)])
+
+
+def test_plan_layout_becomes_shards() -> None:
+    layout = [
+        {"table": "a", "sharding_type": "column_wise", "compute_kernel": "fused",
+         "shards": [{"rank": 0, "rows": 1000, "cols": 5}, {"rank": 1, "rows": 1000, "cols": 5}]},
+        {"table": "b", "sharding_type": "data_parallel", "compute_kernel": "dense", "shards": []},
+    ]  # fmt: skip
+    shards = shards_from_layout(layout, TABLES, world=2)
+    assert [(s.table, s.rank, s.cols, s.dp) for s in shards] == [
+        ("a", 0, 5, False), ("a", 1, 5, False), ("b", ALL_RANKS, 10, True)]  # fmt: skip
+
+
+def test_fits_recover_known_lines() -> None:
+    xs = [1e3, 1e4, 1e5, 1e6]
+    assert fit_line(xs, [2e-4 + x / 5e8 for x in xs]) == pytest.approx((2e-4, 1 / 5e8))
+    sizes = [16_384, 1_048_576, 8_388_608]
+    raw = {"sizes_bytes": sizes,
+           "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
+           "allreduce_s": [2 * 5e-5 + s / 2e9 for s in sizes],
+           # CPU: a fixed part, then 3e-10 s per byte sent (s/2) or received (s/2)
+           "alltoall_cpu_s": [2e-5 + s * 3e-10 for s in sizes]}  # fmt: skip
+    fit = _fit_comm(raw)
+    assert fit["alltoall"]["cpu_s_per_byte"] == pytest.approx(3e-10)
+    assert fit["allreduce"]["cpu_s_per_byte"] == pytest.approx(3e-10)
+    assert fit["alltoall"]["latency_s"] == pytest.approx(1e-4)
+    assert fit["alltoall"]["bytes_per_s"] == pytest.approx(1e9)
+    assert fit["allreduce"]["latency_s"] == pytest.approx(5e-5)
+    assert fit["allreduce"]["bytes_per_s"] == pytest.approx(2e9)
+
+
+def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
+    cal = load_calibration()
+    assert cal.device.emb_read_bytes_per_s > 0 and cal.device.dense_flops_per_s > 0
+    assert "loopback" in cal.links
+    pinned = [DeviceGroup("cpu", 1, speed=0.005, cores=[0]), DeviceGroup("cpu", 1, cores=[1])]
+    skewed = ClusterSpec(nodes=[NodeGroup(devices=pinned)])
+    slow, fast = device_costs(resolve_cluster(skewed), cal)
+    assert slow.dense_flops_per_s == pytest.approx(fast.dense_flops_per_s / 2)
+    assert slow.step_overhead_s == pytest.approx(2 * fast.step_overhead_s)
+    assert network_cost(skewed, resolve_cluster(skewed), cal, None) is cal.links["loopback"]
+    with pytest.raises(CalibrationError, match="calibrated"):
+        network_cost(skewed, resolve_cluster(skewed), cal, "carrier_pigeon")
+    raw = json.loads(Path(DEFAULT_PATH).read_text())
+    assert raw["measured"]["environment"]["torchrec"] == "1.8.0"  # made by benchmarks.calibrate
+
+
+def test_gpu_devices_use_datasheet_numbers(typed_cfg) -> None:
+    cfg = typed_cfg(["cluster=hetero_3node"])
+    ranks = resolve_cluster(cfg.cluster)
+    costs = device_costs(ranks, None)  # GPU clusters need no calibration
+    h100, t4 = costs[0], costs[-1]
+    assert h100.emb_read_bytes_per_s == pytest.approx(3350e9 * 0.5)
+    assert h100.dense_flops_per_s > 10 * t4.dense_flops_per_s
+    assert datasheet_device_cost(ranks[0]) == h100
+    net = network_cost(cfg.cluster, ranks, None, None)
+    assert net.alltoall.bytes_per_s == pytest.approx(25e9 / 8)  # 3 nodes: inter-node link
+    # the ring all-reduce uses all 8 NICs of a node, capped by the 300 Gbit/s NVLink share
+    assert net.allreduce.bytes_per_s == pytest.approx(200e9 / 8)
+    one_node = network_cost(cfg.cluster, [r for r in ranks if r.node == 0], None, None)
+    assert one_node.allreduce.bytes_per_s == pytest.approx(300e9 / 8)
+
+
+def test_nccl_all_reduce_takes_a_tree_where_the_ring_is_latency_bound(typed_cfg) -> None:
+    from dataclasses import replace
+
+    from sharding.cluster import ClusterConfigError
+
+    cfg = typed_cfg(["cluster=2x8_h100"])
+    ring_net = network_cost(cfg.cluster, resolve_cluster(cfg.cluster), None, None)
+    assert not ring_net.tree_allreduce  # the presets' default: a ring
+    nccl = replace(cfg.cluster, network=replace(cfg.cluster.network, allreduce="nccl"))
+    tree_net = network_cost(nccl, resolve_cluster(nccl), None, None)
+    assert tree_net.tree_allreduce and tree_net.allreduce == ring_net.allreduce
+    world, grad_bytes = 1536, 4e6
+    shards = [Shard("t", 0, 10, 4)]
+    tables = [TableStats("t", 10, 4, 1.0)]
+    devices = device_costs(resolve_cluster(cfg.cluster), None)[:1] * world
+
+    def allreduce(net: NetworkCost) -> float:
+        return step_cost(tables, shards, [1] * world, devices, net, int(grad_bytes / 4)).allreduce_s
+
+    link = ring_net.allreduce
+    hops, share = 2 * (world - 1), 2 * (world - 1) / world
+    ring = hops * link.latency_s + share * grad_bytes / link.bytes_per_s
+    tree = 2 * 11 * link.latency_s + 2 * grad_bytes / link.bytes_per_s  # log2(1536) -> 11
+    assert allreduce(ring_net) == pytest.approx(ring)
+    assert allreduce(tree_net) == pytest.approx(min(ring, tree)) and tree < ring
+    bad = replace(cfg.cluster, network=replace(cfg.cluster.network, allreduce="butterfly"))
+    with pytest.raises(ClusterConfigError, match="network.allreduce must be ring or nccl"):
+        resolve_cluster(bad)
+
+
+def test_predict_matches_the_cost_model_for_a_local_run(typed_cfg) -> None:
+    from recsys.app.predict import predict
+
+    cfg = typed_cfg(["trainer.batch_size=1024"])
+    plain = predict(cfg)
+    cfg.pipeline.name = type(cfg.pipeline.name)("sparse_dist")
+    sparse = predict(cfg, plain["layout"])
+    assert sparse["step_ms"] <= plain["step_ms"]
+    assert plain["link"] == "loopback" and plain["step_ms"] > 0
+
+
+# 4 ranks on 2 nodes; within a node 1 GB/s, across nodes 100 MB/s with a longer latency
+NODES = [0, 0, 1, 1]
+
+
+TWO_LINKS = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
+                        intra=LinkCost(1e-5, 1e9))  # fmt: skip
+
+
+def test_exchange_within_a_node_uses_the_intra_node_link() -> None:
+    shards = [Shard("a", 0, 1000, 10)]  # table-wise on rank 0: 40 B a sample to the others
+    cost = step_cost(TABLES[:1], shards, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    # rank 0 sends 100 x 40 B to its node mate (intra) and 200 x 40 B across (inter); the
+    # links run at once, so the slower one sets its time, after the inter-node latency
+    assert cost.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 8000 / 1e8)
+    assert cost.emb_a2a_fwd_s[1] == pytest.approx(1e-5 + 4000 / 1e9)  # receives within
+    assert cost.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 4000 / 1e8)  # receives across
+
+
+def test_table_row_wise_reduces_within_its_node_before_crossing() -> None:
+    rows = [Shard("b", 0, 250, 10, node_reduce=True), Shard("b", 1, 250, 10, node_reduce=True)]
+    twrw = step_cost(TABLES[1:], rows, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    plain = [Shard("b", 0, 250, 10), Shard("b", 1, 250, 10)]  # row-wise: no node reduce
+    rw = step_cost(TABLES[1:], plain, [100] * 4, [DEV] * 4, TWO_LINKS, 0, nodes=NODES)
+    # TWRW member: reduce-scatter of 400 samples' partial sums with its mate (half of them,
+    # 8000 B, within the node), then half of node 1's 200 samples across: 4000 B
+    assert twrw.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 4000 / 1e8)
+    assert twrw.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 100 * 40 / 1e8)  # one vector each
+    # row-wise: each shard sends its partial sum for every sample of node 1: 8000 B across
+    assert rw.emb_a2a_fwd_s[0] == pytest.approx(1e-4 + 8000 / 1e8)
+    assert rw.emb_a2a_fwd_s[2] == pytest.approx(1e-4 + 2 * 100 * 40 / 1e8)
+    assert twrw.lookup_fwd_s == pytest.approx(rw.lookup_fwd_s)  # the same rows looked up
+
+
+def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> None:
+    from sharding.constants import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
+
+    h100 = resolve_cluster(ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("h100_80g")])]))
+    cost = datasheet_device_cost(h100[0])
+    per_byte = GPU_SEQUENCE_PASSES / (3350e9 * GPU_EMB_EFFICIENCY)
+    assert cost.sequence_s_per_byte == pytest.approx(per_byte) and cost.sequence_s_fixed > 0
+    shards = [Shard("a", 0, 900, 10, lookup_share=0.5, sparse_exchange=True)]
+    seq = step_cost(TABLES[:1], shards, [100, 100], [cost, cost], NET, 0)
+    # rank 0 looks up 200 x 0.5 cold ids and pools its own 50; 40 B vectors each
+    expect = 150 * (cost.sequence_s_per_lookup + 40 * per_byte) + cost.sequence_s_fixed
+    assert seq.sequence_s[0] == pytest.approx(expect)
+
+
+def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typed_cfg) -> None:
+    """`benchmarks.calibrate` measures the sequence exchange on split tables; told the saved
+    constants, the planner keeps tables whole over loopback, so the calibration plans its
+    runs across the slowest measured link with free sequence costs (each batch it uses)."""
+    from benchmarks.calibrate import CalibrateConfig
+    from recsys.app.planning import has_split_tables, plan_with_splits
+    from sharding.calibration import load_calibration
+
+    cal = load_calibration()
+    link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
+    for batch in CalibrateConfig().sequence_batches:
+        cfg = typed_cfg(["planner=hybrid", f"trainer.batch_size={batch}"])
+        assert has_split_tables(plan_with_splits(cfg, cal, link)), batch
+
+
+def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
+    """Two ranks on one node exchange over the fabric; on two nodes over their NIC shares,
+    each part with its link's latency; the exchange's time is the slower part's."""
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    net = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
+                      intra=LinkCost(1e-5, 1e9))  # fmt: skip
+    one = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 0])
+    two = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 1])
+    assert one.emb_a2a_parts_s["nic"] == [0.0, 0.0]
+    assert one.emb_a2a_parts_s["fabric"] == pytest.approx([1e-5 + 4000 / 1e9] * 2)
+    assert two.emb_a2a_parts_s["fabric"] == [0.0, 0.0]
+    assert two.emb_a2a_parts_s["nic"] == pytest.approx([1e-4 + 4000 / 1e8] * 2)
+    for cost in (one, two):
+        for whole, parts in ((cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s),
+                             (cost.ids_a2a_s, cost.ids_a2a_parts_s)):  # fmt: skip
+            assert whole == pytest.approx(np.maximum(parts["nic"], parts["fabric"]))
+    assert (one.allreduce_link, two.allreduce_link) == ("fabric", "nic")

@@ -1,0 +1,58 @@
+"""The emulated cluster's schema: presets resolve to their shares and nodes; bad sections and a
+machine that cannot emulate are refused in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import cluster_of, compose_config
+
+from recsys import emulation
+from recsys.app.train import to_typed, train
+from sharding.cluster import ClusterConfigError, resolve_cluster
+
+
+def test_presets_resolve_to_their_shares_and_nodes() -> None:
+    ranks = resolve_cluster(cluster_of("emu_mixed4"))
+    assert [(r.node, r.share) for r in ranks] == [(0, 0.6), (0, 0.6), (1, 0.25), (1, 0.25)]
+    assert sum(r.share for r in ranks) <= 1.8  # the emulation, not contention, sets speeds
+    ranks = resolve_cluster(cluster_of("emu_mixed3"))
+    assert [(r.node, r.local_rank, r.share) for r in ranks] == [
+        (0, 0, 0.8), (1, 0, 0.25), (1, 1, 0.25)
+    ]  # fmt: skip
+    assert emulation.link_rate(cluster_of("emu_mixed4")) == "200mbit"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["cluster.emulation.enabled=false"], "needs kind cpu .* and emulation.enabled=true"),
+        (["cluster.nodes.0.devices.0.share=1.5"], r"fraction of one core in \(0, 1\]"),
+        (["cluster.nodes.0.devices.0.share=0"], r"fraction of one core in \(0, 1\]"),
+        (["cluster.nodes.0.devices.0.kind=h100_80g", "cluster.nodes.0.devices.0.share=null"],
+         "an emulated cluster runs CPU ranks"),
+        (["cluster.emulation.cfs_period_us=10"], "cfs_period_us must be >= 1000"),
+    ],
+)  # fmt: skip
+def test_bad_emulation_sections_are_refused_by_key(overrides: list[str], match: str) -> None:
+    with pytest.raises(ClusterConfigError, match=match):
+        resolve_cluster(cluster_of("emu_mixed4", overrides))
+
+
+def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(
+    monkeypatch, tmp_path: Path
+) -> None:
+    spec = cluster_of("emu_mixed4")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    why = emulation.refuse_reason(spec)
+    assert "needs root" in why and "cluster=local_cpu2" in why and "\n" not in why
+    cfg = to_typed(compose_config(["cluster=emu_mixed4", "planner=round_robin"]))
+    with pytest.raises(emulation.EmulationError, match="needs root"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was made
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})  # a 1-core machine
+    why = emulation.refuse_reason(spec)
+    assert "add up to 1.7 cores but this machine offers 1" in why

@@ -1,0 +1,77 @@
+"""The nested pipeline's pieces in one process: micro-batch sizes, whole bags moved by a
+permutation, samples clustered by key, the ids each micro-batch routes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from pipelines.clustering import cluster_order, distinct_ids_per_micro_batch, permute_kjt
+from pipelines.exchange import ChunkPlan, micro_sizes
+
+
+def _kjt(rows: dict[str, list[list[int]]]) -> KeyedJaggedTensor:
+    keys = list(rows)
+    lengths = [len(bag) for k in keys for bag in rows[k]]
+    values = [i for k in keys for bag in rows[k] for i in bag]
+    return KeyedJaggedTensor(keys=keys, values=torch.tensor(values, dtype=torch.int64),
+                             lengths=torch.tensor(lengths, dtype=torch.int32))  # fmt: skip
+
+
+def test_micro_sizes_cover_the_batch() -> None:
+    assert micro_sizes(10, 4) == [3, 3, 2, 2]
+    assert micro_sizes(3, 4) == [1, 1, 1, 0]
+    plan = ChunkPlan([5, 3], 2)
+    assert plan.rows(0, 1) == slice(3, 5) and plan.rows(1, 0) == slice(5, 7)
+    assert plan.rows(1, 1) == slice(7, 8)
+
+
+def test_permute_kjt_moves_whole_bags() -> None:
+    kjt = _kjt({"a": [[1], [2, 3], [], [4]], "b": [[5, 6], [7], [8], []]})
+    out = permute_kjt(kjt, torch.tensor([2, 0, 3, 1]))
+    assert [t.tolist() for t in out["a"].to_dense()] == [[], [1], [4], [2, 3]]
+    assert [t.tolist() for t in out["b"].to_dense()] == [[8], [5, 6], [], [7]]
+
+
+def test_cluster_order_groups_shared_ids_and_permutes() -> None:
+    """Samples of the same user share ids across features (as in real click logs): the
+    order puts them together and each micro-batch holds fewer distinct ids."""
+    gen = np.random.default_rng(0)
+    batch, n, users = 512, 4, 40
+    user = gen.integers(0, users, batch)
+    profile = gen.integers(0, 1000, (users, 6))  # each user's id in each feature
+    noise = gen.random((batch, 6)) < 0.2  # a fifth of the ids are the user's own
+    ids = np.where(noise, gen.integers(0, 1000, (batch, 6)), profile[user])
+    kjt = _kjt({f"f{i}": [[int(x)] for x in ids[:, i]] for i in range(6)})
+    order = cluster_order(kjt, n)
+    assert sorted(order.tolist()) == list(range(batch))
+    before = sum(distinct_ids_per_micro_batch(kjt, n))
+    after = sum(distinct_ids_per_micro_batch(permute_kjt(kjt, order), n))
+    assert after < 0.7 * before, (before, after)
+
+
+def test_routed_ids_are_each_micro_batchs_distinct_ids_in_its_first_bag() -> None:
+    from pipelines.dedup import route_distinct
+
+    kjt = _kjt({"a": [[5, 5], [3], [5], [], [7, 7]], "b": [[1], [2], [3], [4], [5]]})
+    samples = [slice(0, 3), slice(3, 5)]  # micro-batches of 3 and 2 samples
+    distinct = {"a": [torch.tensor([3, 5]), torch.tensor([7])]}
+    out = route_distinct(kjt, distinct, samples)
+    assert [t.tolist() for t in out["a"].to_dense()] == [[3, 5], [], [], [7], []]
+    assert torch.equal(out["b"].values(), kjt["b"].values())  # other features as they were
+    clustered = route_distinct(kjt, distinct, [torch.tensor([2, 0, 1]), torch.tensor([4, 3])])
+    assert [t.tolist() for t in clustered["a"].to_dense()] == [[], [], [3, 5], [], [7]]
+
+
+def test_cluster_order_leaves_single_micro_batch_alone() -> None:
+    kjt = _kjt({"a": [[3], [1], [2]]})
+    assert cluster_order(kjt, 1).tolist() == [0, 1, 2]
+
+
+def test_unsupported_sharding_is_named() -> None:
+    from pipelines.lookups import _group_exchange
+
+    with pytest.raises(NotImplementedError, match="row_wise.*pipeline=sparse_dist"):
+        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "row_wise")

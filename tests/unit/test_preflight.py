@@ -1,0 +1,103 @@
+"""What the parent refuses before any rank starts (`recsys.preflight`): data, output
+directories and the run directory, each in one line naming the key or file and the fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CRITEO, REPO, compose_config
+
+from recsys.app.train import train
+from recsys.config import ModelConfigError, TrainConfigError
+from recsys.data.criteo_binary import CriteoDataError
+from recsys.data.multi_hot import HotnessError
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_data_errors_are_found_before_any_rank(criteo, tmp_path: Path, no_ranks) -> None:
+    raw, prepared = criteo
+    cases = [
+        ([], CriteoDataError, r"needs dataset.path: .*output=<a new directory>"),
+        ([f"dataset.path={tmp_path / 'nope'}"], CriteoDataError, r"'.*nope' is not a directory"),
+        ([f"dataset.path={raw}"], CriteoDataError,
+         rf"It holds Criteo text: .*input={raw} output={raw}_binary`, then pass dataset.path"),
+        ([f"dataset.path={prepared}", "trainer.batch_size=4096"], CriteoDataError,
+         r"the train split has 1,714 rows, fewer than one batch for each rank .*smaller "
+         r"trainer.batch_size"),
+        ([f"dataset.path={prepared}", "dataset.holdout_fraction=0"], CriteoDataError,
+         r"the eval split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
+         r"dataset.eval_batches=0"),
+        ([f"dataset.path={prepared}", "dataset.hotness=mlperf"], HotnessError,
+         r"_sparse_multi_hot.npz' does not exist; prepare the text again into a new directory"),
+    ]  # fmt: skip
+    for i, (overrides, error, message) in enumerate(cases):
+        with pytest.raises(error, match=message):
+            train(compose_config(CRITEO + overrides), tmp_path / f"run{i}")
+
+
+def test_a_truncated_array_names_its_file(criteo, tmp_path: Path, no_ranks) -> None:
+    broken = _copy(criteo[1], tmp_path / "bin")
+    data = (broken / "train_sparse.npy").read_bytes()
+    (broken / "train_sparse.npy").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CriteoDataError, match=r"'.*bin/train_sparse.npy' is truncated or not a "
+                       r"\.npy file"):  # fmt: skip
+        train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run")
+    (broken / "train_sparse.npy").write_bytes(data)
+    (broken / "train_labels.npy").unlink()
+    with pytest.raises(CriteoDataError, match=r"train_labels.npy' is missing"):
+        train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run2")
+
+
+@pytest.mark.parametrize(
+    "override, error, message",
+    [
+        ("model.embedding_dim=6", ModelConfigError, r"model.embedding_dim=6: .*multiple of 4"),
+        ("pipeline.micro_batches=0", TrainConfigError, r"pipeline.micro_batches must be >= 1"),
+    ],
+)
+def test_kernel_and_pipeline_limits_are_one_line(tmp_path, no_ranks, override, error, message):
+    with pytest.raises(error, match=message):
+        train(compose_config(["debug=tiny", "pipeline=nested", override]), tmp_path)
+
+
+def test_an_unwritable_checkpoint_dir_is_refused_before_training(tmp_path, no_ranks) -> None:
+    (tmp_path / "afile").write_text("x")  # a directory under a file: unwritable even as root
+    cfg = ["debug=tiny", "trainer.save_checkpoint=true",
+           f"trainer.checkpoint_dir={tmp_path / 'afile' / 'ckpt'}"]  # fmt: skip
+    with pytest.raises(TrainConfigError, match=r"trainer.checkpoint_dir: cannot write to "
+                       r"'.*afile/ckpt' \(Not a directory\)"):  # fmt: skip
+        train(compose_config(cfg), tmp_path / "run")
+
+
+def test_a_run_directory_is_one_runs(tmp_path: Path, no_ranks) -> None:
+    """Held by a live run (another process holds the lock), or holding a finished run's
+    summary: refused unless resuming; the other run's outputs stay as they are."""
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from recsys.preflight import RunDirLock; "
+        f"RunDirLock(Path({str(run)!r}), False); print('held', flush=True); time.sleep(60)")],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TrainConfigError, match=rf"'{run}' is in use by another run \(pid "
+                           rf"{holder.pid}\); give this run its own hydra.run.dir"):  # fmt: skip
+            train(compose_config(["debug=tiny", "planner=hybrid"]), run)
+    finally:
+        holder.kill()
+        holder.wait()
+    (run / "summary.json").write_text(json.dumps({"eval_auc": 0.7}))
+    with pytest.raises(TrainConfigError, match="holds a finished run .* resume that run"):
+        train(compose_config(["debug=tiny", "planner=hybrid"]), run)
+    assert json.loads((run / "summary.json").read_text()) == {"eval_auc": 0.7}
+    assert not (run / "plan.json").exists()  # refused before planning wrote anything

@@ -1,0 +1,42 @@
+"""The scale study's families: each scales its base preset and divides the network."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from benchmarks.scale import Family, ScaleConfig, ScheduleLabel, cluster_at, schedule_of_label
+from sharding.types import Schedule
+
+
+def test_families_scale_their_base_preset_and_divide_the_network() -> None:
+    from recsys.config import register_configs
+
+    register_configs()
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        compose(config_name="config")  # a Hydra context for the family builder
+        cfg = compose(config_name="bench_scale")  # the families config group's defaults
+        families = {k: Family(**v) for k, v in cfg.families.items()}
+        assert list(families) == ["homogeneous", "mixed"]
+        h = cluster_at("homogeneous", families["homogeneous"], 64, 2.0)
+        assert sum(n.count * sum(d.count for d in n.devices) for n in h.nodes) == 64
+        assert h.network.inter_node_gbps == 200  # 2x8_h100's 400, oversubscribed 2:1
+        m = cluster_at("mixed", families["mixed"], 128, 1.0)
+        assert [n.count for n in m.nodes] == [4, 4, 4, 4]  # hetero_64's 2 of each, twice
+        assert cluster_at("mixed", families["mixed"], 96, 1.0) is None  # not a multiple of 64
+        halves = cluster_at("mixed", Family("hetero_64", 32), 96, 1.0)  # a node of each kind
+        assert [n.count for n in halves.nodes] == [3, 3, 3, 3]
+        with pytest.raises(SystemExit, match="families.odd.step such that"):
+            cluster_at("odd", Family("hetero_64", 16), 64, 1.0)  # half a node of each kind
+    assert schedule_of_label("nested8") == ScheduleLabel(Schedule.nested, 8)
+    assert schedule_of_label("sparse_dist") == ScheduleLabel(Schedule.sparse_dist, 1)
+    assert schedule_of_label("semi_sync") == ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
+    assert schedule_of_label("base") == ScheduleLabel(Schedule.plain)  # TorchRec's, no overlap
+    both = schedule_of_label("nested2+dedup+cluster")
+    assert (both.micro_batches, both.dedup, both.clustered) == (2, True, True)
+    for bad in ("plain+dedup", "nested4+fast"):
+        with pytest.raises(ValueError, match="only nested"):
+            schedule_of_label(bad)
+    assert ScaleConfig().workers[-1] == 1536

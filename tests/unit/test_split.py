@@ -1,0 +1,146 @@
+"""A hot/cold split model computes the same function, and trains the same, as the unsplit one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.models.dlrm import DLRM, DLRMTrain
+
+from recsys.config import ModelConfig, SyntheticConfig
+from recsys.data.synthetic import SyntheticCriteo
+from recsys.models.dlrm import feature_names, table_configs
+from recsys.models.split import (
+    SplitRemap,
+    SplitSparseArch,
+    sequence_cold_configs,
+    split_configs,
+    split_weights,
+)
+from sharding.row_parts import cold_part_rows, cold_suffixes
+
+ROWS = [50, 40, 100, 30] + [20] * 22
+
+
+def models(
+    hot: dict[str, torch.Tensor], sequence_cold: bool = False, parts: dict[str, int] | None = None
+) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
+    """The plain model and its split copy; `parts`: cold row parts per feature."""
+    parts = parts or {}
+    cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
+                      dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
+    torch.manual_seed(0)
+    tables = table_configs(cfg)
+    plain = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
+    hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
+    configs = split_configs(tables, hot_rows, {f"t_{f}": k for f, k in parts.items()})
+    ec = None
+    if sequence_cold:  # row parts of a table without hot rows stay pooled, as in training
+        pooled = frozenset(f"t_{f}" for f, ids in hot.items() if not len(ids))
+        configs, cold = sequence_cold_configs(configs, pooled)
+        ec = EmbeddingCollection(cold)
+    split_ebc = EmbeddingBagCollection(configs)
+    split = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
+    split.load_state_dict(plain.state_dict())  # same dense weights
+    split.model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)
+    bags = plain.model.sparse_arch.embedding_bag_collection.embedding_bags
+    new_bags = dict(split_ebc.embedding_bags) | (dict(ec.embeddings) if ec else {})
+    for name, bag in bags.items():
+        feature = name[2:]
+        if feature in hot:
+            k = parts.get(feature, 1)
+            h, cold = split_weights(bag.weight.data, hot[feature], k)
+            if len(hot[feature]):
+                new_bags[name + "_hot"].weight.data.copy_(h)
+            for suffix, c in zip(cold_suffixes(k), cold, strict=True):
+                new_bags[name + suffix].weight.data.copy_(c)
+        else:
+            new_bags[name].weight.data.copy_(bag.weight.data)
+    return plain, split, SplitRemap(hot, parts)
+
+
+def batch(index: int):
+    names = [f"cat_{i}" for i in range(26)]
+    return SyntheticCriteo(SyntheticConfig(), ROWS, names, 13, 64).batch("train", index, 0)
+
+
+HOT = {"cat_0": torch.tensor([3, 7, 1, 49]), "cat_2": torch.tensor([0, 99, 42])}
+
+
+def test_remap_routes_each_id_to_one_part_in_order() -> None:
+    b = batch(0)
+    out = SplitRemap(HOT)(b.sparse_features)
+    assert "cat_0_hot" in out.keys() and "cat_0_cold" in out.keys() and "cat_1" in out.keys()
+    ids = b.sparse_features["cat_0"].values()
+    hot_len = out["cat_0_hot"].lengths()
+    assert torch.equal(hot_len + out["cat_0_cold"].lengths(), b.sparse_features["cat_0"].lengths())
+    is_hot = torch.isin(ids, HOT["cat_0"])
+    assert torch.equal(hot_len.bool(), is_hot)
+    hot_sorted = HOT["cat_0"].sort().values
+    assert torch.equal(hot_sorted[out["cat_0_hot"].values()], ids[is_hot])
+    cold = out["cat_0_cold"].values()
+    assert int(cold.max()) < 50 - 4 and int(cold.min()) >= 0
+    assert torch.equal(out["cat_1"].values(), b.sparse_features["cat_1"].values())
+
+
+def test_cold_row_parts_take_every_cold_id_once() -> None:
+    b = batch(0)
+    out = SplitRemap(HOT, {"cat_2": 3})(b.sparse_features)
+    ids, lengths = b.sparse_features["cat_2"].values(), b.sparse_features["cat_2"].lengths()
+    parts = [out[f"cat_2_cold{j}"] for j in range(3)]
+    assert torch.equal(sum(p.lengths() for p in parts) + out["cat_2_hot"].lengths(), lengths)
+    hot = HOT["cat_2"].sort().values
+    cold_ids = ids[~torch.isin(ids, hot)]
+    cold_rows = cold_ids - torch.searchsorted(hot, cold_ids)
+    for j, p in enumerate(parts):  # part j holds cold rows c = 3 * row + j, in order
+        assert torch.equal(p.values() * 3 + j, cold_rows[cold_rows % 3 == j])
+        assert int(p.values().max()) < cold_part_rows(100 - 3, 3)[j]
+
+
+def test_a_table_in_row_parts_only_keeps_every_id() -> None:
+    b = batch(0)
+    out = SplitRemap({"cat_1": torch.zeros(0, dtype=torch.int64)}, {"cat_1": 3})(b.sparse_features)
+    assert "cat_1_hot" not in out.keys() and "cat_1" not in out.keys()
+    ids = b.sparse_features["cat_1"].values()
+    for j in range(3):  # part j holds row r = 3 * row + j of the whole table, in order
+        assert torch.equal(out[f"cat_1_cold{j}"].values() * 3 + j, ids[ids % 3 == j])
+
+
+# cold parts in row parts; and cat_1, a table with no hot rows, in row parts only
+PARTS = [{}, {"cat_0": 2, "cat_2": 3}, {"cat_1": 2}]
+
+
+WHOLE = {"cat_1": torch.zeros(0, dtype=torch.int64)}
+
+
+@pytest.mark.parametrize("sequence_cold", [False, True])
+@pytest.mark.parametrize("parts", PARTS)
+def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> None:
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
+    for index in range(3):
+        b = batch(index)
+        loss_p, (_, logits_p, _) = plain(b)
+        b.sparse_features = remap(b.sparse_features)
+        loss_s, (_, logits_s, _) = split(b)
+        assert torch.allclose(logits_p, logits_s, atol=1e-6)
+        assert torch.allclose(loss_p, loss_s, atol=1e-7)
+
+
+@pytest.mark.parametrize("sequence_cold", [False, True])
+@pytest.mark.parametrize("parts", PARTS)
+def test_split_model_trains_the_same_with_sgd(sequence_cold: bool, parts) -> None:
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
+    opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
+    opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
+    for index in range(5):
+        b = batch(index)
+        opt_p.zero_grad()
+        loss_p, _ = plain(b)
+        loss_p.backward()
+        opt_p.step()
+        b.sparse_features = remap(b.sparse_features)
+        opt_s.zero_grad()
+        loss_s, _ = split(b)
+        loss_s.backward()
+        opt_s.step()
+        assert torch.allclose(loss_p, loss_s, rtol=1e-5), index
