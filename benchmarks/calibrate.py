@@ -286,7 +286,7 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     measured link with free sequence costs), so the measurement does not depend on what
     the planner, told the previous constants, would choose on loopback."""
     from recsys.app.planning import has_split_tables, plan_inputs, plan_with_splits, run_context
-    from recsys.app.train import _rank_main, to_typed
+    from recsys.app.train import rank_main, to_typed
     from recsys.launch import raise_on_failure, spawn_ranks
     from sharding.plan_eval import evaluate
 
@@ -303,7 +303,7 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
         typed = config(batch, sequence)
         d = run_dir / "sequence_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
         d.mkdir(parents=True, exist_ok=True)
-        job = spawn_ranks(_rank_main, 2, args=(run_context(typed, plan), str(d)), timeout_s=900)
+        job = spawn_ranks(rank_main, 2, args=(run_context(typed, plan), str(d)), timeout_s=900)
         summary = raise_on_failure(job, f"sequence calibration (batch {batch})")[0]
         predicted = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", cal))
         # the same plan's prediction with 1 s per sequence lookup: the model's slope

@@ -51,10 +51,10 @@ def _fault_at(step: int, rank: int, action) -> None:
 
 def train_rank_dies(cfg, run_dir: str) -> dict:
     from recsys.app.planning import run_context
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
 
     _fault_at(3, 1, lambda: os._exit(17))
-    return _rank_main(run_context(cfg), run_dir)
+    return rank_main(run_context(cfg), run_dir)
 
 
 def train_rank0_killed(cfg, run_dir: str) -> dict:
@@ -63,18 +63,18 @@ def train_rank0_killed(cfg, run_dir: str) -> dict:
     import signal
 
     from recsys.app.planning import run_context
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
 
     _fault_at(3, 0, lambda: os.kill(os.getpid(), signal.SIGKILL))
-    return _rank_main(run_context(cfg), run_dir)
+    return rank_main(run_context(cfg), run_dir)
 
 
 def train_rank_hangs(cfg, run_dir: str) -> dict:
     from recsys.app.planning import run_context
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
 
     _fault_at(3, 1, lambda: time.sleep(3600))
-    return _rank_main(run_context(cfg), run_dir)
+    return rank_main(run_context(cfg), run_dir)
 
 
 def _local_tensors(named, prefix: str = "") -> dict:
@@ -160,7 +160,7 @@ def train_slow_eval(cfg, run_dir: str) -> dict:
     """Every evaluation takes 0.5 s longer: what samples_per_s must leave out."""
     from recsys import trainer
     from recsys.app.planning import run_context
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
 
     original = trainer.evaluate
 
@@ -169,7 +169,7 @@ def train_slow_eval(cfg, run_dir: str) -> dict:
         return original(*args, **kwargs)
 
     trainer.evaluate = slow
-    return _rank_main(run_context(cfg), run_dir)
+    return rank_main(run_context(cfg), run_dir)
 
 
 # What a run works out once (docs/layout.md): counted in the parent and in every rank
@@ -199,10 +199,10 @@ def count_calls(setattr_=setattr) -> dict[str, int]:
 
 
 def counted_rank_main(ctx, run_dir: str) -> dict:
-    """`_rank_main`, with the rank's own COUNTED calls in its result (`calls`)."""
+    """`rank_main`, with the rank's own COUNTED calls in its result (`calls`)."""
     import recsys.trainer  # noqa: F401 - everything a rank loads, loaded before counting
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
 
     counts = count_calls()
-    summary = _rank_main(ctx, run_dir)
+    summary = rank_main(ctx, run_dir)
     return summary | {"calls": dict(counts)}

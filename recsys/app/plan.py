@@ -14,14 +14,9 @@ import json
 import textwrap
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from recsys.app import CONF_DIR
+from recsys.app.entry import hydra_command
 from recsys.app.planning import PlanAppConfig, make_plan, plan_inputs, plan_json, torchrec_plans
 from recsys.config import register_configs
-from recsys.console import command
 from recsys.models.dlrm import feature_names
 from sharding.access_profile import AccessProfile
 from sharding.emit import to_torchrec_plan
@@ -160,18 +155,8 @@ def _time_panel(t, plan: Plan) -> float:
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="plan")
-def main(cfg: DictConfig) -> None:
-    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
-        _main(cfg)
-
-
-def _main(cfg: DictConfig) -> None:
-    from recsys.app.train import quiet_library_noise
-
-    quiet_library_noise()
-    typed: PlanAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    out = Path(HydraConfig.get().runtime.output_dir)
+@hydra_command("plan")
+def main(typed: PlanAppConfig, out: Path) -> None:
     profile = AccessProfile.load(typed.profile) if typed.profile else None
     inputs = plan_inputs(typed, profile, typed.link, profile_path=typed.profile or "")
     note = ""

@@ -13,15 +13,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import hydra
 import torch
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
 
-from recsys.app import CONF_DIR
+from recsys.app.entry import hydra_command
 from recsys.config import TrainConfig, register_configs
-from recsys.console import command
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, calibrated_link, constants_source
 from sharding.cost_model import memory_bytes, schedule_of, step_cost
@@ -93,17 +89,8 @@ register_configs()
 ConfigStore.instance().store(name="base_predict", node=PredictConfig)
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="predict")
-def main(cfg: DictConfig) -> None:
-    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
-        _main(cfg)
-
-
-def _main(cfg: DictConfig) -> None:
-    from recsys.app.train import quiet_library_noise
-
-    quiet_library_noise()
-    typed: PredictConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+@hydra_command("predict")
+def main(typed: PredictConfig, run_dir: Path) -> None:
     layout = None
     if typed.layout:
         try:
@@ -114,7 +101,7 @@ def _main(cfg: DictConfig) -> None:
                 f"layout={typed.layout} is not a plan_layout.json written by a training run: {e}"
             ) from e
     result = predict(typed, layout, typed.link)
-    out = Path(HydraConfig.get().runtime.output_dir) / "predict.json"
+    out = run_dir / "predict.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['model']} on {result['cluster']}, {result['pipeline']}, batch "
           f"{result['batch_size_per_rank']}/rank, link {result['link']}: "

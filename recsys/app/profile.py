@@ -14,15 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
 
-from recsys.app import CONF_DIR
+from recsys.app.entry import hydra_command
 from recsys.config import DatasetConfig, ModelConfig, register_configs
-from recsys.console import command
 from recsys.data.source import build_source
 from recsys.models.dlrm import feature_names
 from sharding.access_profile import AccessProfile, build_profile
@@ -182,15 +178,9 @@ register_configs()
 ConfigStore.instance().store(name="base_profile", node=ProfileAppConfig)
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="profile")
-def main(cfg: DictConfig) -> None:
-    with command():  # what it prints also in its log; Ctrl-C / SIGTERM: one line
-        _main(cfg)
-
-
-def _main(cfg: DictConfig) -> None:
-    typed: ProfileAppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    out = Path(typed.output or HydraConfig.get().runtime.output_dir)
+@hydra_command("profile")
+def main(typed: ProfileAppConfig, run_dir: Path) -> None:
+    out = Path(typed.output) if typed.output else run_dir
     out.mkdir(parents=True, exist_ok=True)
     profile = profile_dataset(typed)
     profile.save(out / "profile.json")

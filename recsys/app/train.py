@@ -136,7 +136,9 @@ def check_tables_fit(cfg: TrainConfig, inputs: PlanInputs) -> None:
         ) from None
 
 
-def _rank_main(ctx: RunContext, run_dir: str) -> dict:
+def rank_main(ctx: RunContext, run_dir: str) -> dict:
+    """What each rank of a training run runs (started by the launcher, an emulation or
+    torchrun): its output to the command's log, then `recsys.trainer.run_rank`."""
     rank_output_to_log()
     quiet_library_noise(ctx.cfg.trainer.log_level)
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
@@ -277,14 +279,14 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
     if tcfg.trainer.dry_run:
         summary = plan_only(ctx, run_dir)
     elif launch.launched_externally():
-        summary = _rank_main(ctx, str(run_dir))
+        summary = rank_main(ctx, str(run_dir))
         launch.shutdown_distributed(clean=True)
         writer = summary["rank"] == 0
     elif emulate:
         summary = _train_emulated(ctx, run_dir)
     else:
         job = launch.spawn_ranks(
-            _rank_main,
+            rank_main,
             world,
             args=(ctx, str(run_dir)),
             timeout_s=tcfg.trainer.job_timeout_s,
@@ -310,7 +312,7 @@ def _train_emulated(ctx: RunContext, run_dir: Path) -> dict:
                  emu.nodes, emulation.link_rate(cfg.cluster),
                  [r.share for r in emu.ranks])  # fmt: skip
         before = emu.link_bytes()
-        job = emulation.run_ranks(emu, _rank_main, args=(ctx, str(run_dir)),
+        job = emulation.run_ranks(emu, rank_main, args=(ctx, str(run_dir)),
                                   timeout_s=cfg.trainer.job_timeout_s,
                                   grace_s=cfg.trainer.dist_timeout_s + 10)  # fmt: skip
         summary = launch.raise_on_failure(

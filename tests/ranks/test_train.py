@@ -31,7 +31,7 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
 
     cfg = compose_config(["trainer.max_steps=60", "trainer.batch_size=256", "trainer.log_every=10"])
     in_parent = rank_jobs.count_calls(monkeypatch.setattr)
-    monkeypatch.setattr(recsys.app.train, "_rank_main", rank_jobs.counted_rank_main)
+    monkeypatch.setattr(recsys.app.train, "rank_main", rank_jobs.counted_rank_main)
     summary = train(cfg, tmp_path)
     # the parent: the cluster resolved and the inputs built once (a meta model for its
     # parameter count); rank 0: the model it trains, nothing planned again
@@ -190,7 +190,7 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     from dataclasses import replace
 
     from recsys.app.planning import run_context
-    from recsys.app.train import _rank_main
+    from recsys.app.train import rank_main
     from sharding.row_parts import cold_part_rows
 
     cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
@@ -207,7 +207,7 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
             for j, n in enumerate(rows)
         ]
         t.cold_parts = cold_parts
-    job = spawn_ranks(_rank_main, 2, args=(run_context(cfg, plan), str(tmp_path)), timeout_s=300)
+    job = spawn_ranks(rank_main, 2, args=(run_context(cfg, plan), str(tmp_path)), timeout_s=300)
     summary = raise_on_failure(job, "split training")[0]
     torchrec_plan = (tmp_path / "plan.txt").read_text()
     cold_names = [f"{t.name}_cold"] if cold_parts == 1 else [f"{t.name}_cold{j}" for j in (0, 1)]
