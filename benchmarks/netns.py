@@ -26,12 +26,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys.emulation import sigterm_exits
+from recsys.emulation import add_veth, address_end, run_tool, shape, sigterm_exits
+from recsys.launch import PopenRank, stop_ranks, supervise
 
 _PREFIX = "recsys"
 HONEST_BURST = "24kb"  # tbf burst: chunked transfers no faster than a continuous stream
@@ -62,10 +65,6 @@ def available() -> str | None:
     return None
 
 
-def _run(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
-
-
 @contextmanager
 def veth_link(
     rate: str = "1gbit",
@@ -82,17 +81,13 @@ def veth_link(
     with sigterm_exits():  # a killed benchmark removes its namespaces too
         try:
             for n in ns:
-                _run("ip", "netns", "add", n)
-            _run("ip", "link", "add", ifs[0], "netns", ns[0], "type", "veth", "peer", "name",
-                 ifs[1], "netns", ns[1])  # fmt: skip
+                run_tool("ip", "netns", "add", n)
+            add_veth(((ns[0], ifs[0]), (ns[1], ifs[1])))
             for n, i, a in zip(ns, ifs, addrs, strict=True):
-                _run("ip", "-n", n, "addr", "add", f"{a}/24", "dev", i)
-                _run("ip", "-n", n, "link", "set", i, "up")
-                _run("ip", "-n", n, "link", "set", "lo", "up")
+                address_end(n, i, a)
                 gso = gso_max_size or gso_limit(burst)
-                _run("ip", "-n", n, "link", "set", i, "gso_max_size", str(gso))
-                _run("tc", "-n", n, "qdisc", "add", "dev", i, "root", "tbf", "rate", rate,
-                     "burst", burst, "latency", "50ms")  # fmt: skip
+                run_tool("ip", "-n", n, "link", "set", i, "gso_max_size", str(gso))
+                shape(n, i, rate, burst)
             yield VethLink(ns, addrs, ifs, rate, burst)
         finally:
             for n in ns:
@@ -165,26 +160,27 @@ def _env_for(link: VethLink, rank: int, port: int) -> dict:
 
 
 def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
-    """Start rank 0 and rank 1 of `python <args>`, one in each namespace; wait for both."""
+    """Start rank 0 and rank 1 of `python <args>`, one in each namespace, supervised as every
+    launcher's ranks are (`recsys.launch.supervise`): a rank that fails ends its peer after
+    a grace, and the pair ends at `timeout_s`."""
     port = 29000 + os.getpid() % 1000
-    procs = [
-        subprocess.Popen(link.prefix(r) + [sys.executable, *args], env=_env_for(link, r, port),
-                         cwd=_REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in (0, 1)
-    ]  # fmt: skip
-    outputs = []
-    for p in procs:
+    with tempfile.TemporaryDirectory(prefix="recsys-pair-") as tmp:
+        logs = [Path(tmp) / f"rank{r}.log" for r in (0, 1)]
+        procs = []
+        for r in (0, 1):
+            with open(logs[r], "w") as out:
+                cmd = link.prefix(r) + [sys.executable, *args]
+                procs.append(PopenRank(subprocess.Popen(
+                    cmd, env=_env_for(link, r, port), cwd=_REPO, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
         try:
-            outputs.append(p.communicate(timeout=timeout_s)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(
-                f"ranks across the veth link did not finish in {timeout_s} s"
-            ) from None
-    if any(p.returncode for p in procs):
-        tails = "\n".join(o[-2000:] for o in outputs)
-        raise RuntimeError(f"a rank across the veth link failed:\n{tails}")
+            result = supervise(procs, lambda block_s: time.sleep(block_s) or [], timeout_s, 30.0)
+        finally:
+            stop_ranks(procs)
+        if result.errors:
+            tails = "\n".join(f"rank {r}: {log.read_text()[-2000:]}" for r, log in enumerate(logs))
+            why = "; ".join(f"rank {r} {e}" for r, e in sorted(result.errors.items()))
+            raise RuntimeError(f"a rank across the veth link failed ({why}):\n{tails}")
 
 
 def train_pair(link: VethLink, overrides: list[str], steps: int, run_dir: Path) -> tuple[int, dict]:

@@ -43,7 +43,7 @@ def _rank(cfgs: list, plan, steps: int, run_dir: str) -> list[list[float]]:
     from pipelines.clustering import permute_batch
     from recsys.app.planning import run_context
     from recsys.app.train import quiet_library_noise
-    from recsys.trainer import train_each
+    from recsys.trainer.loop import train_each
 
     quiet_library_noise()
     gen = torch.Generator().manual_seed(1)

@@ -101,10 +101,34 @@ def refuse_reason(spec: ClusterSpec, ranks: list[RankDevice] | None = None) -> s
     return None
 
 
-def _run(*args: str) -> None:
+def run_tool(*args: str) -> None:
+    """One setup command (ip, tc); an EmulationError naming it and its message if it fails."""
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     if out.returncode:
         raise EmulationError(f"`{shlex.join(args)}` failed: {out.stderr.strip()}")
+
+
+# The pieces of a link between namespaces (made here and by benchmarks/netns.py's veth pair)
+
+
+def add_veth(ends: tuple[tuple[str, str], tuple[str, str]]) -> None:
+    """A veth pair: `((namespace, interface), (namespace, interface))`, one end in each."""
+    (ns_a, if_a), (ns_b, if_b) = ends
+    run_tool("ip", "link", "add", if_a, "netns", ns_a, "type", "veth", "peer", "name", if_b,
+         "netns", ns_b)  # fmt: skip
+
+
+def address_end(ns: str, ifname: str, address: str) -> None:
+    """The end `ifname` in `ns` up at `address`/24, with its namespace's loopback."""
+    run_tool("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", ifname)
+    run_tool("ip", "-n", ns, "link", "set", ifname, "up")
+    run_tool("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+def shape(ns: str, ifname: str, rate: str, burst: str) -> None:
+    """What leaves `ifname` goes at most `rate` (tc's units), tbf's bucket `burst`."""
+    run_tool("tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", rate, "burst",
+         burst, "latency", "50ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -202,22 +226,18 @@ def setup(emu: Emulation) -> None:
     """Make the namespaces, links and cgroups of `emu` (call `teardown` after, always)."""
     spec, rate = emu.spec, link_rate(emu.spec)
     burst = spec.emulation.burst
-    _run("ip", "netns", "add", emu.switch_ns)
-    _run("ip", "-n", emu.switch_ns, "link", "add", f"rx{emu._k}br", "type", "bridge")
-    _run("ip", "-n", emu.switch_ns, "link", "set", f"rx{emu._k}br", "up")
+    run_tool("ip", "netns", "add", emu.switch_ns)
+    run_tool("ip", "-n", emu.switch_ns, "link", "add", f"rx{emu._k}br", "type", "bridge")
+    run_tool("ip", "-n", emu.switch_ns, "link", "set", f"rx{emu._k}br", "up")
     for n in range(emu.nodes):
         ns, node_if, switch_if = emu.node_ns(n), emu.node_if(n), emu.switch_if(n)
-        _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", node_if, "netns", ns, "type", "veth", "peer", "name",
-             switch_if, "netns", emu.switch_ns)  # fmt: skip
-        _run("ip", "-n", ns, "addr", "add", f"{emu.address(n)}/24", "dev", node_if)
-        _run("ip", "-n", ns, "link", "set", node_if, "up")
-        _run("ip", "-n", ns, "link", "set", "lo", "up")
-        _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "master", f"rx{emu._k}br")
-        _run("ip", "-n", emu.switch_ns, "link", "set", switch_if, "up")
+        run_tool("ip", "netns", "add", ns)
+        add_veth(((ns, node_if), (emu.switch_ns, switch_if)))
+        address_end(ns, node_if, emu.address(n))
+        run_tool("ip", "-n", emu.switch_ns, "link", "set", switch_if, "master", f"rx{emu._k}br")
+        run_tool("ip", "-n", emu.switch_ns, "link", "set", switch_if, "up")
         for where, dev in ((ns, node_if), (emu.switch_ns, switch_if)):
-            _run("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                 "burst", burst, "latency", "50ms")  # fmt: skip
+            shape(where, dev, rate, burst)
     version = (_cgroup_root() or (None, 1))[1]
     period = spec.emulation.cfs_period_us
     _make_cgroup(emu.cgroup, None, period, version)
@@ -328,35 +348,6 @@ def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
 _JOIN = "RECSYS_EMU_CGROUP"  # the cgroup (as /proc names it) a rank joins after its imports
 
 
-class _RankProc:
-    """A rank's Popen as `launch.supervise` sees a process."""
-
-    def __init__(self, popen: subprocess.Popen) -> None:
-        self.popen = popen
-
-    @property
-    def exitcode(self) -> int | None:
-        return self.popen.poll()
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def join(self) -> None:
-        self.popen.wait()
-
-
 def run_ranks(
     emu: Emulation,
     fn: Callable[..., Any],
@@ -366,7 +357,7 @@ def run_ranks(
 ):
     """`fn(*args)` on every rank of `emu`, each in its namespace and cgroup; a
     `launch.LaunchResult` as `spawn_ranks` returns. `fn` must be importable by name."""
-    from recsys.launch import supervise
+    from recsys.launch import PopenRank, supervise
 
     with tempfile.TemporaryDirectory(prefix="recsys-emu-") as tmp:
         box = Path(tmp)
@@ -382,7 +373,7 @@ def run_ranks(
                 cmd = emu.command(r.node, emu.start_cgroup, argv)
                 joins = f"/{emu.rank_cgroup(r.rank).relative_to(_cpu_root())}"
                 env = {**emu.rank_env(r.rank), _JOIN: joins}
-                procs.append(_RankProc(subprocess.Popen(cmd, env=env, start_new_session=True)))
+                procs.append(PopenRank(subprocess.Popen(cmd, env=env, start_new_session=True)))
             seen: set[Path] = set()
 
             def reports(block_s: float) -> list[tuple[int, str, Any]]:
@@ -438,7 +429,7 @@ def _rank_child(box: Path) -> None:
         path, module, name, args = pickle.loads((box / "job.pkl").read_bytes())
         sys.path[:0] = [p for p in path if p not in sys.path]
         fn = getattr(importlib.import_module(module), name)
-        importlib.import_module("recsys.trainer")  # the training stack (torchrec, fbgemm)
+        importlib.import_module("recsys.trainer.loop")  # the training stack (torchrec, fbgemm)
         _join_own_cgroup(box, rank)
         return fn(*args)
 

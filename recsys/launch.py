@@ -10,7 +10,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -152,7 +154,7 @@ def exit_now(code: int) -> None:
 
 # what the fork server imports once, before it forks ranks (a module it cannot import is
 # skipped; each rank imports what it needs in any case)
-_PRELOAD = ["torch", "torchrec", "recsys.trainer"]
+_PRELOAD = ["torch", "torchrec", "recsys.trainer.loop"]
 
 
 class _Fd:
@@ -227,6 +229,36 @@ class RankProcess(Protocol):
     def terminate(self) -> None: ...
 
     def join(self) -> None: ...
+
+
+class PopenRank:
+    """A rank started as a command (`subprocess.Popen(..., start_new_session=True)`) as
+    `supervise` sees a process: signals go to its whole process group."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self.popen = popen
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def join(self) -> None:
+        self.popen.wait()
 
 
 def supervise(

@@ -189,6 +189,8 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
     max_m s_m(x_m) over shares summing to 1 under those caps (each by bisection on its
     level) bound the exchange from below, since phi increases in both. T is searched on a
     grid, each interval charged its cheapest end."""
+    # Long (70 lines with this derivation): one argument, whose terms the code follows in
+    # order; its closures share the grid, so split apart they would pass it all around.
     nodes = sorted({r.node for r in inputs.ranks})
     if len(nodes) < 2:
         return BoundGuide(0.0, phi.split)

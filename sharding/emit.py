@@ -10,6 +10,8 @@ EmbeddingBagCollection built from `split_table_configs`, on the meta device.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchrec import (
     EmbeddingBagCollection,
@@ -57,16 +59,11 @@ def _parts(t: TablePlan) -> list[tuple[str, int]]:
     return ([(f"{t.name}_hot", h)] if h else []) + list(zip(names, cold, strict=True))
 
 
-def to_torchrec_plan(
-    plan: Plan, feature_of: dict[str, str], device_type: str, sequence_cold: bool = False
-) -> ShardingPlan:
-    """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
-    recsys.models.split), planned as a second module; they must be table-wise."""
-    configs = split_table_configs(plan, feature_of)
-    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]  # row parts only: pooled
-    cold_names = {name for t in split for name, _ in _parts(t)[1:]} if sequence_cold else set()
-    meta = torch.device("meta")
-    ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
+def _parameter_shardings(
+    plan: Plan, device_type: str
+) -> tuple[dict[str, Any], dict[str, float], dict[str, str]]:
+    """Per table (each part of a split one): its TorchRec parameter sharding; the cache load
+    factor of UVM-cached tables; the kernel of table-row-wise ones."""
     per_param = {}
     caches: dict[str, float] = {}  # UVM-cached tables: their cache load factor
     row_kernels: dict[str, str] = {}  # table-row-wise tables: their kernel
@@ -99,6 +96,20 @@ def to_torchrec_plan(
                 per_param[name] = column_wise(ranks=[s.rank for s in cold],
                                               size_per_rank=[s.cols for s in cold],
                                               compute_kernel=k)  # fmt: skip
+    return per_param, caches, row_kernels
+
+
+def to_torchrec_plan(
+    plan: Plan, feature_of: dict[str, str], device_type: str, sequence_cold: bool = False
+) -> ShardingPlan:
+    """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
+    recsys.models.split), planned as a second module; they must be table-wise."""
+    configs = split_table_configs(plan, feature_of)
+    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]  # row parts only: pooled
+    cold_names = {name for t in split for name, _ in _parts(t)[1:]} if sequence_cold else set()
+    meta = torch.device("meta")
+    ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
+    per_param, caches, row_kernels = _parameter_shardings(plan, device_type)
     world = len(plan.batch_per_rank)
     nodes = [d["node"] for d in plan.devices] or [0] * world  # ranks per node: TWRW's hosts
     local = max(nodes.count(n) for n in set(nodes))

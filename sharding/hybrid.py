@@ -477,23 +477,16 @@ class _TooLarge(Exception):
         self.need = need  # bytes of the piece that found no room
 
 
-def _place(
-    inputs: PlanInputs,
-    batch: list[int],
-    options: HybridOptions,
-    limit: float,
-    share: float,
-    hot: dict | None,
-    polish: bool,
-    uncut: bool,
-    groups: int,
-    shapes: dict,
-) -> _Placement:
-    placer = Placer(inputs, batch, speed_aware=True)
+def _replicate(
+    inputs: PlanInputs, batch: list[int], options: HybridOptions, share: float,
+    hot: dict | None, placer: Placer,
+) -> tuple[dict[str, TablePlan], list[tuple[float, int, Piece]]]:  # fmt: skip
+    """The replicated hot rows of every table, within `share` of the smallest device's memory
+    (hottest-per-byte tables first; `hot`: the rows asked for), taken from `placer`'s room;
+    each table's plan so far, and its cold part as one piece with its cost, to be cut."""
     budget = share * min(inputs.hbm_budget())
     plans: dict[str, TablePlan] = {}
     pieces: list[tuple[float, int, Piece]] = []
-    # hottest-per-byte tables claim the replication budget first
     order = sorted(inputs.tables, key=lambda t: -inputs.coverage[t.name](1) / t.dim)
     prices = _Prices.of(inputs, batch)
     for t in order:
@@ -513,6 +506,23 @@ def _place(
             sparse = h > 0 and inputs.cold_only_exchange
             whole = Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse, hot=h)
             pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
+    return plans, pieces
+
+
+def _place(
+    inputs: PlanInputs,
+    batch: list[int],
+    options: HybridOptions,
+    limit: float,
+    share: float,
+    hot: dict | None,
+    polish: bool,
+    uncut: bool,
+    groups: int,
+    shapes: dict,
+) -> _Placement:
+    placer = Placer(inputs, batch, speed_aware=True)
+    plans, pieces = _replicate(inputs, batch, options, share, hot, placer)
     total = sum(c for c, _, _ in pieces)
     target = total / (BALANCE_PIECES * inputs.world) if pieces and not uncut else math.inf
     # a piece larger than any rank's room is cut whatever its cost

@@ -109,29 +109,47 @@ def check_plan(plan: Plan, inputs: PlanInputs, tables: bool = True) -> None:
         _check_table(tp, want[tp.name], inputs)
 
 
+def _check_shard(s, t, inputs: PlanInputs, fault) -> None:
+    """One shard of table `t`: its table, rank, shape, tier and rates."""
+    w = inputs.world
+    if s.table != t.name:
+        raise fault(f"holds a shard of table '{s.table}'")
+    if s.dp and s.rank != ALL_RANKS:
+        raise fault(f"a data-parallel shard on rank {s.rank}: it is a copy on every rank")
+    if not s.dp and not 0 <= s.rank < w:
+        raise fault(f"a shard on rank {s.rank}; ranks are 0..{w - 1}")
+    if s.rows < 0 or not 1 <= s.cols <= t.dim:
+        raise fault(f"a shard of {s.rows} x {s.cols} on rank {s.rank}")
+    if inputs.cpu and s.tier != Tier.hbm:
+        raise fault(f"a {s.tier.value} shard on a CPU cluster (one memory tier)")
+    if not 0 <= s.hit_rate <= 1 or not (s.lookup_share is None or 0 <= s.lookup_share <= 1):
+        raise fault(f"hit rate {s.hit_rate} or lookup share {s.lookup_share} not in [0, 1]")
+
+
+def _check_shares(tp: TablePlan, hot, cold: list, fault) -> None:
+    """A hot/cold split: the cold part's share of the lookups is the complement of the hot's."""
+    hot_share = hot.lookup_share
+    shares = [s.lookup_share for s in cold]
+    if hot_share is None or any(x is None for x in shares):
+        raise fault("a hot/cold split whose parts do not carry their lookup shares")
+    cold_share = sum(shares) if tp.cold_parts > 1 else shares[0]
+    if tp.cold_parts == 1 and len(set(shares)) > 1:
+        raise fault(f"column pieces of one cold part serve different shares {shares[:4]}")
+    if abs(hot_share + cold_share - 1) > 1e-6:
+        raise fault(f"hot share {hot_share:.4f} + cold share {cold_share:.4f} != 1")
+
+
 def _check_table(tp: TablePlan, t, inputs: PlanInputs) -> None:
     def fault(msg: str) -> MalformedPlanError:
         return MalformedPlanError(f"table '{t.name}' ({t.rows:,} x {t.dim}): {msg}")
 
-    w = inputs.world
     if (tp.rows, tp.dim) != (t.rows, t.dim):
         raise fault(f"the plan says {tp.rows:,} x {tp.dim}")
     h = tp.replicated_rows
     if not 0 <= h <= t.rows:
         raise fault(f"replicated_rows {h} outside [0, rows]")
     for s in tp.shards:
-        if s.table != t.name:
-            raise fault(f"holds a shard of table '{s.table}'")
-        if s.dp and s.rank != ALL_RANKS:
-            raise fault(f"a data-parallel shard on rank {s.rank}: it is a copy on every rank")
-        if not s.dp and not 0 <= s.rank < w:
-            raise fault(f"a shard on rank {s.rank}; ranks are 0..{w - 1}")
-        if s.rows < 0 or not 1 <= s.cols <= t.dim:
-            raise fault(f"a shard of {s.rows} x {s.cols} on rank {s.rank}")
-        if inputs.cpu and s.tier != Tier.hbm:
-            raise fault(f"a {s.tier.value} shard on a CPU cluster (one memory tier)")
-        if not 0 <= s.hit_rate <= 1 or not (s.lookup_share is None or 0 <= s.lookup_share <= 1):
-            raise fault(f"hit rate {s.hit_rate} or lookup share {s.lookup_share} not in [0, 1]")
+        _check_shard(s, t, inputs, fault)
     hot = [s for s in tp.shards if s.dp]
     cold = [s for s in tp.shards if not s.dp]
     if len(hot) > 1 or any((s.rows, s.cols, s.tier) != (h, t.dim, Tier.hbm) for s in hot):
@@ -148,16 +166,8 @@ def _check_table(tp: TablePlan, t, inputs: PlanInputs) -> None:
     split = h > 0
     if any(s.sparse_exchange for s in cold) and not split:
         raise fault("a shard exchanges only its own lookups, but the table has no hot part")
-    if split:  # a cold part: its share of the lookups must be the complement of the hot's
-        hot_share = hot[0].lookup_share
-        shares = [s.lookup_share for s in cold]
-        if hot_share is None or any(x is None for x in shares):
-            raise fault("a hot/cold split whose parts do not carry their lookup shares")
-        cold_share = sum(shares) if tp.cold_parts > 1 else shares[0]
-        if tp.cold_parts == 1 and len(set(shares)) > 1:
-            raise fault(f"column pieces of one cold part serve different shares {shares[:4]}")
-        if abs(hot_share + cold_share - 1) > 1e-6:
-            raise fault(f"hot share {hot_share:.4f} + cold share {cold_share:.4f} != 1")
+    if split:
+        _check_shares(tp, hot[0], cold, fault)
     if tp.cold_parts > 1:
         expect = cold_part_rows(cold_rows, tp.cold_parts)
         if [s.rows for s in cold] != expect or any(s.cols != t.dim for s in cold):

@@ -122,7 +122,7 @@ def train_variants(
 
         Lookups.refresh = lambda *_: None
     from recsys.app.train import quiet_library_noise
-    from recsys.trainer import train_each
+    from recsys.trainer.loop import train_each
 
     quiet_library_noise()
     from recsys.app.planning import run_context
@@ -158,9 +158,9 @@ def native_abort() -> None:
 
 def train_slow_eval(cfg, run_dir: str) -> dict:
     """Every evaluation takes 0.5 s longer: what samples_per_s must leave out."""
-    from recsys import trainer
     from recsys.app.planning import run_context
     from recsys.app.train import rank_main
+    from recsys.trainer import loop as trainer
 
     original = trainer.evaluate
 
@@ -200,7 +200,7 @@ def count_calls(setattr_=setattr) -> dict[str, int]:
 
 def counted_rank_main(ctx, run_dir: str) -> dict:
     """`rank_main`, with the rank's own COUNTED calls in its result (`calls`)."""
-    import recsys.trainer  # noqa: F401 - everything a rank loads, loaded before counting
+    import recsys.trainer.loop  # noqa: F401 - everything a rank loads, loaded before counting
     from recsys.app.train import rank_main
 
     counts = count_calls()

@@ -138,13 +138,13 @@ def check_tables_fit(cfg: TrainConfig, inputs: PlanInputs) -> None:
 
 def rank_main(ctx: RunContext, run_dir: str) -> dict:
     """What each rank of a training run runs (started by the launcher, an emulation or
-    torchrun): its output to the command's log, then `recsys.trainer.run_rank`."""
+    torchrun): its output to the command's log, then `recsys.trainer.loop.run_rank`."""
     rank_output_to_log()
     quiet_library_noise(ctx.cfg.trainer.log_level)
     # tqdm's default lock is a multiprocessing semaphore; ranks leave via os._exit (see
     # launch.exit_now), which would leak it. One process needs only a thread lock.
     tqdm.set_lock(threading.RLock())
-    from recsys.trainer import run_rank
+    from recsys.trainer.loop import run_rank
 
     return run_rank(ctx, run_dir)
 
@@ -268,7 +268,7 @@ def _check_launch(tcfg: TrainConfig, ranks: list) -> None:
 
 def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: bool) -> dict:
     """`train` once the config is checked and the run directory is this run's."""
-    from recsys.trainer import write_summary
+    from recsys.trainer.outputs import write_summary
 
     ours = tcfg.planner.name != PlannerName.torchrec
     ctx = RunContext(tcfg, inputs, plan_ours(tcfg, inputs, run_dir) if ours else None)

@@ -159,19 +159,60 @@ class FileResult:
     unterminated_last_line: bool  # the file's last line had no newline (kept)
 
 
+_I64 = np.iinfo(np.int64)
+
+
+@dataclass
+class _Tally:
+    """What one file's parsed chunks add up to, beside the arrays they append."""
+
+    bad: int = 0
+    first_bad: str = ""
+    unterminated: bool = False
+    text_bytes: int = 0
+    low_I: np.ndarray = field(default_factory=lambda: np.full(INT_FEATURES, _I64.max))
+    high_I: np.ndarray = field(default_factory=lambda: np.full(INT_FEATURES, _I64.min))
+    clipped_I: np.ndarray = field(default_factory=lambda: np.zeros(INT_FEATURES, np.int64))
+
+    def add(self, chunk: ParsedChunk) -> None:
+        self.bad += chunk.bad_lines
+        self.first_bad = self.first_bad or chunk.first_bad
+        self.unterminated |= chunk.unterminated
+        if len(chunk.ints_NI):
+            np.minimum(self.low_I, chunk.ints_NI.min(axis=0), out=self.low_I)
+            np.maximum(self.high_I, chunk.ints_NI.max(axis=0), out=self.high_I)
+        if chunk.clipped_I is not None:
+            self.clipped_I += chunk.clipped_I
+
+
+def _parsed(
+    stream, path: Path, opts: ConvertOptions, labeled: bool,
+    pool: ProcessPoolExecutor | None, workers: int, tally: _Tally,
+) -> Iterator[ParsedChunk]:  # fmt: skip
+    """The file's chunks parsed, in order (their text counted in `tally`); with a pool, up to
+    2 chunks per worker are parsed while the next is read."""
+    pending: deque[Future[ParsedChunk]] = deque()
+    for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20), path):
+        tally.text_bytes += len(data)
+        args = (data, labeled, str(path), first_line, opts.rules)
+        if pool is None:
+            yield parse_lines(*args)
+            continue
+        pending.append(pool.submit(parse_lines, *args))
+        while len(pending) >= 2 * workers:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 def convert_file(
     path: Path, out_dir: Path, opts: ConvertOptions, pool: ProcessPoolExecutor | None, workers: int
 ) -> FileResult:
-    """One file; with a pool, up to 2 chunks per worker are parsed while the next is read."""
+    """One file, parsed in chunks (by `pool`'s workers if given) into its three arrays."""
     start = time.perf_counter()
     name = output_name(path)
-    labeled = has_label(path, opts.label_column)
     raw_dense_path = out_dir / f".{name}_dense_raw.npy"
-    bad, first_bad, unterminated = 0, "", False
-    text_bytes = 0
-    low_I = np.full(INT_FEATURES, np.iinfo(np.int64).max)
-    high_I = np.full(INT_FEATURES, np.iinfo(np.int64).min)
-    clipped_I = np.zeros(INT_FEATURES, dtype=np.int64)
+    tally = _Tally()
     stream, raw = _open(path)
     bar = Progress(path.stat().st_size, desc=f"prepare {path.name}", unit="MB", scale=1e6,
                    enabled=opts.progress)  # fmt: skip
@@ -181,41 +222,19 @@ def convert_file(
             NpyAppender(raw_dense_path, np.int64, INT_FEATURES) as dense_raw,
             NpyAppender(out_dir / f"{name}_sparse.npy", np.int64, CAT_FEATURES) as sparse,
         ):
-
-            def write(chunk: ParsedChunk) -> None:
-                nonlocal bad, first_bad, unterminated
+            labeled = has_label(path, opts.label_column)
+            for chunk in _parsed(stream, path, opts, labeled, pool, workers, tally):
                 labels.append(chunk.labels_N)
                 dense_raw.append(chunk.ints_NI)
                 sparse.append(chunk.cats_NC)
-                bad += chunk.bad_lines
-                first_bad = first_bad or chunk.first_bad
-                unterminated |= chunk.unterminated
-                if len(chunk.ints_NI):
-                    np.minimum(low_I, chunk.ints_NI.min(axis=0), out=low_I)
-                    np.maximum(high_I, chunk.ints_NI.max(axis=0), out=high_I)
-                if chunk.clipped_I is not None:
-                    clipped_I[:] += chunk.clipped_I
+                tally.add(chunk)
                 bar.update(raw.tell() - bar.done)
-
-            pending: deque[Future[ParsedChunk]] = deque()
-            in_flight = 2 * workers
-            for data, first_line in _chunks(stream, int(opts.chunk_mb * 2**20), path):
-                text_bytes += len(data)
-                args = (data, labeled, str(path), first_line, opts.rules)
-                if pool is None:
-                    write(parse_lines(*args))
-                    continue
-                pending.append(pool.submit(parse_lines, *args))
-                while len(pending) >= in_flight:
-                    write(pending.popleft().result())
-            while pending:
-                write(pending.popleft().result())
-        if text_bytes == 0:
+        if tally.text_bytes == 0:
             raise BadInputError(f"{path}: the file is empty (no lines); remove it or fetch it "
                                 f"again")  # fmt: skip
-        if bad and labels.rows == 0:
-            raise BadInputError(f"{path}: every line is malformed ({bad:,} lines); the "
-                                f"first: {first_bad}")  # fmt: skip
+        if tally.bad and labels.rows == 0:
+            raise BadInputError(f"{path}: every line is malformed ({tally.bad:,} lines); the "
+                                f"first: {tally.first_bad}")  # fmt: skip
         shift = _write_dense(raw_dense_path, out_dir / f"{name}_dense.npy", opts)
     finally:
         bar.close()
@@ -224,10 +243,11 @@ def convert_file(
         raw_dense_path.unlink(missing_ok=True)
     seen = labels.rows > 0
     return FileResult(
-        name=name, input=str(path), rows=labels.rows, bad_lines=bad, text_mb=text_bytes / 1e6,
-        seconds=time.perf_counter() - start, dense_shift=shift,
-        dense_min=low_I.tolist() if seen else [], dense_max=high_I.tolist() if seen else [],
-        dense_clipped=clipped_I.tolist(), unterminated_last_line=unterminated,
+        name=name, input=str(path), rows=labels.rows, bad_lines=tally.bad,
+        text_mb=tally.text_bytes / 1e6, seconds=time.perf_counter() - start, dense_shift=shift,
+        dense_min=tally.low_I.tolist() if seen else [],
+        dense_max=tally.high_I.tolist() if seen else [], dense_clipped=tally.clipped_I.tolist(),
+        unterminated_last_line=tally.unterminated,
     )  # fmt: skip
 
 

@@ -132,21 +132,7 @@ class CriteoBinary:
         if not root.is_dir():
             raise CriteoDataError(f"dataset.path '{root}' is not a directory. "
                                   f"{_prepare_advice(root)}")  # fmt: skip
-        self.names = prepared_names(root)
-        self.dense = [open_npy(root / f"{n}_dense.npy") for n in self.names]
-        self.sparse = [open_npy(root / f"{n}_sparse.npy") for n in self.names]
-        self.labels = [open_npy(root / f"{n}_labels.npy") for n in self.names]
-        for n, d, s, lab in zip(self.names, self.dense, self.sparse, self.labels, strict=True):
-            if (
-                d.shape != (len(s), INT_FEATURES)
-                or s.shape[1:] != (CAT_FEATURES,)
-                or len(lab) != len(s)
-            ):
-                raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
-        every = {p.name[: -len("_dense.npy")]: 0 for p in root.glob("*_dense.npy")}
-        for n in every:  # the test file too: the summary lists it
-            every[n] = len(open_npy(root / f"{n}_dense.npy"))
-        check_prepared_dir(root, every)
+        self._open_files(root)
         self.hotness = hotness
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)
         self.multi_hot = None
@@ -165,18 +151,41 @@ class CriteoBinary:
         self._file_starts = np.cumsum([0] + [len(d) for d in self.dense])
         self._splits = self._split_ranges(holdout_fraction)
         for split in ("train", "eval") if needs_eval else ("train",):
-            if self.num_batches(split) < 1:
-                lo, hi = self._splits[split]
-                fix = "use more data or a smaller trainer.batch_size"
-                if split == "eval" and len(self.names) == 1:
-                    fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the "
-                           f"eval split is half the rows held out), use a smaller "
-                           f"trainer.batch_size, or set dataset.eval_batches=0 for no "
-                           f"evaluation")  # fmt: skip
-                raise CriteoDataError(
-                    f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch "
-                    f"for each rank (batches {self.batch_per_rank}); {fix}"
-                )
+            self._check_split(root, split, holdout_fraction)
+
+    def _open_files(self, root: Path) -> None:
+        """Memory-map each prepared file's arrays; refuse inconsistent shapes and a directory
+        its summary does not describe."""
+        self.names = prepared_names(root)
+        self.dense = [open_npy(root / f"{n}_dense.npy") for n in self.names]
+        self.sparse = [open_npy(root / f"{n}_sparse.npy") for n in self.names]
+        self.labels = [open_npy(root / f"{n}_labels.npy") for n in self.names]
+        for n, d, s, lab in zip(self.names, self.dense, self.sparse, self.labels, strict=True):
+            if (
+                d.shape != (len(s), INT_FEATURES)
+                or s.shape[1:] != (CAT_FEATURES,)
+                or len(lab) != len(s)
+            ):
+                raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
+        every = {p.name[: -len("_dense.npy")]: 0 for p in root.glob("*_dense.npy")}
+        for n in every:  # the test file too: the summary lists it
+            every[n] = len(open_npy(root / f"{n}_dense.npy"))
+        check_prepared_dir(root, every)
+
+    def _check_split(self, root: Path, split: str, holdout_fraction: float) -> None:
+        """`split` must hold at least one batch for each rank."""
+        if self.num_batches(split) >= 1:
+            return
+        lo, hi = self._splits[split]
+        fix = "use more data or a smaller trainer.batch_size"
+        if split == "eval" and len(self.names) == 1:
+            fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the eval split is "
+                   f"half the rows held out), use a smaller trainer.batch_size, or set "
+                   f"dataset.eval_batches=0 for no evaluation")  # fmt: skip
+        raise CriteoDataError(
+            f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch for each "
+            f"rank (batches {self.batch_per_rank}); {fix}"
+        )
 
     def _split_ranges(self, holdout_fraction: float) -> dict[str, tuple[int, int]]:
         total = int(self._file_starts[-1])

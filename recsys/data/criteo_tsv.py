@@ -165,10 +165,31 @@ def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     return value, bad
 
 
+def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, blank: np.ndarray,
+            reasons: list[tuple[np.ndarray, str]]) -> np.ndarray:  # fmt: skip
+    """The label column (first field) as 0/1; its faults appended to `reasons`."""
+    lab_len = ends[:, 0] - starts[:, 0]
+    lab = buf[np.minimum(starts[:, 0], len(buf) - 1)]
+    ok = (lab_len == 1) & ((lab == ord("0")) | (lab == ord("1")))
+    reasons.append(((lab_len == 0) & ~blank, "the label is empty"))
+    reasons.append((~ok & (lab_len > 0), "label is not 0 or 1"))
+    return np.where((lab_len == 1) & (lab == ord("1")), 1, 0).astype(np.int32)
+
+
+def _below_floor(ints_I: np.ndarray, below_I: np.ndarray, floor: int) -> str:
+    """Why a line whose counts go below `dense_floor` is refused, naming its first such count."""
+    c = int(np.flatnonzero(below_I)[0])
+    return (f"count I{c + 1} is {ints_I[c]}, below dense_floor={floor}; pass clip_dense=true "
+            f"to clip such counts to the floor and count them, or a lower dense_floor if such "
+            f"counts are real")  # fmt: skip
+
+
 def parse_lines(
     data: bytes, has_label: bool, path: str, first_line: int, rules: LineRules
 ) -> ParsedChunk:
     """Parse whole lines (the last may lack its newline). `first_line` is 1-based."""
+    # One vectorized pass over the chunk's bytes (66 lines): each fault is a mask over the
+    # lines, kept in order, so the first bad line's first reason is the one reported.
     if not data:
         empty = np.zeros((0, INT_FEATURES), dtype=np.int64)
         return ParsedChunk(np.zeros(0, np.int32), empty, np.zeros((0, CAT_FEATURES), np.int64), 0,
@@ -194,17 +215,8 @@ def parse_lines(
         (short & ~cut, f"fewer than {least} fields: a missing field would shift the columns "
                        f"after it{'' if rules.pad_short_lines else _PAD_HINT}"),
     ]  # fmt: skip
-    col = 0
-    if has_label:
-        lab_len = ends[:, 0] - starts[:, 0]
-        lab = buf[np.minimum(starts[:, 0], len(buf) - 1)]
-        labels_N = np.where((lab_len == 1) & (lab == ord("1")), 1, 0).astype(np.int32)
-        ok = (lab_len == 1) & ((lab == ord("0")) | (lab == ord("1")))
-        reasons.append(((lab_len == 0) & ~blank, "the label is empty"))
-        reasons.append((~ok & (lab_len > 0), "label is not 0 or 1"))
-        col = 1
-    else:
-        labels_N = np.full(n, -1, dtype=np.int32)
+    col = 1 if has_label else 0
+    labels_N = _labels(buf, starts, ends, blank, reasons) if has_label else np.full(n, -1, np.int32)
     ints_NI, bad_int = _parse_ints(
         buf, starts[:, col : col + INT_FEATURES], ends[:, col : col + INT_FEATURES]
     )
@@ -229,10 +241,7 @@ def parse_lines(
     i = int(np.flatnonzero(bad_N)[0])
     why = next(reason for mask, reason in reasons if mask[i])
     if why == "below":
-        c = int(np.flatnonzero(below_NI[i])[0])
-        why = (f"count I{c + 1} is {ints_NI[i, c]}, below dense_floor={rules.dense_floor}; "
-               f"pass clip_dense=true to clip such counts to the floor and count them, or a "
-               f"lower dense_floor if such counts are real")  # fmt: skip
+        why = _below_floor(ints_NI[i], below_NI[i], rules.dense_floor)
     line = data.split(b"\n", i + 1)[i]
     first_bad = f"{path}:{first_line + i}: malformed Criteo line ({why}): {line[:120]!r}"
     if not rules.skip_bad_lines:

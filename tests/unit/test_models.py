@@ -41,7 +41,7 @@ def test_bad_shapes_fail_naming_the_field(change: dict, field: str) -> None:
 
 def test_replicated_tables_get_the_row_wise_adagrad_of_the_fused_ones() -> None:
     from recsys.config import SparseOptimizer, TrainerConfig
-    from recsys.trainer import _replicated_embedding_optimizer
+    from recsys.trainer.build import _replicated_embedding_optimizer
 
     w = torch.nn.Parameter(torch.ones(4, 3))
     opt = _replicated_embedding_optimizer(TrainerConfig(embedding_lr=0.1, eps=1e-8), {"w": w})

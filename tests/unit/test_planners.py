@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -341,10 +343,13 @@ def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
     cfg = typed_cfg(["cluster=hetero_64", "model=dcnv2_mlperf", "trainer.batch_size=1024"])
     inputs = cli.plan_inputs(cfg, None, None)
     cfg.planner.name = type(cfg.planner.name)("hybrid")
+    cpu = time.process_time()
     plan = cli.make_plan(cfg, inputs)
+    cpu = time.process_time() - cpu
     # the goal, under 0.5 s, is measured by benchmarks.planners; this guards against a gross
-    # regression on a slow or shared machine
-    assert plan.feasible and plan.planning_s < 2.0
+    # regression. CPU seconds, not the wall clock: a busy machine (the suite's other worker)
+    # stretches the one, not the other
+    assert plan.feasible and cpu < 2.0
     assert plan.est_step_ms <= 1.5 * plan.lower_bound_ms
 
 

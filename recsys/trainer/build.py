@@ -1,0 +1,213 @@
+"""What a rank trains with: its cores and threads, the data source, the model (with a plan
+of ours or TorchRec's) sharded under DMP, the optimizers and the pipeline (`build_training`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from pipelines.build import build_pipeline
+from pipelines.dense_step import per_tensor_comm_hook
+from recsys import launch
+from recsys.config import (
+    DenseAllreduce,
+    DenseOptimizer,
+    SparseOptimizer,
+    TrainerConfig,
+)
+from recsys.context import RunContext
+from recsys.data.source import build_source
+from recsys.models.dlrm import build_model, feature_names
+from recsys.models.shares import SharedBatchDLRMTrain
+from recsys.models.split import SplitRemap
+from sharding.cluster import ClusterConfigError
+from sharding.emit import to_torchrec_plan
+from sharding.plan_shards import plan_layout
+from sharding.torchrec_planner import plan_with_torchrec
+from sharding.types import RankDevice
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+
+
+def _dense_optimizer(cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]) -> Any:
+    kind = DenseOptimizer(cfg.dense_optimizer)
+    if kind == DenseOptimizer.adagrad:
+        make = lambda ps: torch.optim.Adagrad(ps, lr=cfg.lr, eps=cfg.eps)  # noqa: E731
+    elif kind == DenseOptimizer.adam:
+        make = lambda ps: torch.optim.Adam(ps, lr=cfg.lr, eps=cfg.eps)  # noqa: E731
+    else:
+        make = lambda ps: torch.optim.SGD(ps, lr=cfg.lr)  # noqa: E731
+    return KeyedOptimizerWrapper(params, make)
+
+
+def _replicated_embedding_optimizer(
+    cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]
+) -> KeyedOptimizerWrapper:
+    """Data-parallel (replicated) tables get no fused kernel; they get the same update rule
+    as the fused ones, row-wise Adagrad or SGD at `embedding_lr`, as a torch optimizer."""
+    if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
+        return KeyedOptimizerWrapper(
+            params, lambda ps: RowWiseAdagrad(ps, lr=cfg.embedding_lr, eps=cfg.eps)
+        )
+    return KeyedOptimizerWrapper(params, lambda ps: torch.optim.SGD(ps, lr=cfg.embedding_lr))
+
+
+def _fuse_embedding_optimizer(cfg: TrainerConfig, model: torch.nn.Module) -> None:
+    """FBGEMM applies this optimizer inside the embedding backward (no dense grads)."""
+    if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
+        opt_cls, kwargs = RowWiseAdagrad, {"lr": cfg.embedding_lr, "eps": cfg.eps}
+    else:
+        opt_cls, kwargs = torch.optim.SGD, {"lr": cfg.embedding_lr}
+    apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), kwargs)
+
+
+def rank_device() -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(launch.local_rank())
+        return torch.device("cuda", launch.local_rank())
+    return torch.device("cpu")
+
+
+def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
+    """Pin the rank to its cores (cluster config) and size its intra-op thread pool."""
+    if device.cores is not None:
+        available = os.sched_getaffinity(0)
+        if not set(device.cores) <= available:
+            raise ClusterConfigError(
+                f"rank {device.rank} is pinned to cores {list(device.cores)} but this machine "
+                f"offers {sorted(available)}; fix cluster.nodes[..].devices[..].cores"
+            )
+        os.sched_setaffinity(0, device.cores)
+        threads = cfg.threads_per_rank or len(device.cores)
+    elif device.share is not None:  # an emulated rank: a fraction of one core
+        threads = cfg.threads_per_rank or 1
+    else:
+        threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // launch.local_world_size())
+    torch.set_num_threads(threads)
+
+
+def _hot_ids(
+    source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int
+) -> dict[str, torch.Tensor]:
+    """Per split table (keyed by its feature), its `h` most frequent ids in the first
+    `batches` training batches of every rank (counts summed over ranks; ties: lower id)."""
+    features = {t[len("t_") :]: t for t in hot_rows}  # t_cat_3 serves cat_3
+    counts = {f: torch.zeros(rows[t], dtype=torch.float64) for f, t in features.items()}
+    for index in range(batches):
+        kjt = source.batch("train", index, rank).sparse_features
+        for f, c in counts.items():
+            c += torch.bincount(kjt[f].values(), minlength=len(c)).double()
+    out = {}
+    for f, c in counts.items():
+        dist.all_reduce(c)
+        order = np.lexsort((np.arange(len(c)), -c.numpy()))  # by count, then by id
+        out[f] = torch.from_numpy(np.sort(order[: hot_rows[features[f]]]))
+    return out
+
+
+def _model_and_plan(ctx: RunContext, source, rank: int, device):
+    """The train module (with its fused embedding optimizer), its TorchRec plan, the
+    sharders, and the id remap its batches need (None unless tables are split)."""
+    cfg, our_plan = ctx.cfg, ctx.plan
+    sharders: list = [EmbeddingBagCollectionSharder()]
+    if our_plan is None:
+        model = build_model(cfg.model, dense_device=device)
+        _fuse_embedding_optimizer(cfg.trainer, model)
+        plan = plan_with_torchrec(model, ctx.inputs, cfg.planner, sharders, dist.group.WORLD)
+        return model, plan.plan, sharders, None
+    hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
+                if 0 < t.replicated_rows < t.rows}  # fmt: skip
+    # row parts: of a split table's cold part, or of a table too large for one device
+    cold_parts = {
+        t.name: t.cold_parts
+        for t in our_plan.tables
+        if t.name in hot_rows or (t.replicated_rows == 0 and t.cold_parts > 1)
+    }
+    remap = None
+    if cold_parts:
+        rows = {t.name: t.rows for t in our_plan.tables}
+        hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
+        hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
+                    for t in cold_parts if t not in hot_rows}  # fmt: skip
+        remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
+    sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
+    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold,
+                        cold_parts=cold_parts)  # fmt: skip
+    shares = our_plan.batch_per_rank
+    if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
+        model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))
+    _fuse_embedding_optimizer(cfg.trainer, model)
+    feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
+    plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
+    if sequence_cold:
+        sharders.append(EmbeddingCollectionSharder())
+    return model, plan, sharders, remap
+
+
+@dataclass
+class Training:
+    """Everything one rank trains with, built from the config (see `build_training`)."""
+
+    model: DistributedModelParallel
+    optimizer: CombinedOptimizer
+    dense_opt: KeyedOptimizerWrapper
+    pipeline: Any
+    source: Any
+    remap: SplitRemap | None
+    shares: list[int]  # batch size per rank
+    rank: int
+    layout: list[dict]  # the plan (sharding.plan_shards.plan_layout rows)
+
+    def batches(self, split: str, first: int, stop: int):
+        for b in self.source.batches(split, first, stop, self.rank):
+            if self.remap is not None:  # ids of split tables into their hot and cold parts
+                b.sparse_features = self.remap(b.sparse_features)
+            yield b
+
+
+def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training:
+    """Data source, model sharded under DMP, optimizers and pipeline, from the same seed
+    on every call (the process group must be up)."""
+    cfg, our_plan = ctx.cfg, ctx.plan
+    tcfg = cfg.trainer
+    world = len(ctx.ranks)
+    torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
+    shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
+    source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
+    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device)
+    layout = plan_layout(plan)
+    if rank == 0:
+        (Path(run_dir) / "plan.txt").write_text(str(plan))
+        (Path(run_dir) / "plan_layout.json").write_text(json.dumps(layout, indent=1))
+    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
+    if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
+        model._dmp_wrapped_module.register_comm_hook(None, per_tensor_comm_hook)
+    not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
+    replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
+    dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
+    optimizers = [model.fused_optimizer, dense_opt]
+    if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
+        optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
+    optimizer = CombinedOptimizer(optimizers)
+    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
+    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout)

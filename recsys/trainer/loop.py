@@ -1,0 +1,247 @@
+"""The per-rank training job: `run_rank(ctx, run_dir)` runs on every rank (spawned locally,
+or under torchrun / Slurm) and returns that rank's results (rank 0's become `summary.json`):
+build, resume, the train steps with evaluations and checkpoints between them, the results.
+`train_each` runs several configs side by side in one process group (comparisons)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from pipelines.build import detach_for_eval
+from recsys import interrupts, launch
+from recsys.checkpoint import load_checkpoint, save_checkpoint
+from recsys.config import (
+    TrainConfigError,
+)
+from recsys.context import RunContext
+from recsys.interrupts import interruptible
+from recsys.metrics import evaluate
+from recsys.progress import Progress
+from sharding.errors import UserError
+
+if TYPE_CHECKING:
+    from recsys.config import TrainConfig
+
+from recsys.trainer.build import Training, build_training, place_rank, rank_device
+from recsys.trainer.outputs import per_step_stats, versions, write_interrupted, write_losses
+
+log = logging.getLogger(__name__)
+
+
+class LossDivergedError(UserError, FloatingPointError):
+    """The train loss became NaN or inf: the learning rates or the data are the user's to fix."""
+
+
+class LossWatch:
+    """Checks recorded losses for NaN/inf in windows (one host sync per window, not per step).
+    Each window is averaged over the ranks first (one small all-reduce per window, every
+    rank at the same steps): the figure shown is the global mean loss whatever each rank's
+    share, and a NaN on any rank stops every rank at once."""
+
+    def __init__(self, start_step: int, world: int = 1) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.reduced: list[float] = []  # the global mean of every checked step, in order
+        self._start, self._world, self._checked = start_step, world, 0
+
+    def check(self) -> float | None:
+        """Raise naming the first bad step; return the global mean loss of the new window."""
+        window = self.losses[self._checked :]
+        if not window:
+            return None
+        values = torch.stack(window).double()
+        if self._world > 1:
+            dist.all_reduce(values)  # each rank's loss is its share of the global mean
+            values /= self._world
+        self.reduced += values.tolist()
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise LossDivergedError(
+                f"train loss is {float(values[i])} at step "
+                f"{self._start + self._checked + i + 1}; stopping. Lower trainer.lr / "
+                f"trainer.embedding_lr or check the data."
+            )
+        self._checked = len(self.losses)
+        return float(values.mean())
+
+
+def _is_comm_failure(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, dist.DistBackendError) or any(
+        s in text
+        for s in (
+            "gloo",
+            "Connection closed",
+            "Connection reset",
+            "Timed out",
+            "NCCL",
+            "timeout caused pair closure",
+        )  # fmt: skip
+    )
+
+
+def train_each(runs: list[tuple], steps: int, run_dir: str):
+    """Side-by-side runs in this rank, one process group for all: for each `(RunContext,
+    batch transform or None)`, build the training from the same seed, run `steps` train
+    steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
+    first = runs[0][0]
+    rank, _ = launch.init_distributed(first.cfg.trainer.dist_timeout_s)
+    place_rank(first.cfg.trainer, first.ranks[rank])
+    device = rank_device()
+    for ctx, transform in runs:
+        job = build_training(ctx, run_dir, rank, device)
+        batches = job.batches("train", 0, steps)
+        if transform is not None:
+            batches = map(transform, batches)
+        yield job, [float(job.pipeline.progress(batches)[0]) for _ in range(steps)]
+
+
+def run_rank(ctx: RunContext, run_dir: str) -> dict:
+    """Train on this rank; every rank returns its results, rank 0 also writes them.
+
+    `ctx.plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
+    TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
+    cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
+    rank, world = launch.init_distributed(tcfg.dist_timeout_s)
+    if len(ranks) != world:
+        raise TrainConfigError(
+            f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
+            f"as many processes as the cluster config has devices"
+        )
+    place_rank(tcfg, ranks[rank])
+    device = rank_device()
+    job = build_training(ctx, run_dir, rank, device)
+    start = 0
+    if tcfg.resume_from:
+        start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,
+                                job.layout)  # fmt: skip
+        if start >= tcfg.max_steps:
+            raise TrainConfigError(
+                f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
+                f"trainer.max_steps={tcfg.max_steps}: nothing to train. Raise trainer.max_steps"
+            )
+        if rank == 0:
+            log.info("resumed from %s at step %d", tcfg.resume_from, start)
+    ckpt_root = Path(tcfg.checkpoint_dir or Path(run_dir) / "checkpoints")
+    watch = LossWatch(start, world)
+    try:
+        with interruptible():  # Ctrl-C or SIGTERM: rank 0 writes what the run has so far
+            return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device)
+    except BaseException:  # noqa: B036 - only to record a stop; re-raised
+        if rank == 0 and interrupts.received():
+            interrupts.ignore_further()
+            write_interrupted(
+                Path(run_dir),
+                ckpt_root,
+                start,
+                len(watch.losses),
+                watch.reduced,
+                interrupts.received(),
+            )
+        raise
+
+
+def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch: LossWatch,
+                ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
+    """`run_rank`'s steps, evaluations, checkpoints and results."""
+    tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
+    saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
+
+    def run_eval() -> dict:
+        if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
+            return {"eval_auc": None, "eval_logloss": None, "eval_samples": 0}
+        eval_model = detach_for_eval(pipeline, model)
+        return evaluate(eval_model, job.batches("eval", 0, cfg.dataset.eval_batches), device)
+
+    def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
+        if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
+            evals.append({"step": done, **run_eval()})
+        if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
+            watch.check()  # never checkpoint a diverged model
+            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run)
+
+    evals: list[dict] = []
+    samples_per_s = _steps(cfg, job, start, watch, between_steps)
+    saved = None
+    if tcfg.save_checkpoint or tcfg.checkpoint_every:
+        saved = str(save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run))
+    final = run_eval()
+    world = len(job.shares)
+    losses = watch.losses
+    step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(step_losses)  # one collective for the whole run: global mean per step
+    step_losses /= world
+    window = step_losses[-tcfg.log_every :]
+    result = {
+        "rank": job.rank,
+        "world_size": world,
+        "steps": tcfg.max_steps,
+        "start_step": start,
+        # one figure only where every rank has it; else each rank's in batch_per_rank
+        "batch_size_per_rank": job.shares[0] if len(set(job.shares)) == 1 else None,
+        "global_batch_size": sum(job.shares),
+        # training only: evaluations and checkpoints between timed steps are left out
+        "samples_per_s": samples_per_s,
+        "batch_per_rank": job.shares,
+        "train_loss": float(window.mean()) if len(window) else None,
+        **final,
+        "evals": evals,
+        "pipeline": cfg.pipeline.name.value,
+        "pipeline_stats": per_step_stats(getattr(pipeline, "stats", None)),
+        "planner": cfg.planner.name.value,
+        "model": cfg.model.name,
+        "cluster": cfg.cluster.name,
+        "checkpoint": saved,
+        "step_losses": step_losses.tolist(),
+        "versions": versions(),
+    }
+    if job.rank == 0:
+        write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
+    return result
+
+
+def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
+           between_steps: Callable[[int], None]) -> float | None:  # fmt: skip
+    """The train steps from `start`, each loss recorded in `watch`; `between_steps(done)`
+    after each. Returns the samples per second after the warm-up, the time spent in
+    `between_steps` left out (None: no timed steps)."""
+    tcfg, world = cfg.trainer, len(job.shares)
+    train_iter = job.batches("train", start, tcfg.max_steps)
+    bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
+                   enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
+    t_start, timed_from = time.perf_counter(), start
+    paused_s = 0.0
+    for step in range(start, tcfg.max_steps):
+        try:
+            loss, _, _ = job.pipeline.progress(train_iter)
+        except RuntimeError as e:
+            if not _is_comm_failure(e):
+                raise
+            raise RuntimeError(
+                f"rank {job.rank}: step {step + 1} failed in a collective ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}). Another rank probably died or "
+                f"hung; its own error is reported too. Collectives time out after "
+                f"trainer.dist_timeout_s={tcfg.dist_timeout_s:g} s."
+            ) from e
+        watch.losses.append(loss.detach())
+        done = step + 1
+        if done == start + tcfg.warmup_steps:
+            t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
+        if done % tcfg.log_every == 0 or done == tcfg.max_steps:
+            bar.set_postfix(loss=f"{watch.check():.4f}")
+        bar.update(1)
+        pause = time.perf_counter()
+        between_steps(done)
+        paused_s += time.perf_counter() - pause
+    bar.close()
+    timed_steps = tcfg.max_steps - timed_from
+    elapsed = time.perf_counter() - t_start - paused_s
+    return sum(job.shares) * timed_steps / elapsed if timed_steps else None
