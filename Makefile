@@ -47,12 +47,14 @@ demo: data
 bench-data: $(STAMP)
 	$(BIN)/python -m benchmarks.data
 
-# The whole suite (slow tests included); CI runs this. Two workers: a test often waits (on
-# a rate-limited link, a timeout, a process starting) while the other computes; tests that
-# share the machine's network namespaces run in one worker (xdist_group "link").
+# The whole suite (slow tests included); CI runs this. Two workers, one per core: a test
+# often waits (on a rate-limited link, a timeout, a process starting) while the other
+# computes; tests that share the machine's network namespaces run in one worker (xdist_group
+# "link"); the few that measure the machine's own speed run after, alone (marker "alone").
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 test: $(STAMP)
-	$(PYTEST)
+	$(PYTEST) -m "not alone"
+	$(BIN)/python -m pytest -m alone
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)

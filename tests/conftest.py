@@ -32,6 +32,10 @@ CONF_DIR = REPO / "conf"
 
 register_configs()
 quiet_library_noise()
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (`make test` runs two)
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

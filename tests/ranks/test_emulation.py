@@ -50,6 +50,7 @@ def die_on_rank_one(seconds: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @needs_root
 def test_a_share_really_limits_a_rank() -> None:
     spec = cluster_of("emu_mixed3")
@@ -82,6 +83,7 @@ def test_a_killed_rank_leaves_nothing_behind() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @needs_root
 @pytest.mark.parametrize("chunk_bytes", [64 * 1024, 256 * 1024])  # nested4's are 416 KB
 def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:

@@ -25,6 +25,7 @@ RATE = "1200mbit"
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @needs_root
 @pytest.mark.parametrize("chunk_bytes", [212 * 1024, 1024 * 1024])
 def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: int) -> None:
@@ -39,6 +40,7 @@ def test_the_honest_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: in
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @needs_root
 def test_the_legacy_burst_lets_small_chunks_run_above_the_rate() -> None:
     """What the probe exists to catch: a 256 KB bucket, refilled in every gap. At 200 Mbit/s
