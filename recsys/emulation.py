@@ -9,11 +9,11 @@ A cluster layout with `emulation.enabled=true` runs as follows (tag T, nodes 0..
   kernel routes traffic to a local address through `lo`), unshaped;
 - each rank runs in its own cpu cgroup `recsys-T/n<i>/r<rank>` with a CFS quota of its
   device entry's `share` of one core (cgroup v1 `cpu.cfs_quota_us` here; v2 `cpu.max` where
-  that controller is mounted), with one intra-op thread, pinned where the layout says. A
-  rank `run_ranks` starts imports its job's module and the training stack in the
-  emulation's uncapped `start` cgroup, then joins its own before the job runs (a 0.25 share
-  would spend 4x as long on imports, which no step times); `exec` joins the node's cgroup
-  before the command starts.
+  that controller is mounted), with one intra-op thread, pinned where the layout says.
+  `run_ranks` starts ranks as the local launcher does, forked by its fork server with the
+  training stack imported (a 0.25 share would spend 4x as long on imports, which no step
+  times); each joins its node's namespace and its own cgroup before the job runs. `exec`
+  joins the node's cgroup before the command starts.
 
 `emulated(spec)` sets it all up and removes every namespace, link and cgroup it made on
 every exit path; `run_ranks` runs a function on every rank inside it, as `spawn_ranks`
@@ -26,16 +26,13 @@ does locally. The command line keeps an emulation up for other launchers (torchr
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pickle
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -44,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recsys.interrupts import die_with_parent
 from sharding.cluster import resolve_cluster
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, RankDevice
@@ -173,12 +169,6 @@ class Emulation:
     def rank_cgroup(self, rank: int) -> Path:
         return self.node_cgroup(self.ranks[rank].node) / f"r{rank}"
 
-    @property
-    def start_cgroup(self) -> Path:
-        """Uncapped: where `run_ranks`'s ranks import their modules before they join their
-        own cgroup."""
-        return self.cgroup / "start"
-
     def rank_env(self, rank: int, port: int = MASTER_PORT) -> dict[str, str]:
         """torchrun's environment for `rank`, its gloo traffic on its node's interface."""
         r = self.ranks[rank]
@@ -243,7 +233,6 @@ def setup(emu: Emulation) -> None:
     _make_cgroup(emu.cgroup, None, period, version)
     if version == 2:
         _enable_cpu_v2(emu.cgroup)
-    _make_cgroup(emu.start_cgroup, None, period, version)
     for n in range(emu.nodes):
         shares = [r.share for r in emu.ranks if r.node == n]
         node_share = None if None in shares else sum(s for s in shares if s is not None)
@@ -345,9 +334,6 @@ def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
             teardown(emu)
 
 
-_JOIN = "RECSYS_EMU_CGROUP"  # the cgroup (as /proc names it) a rank joins after its imports
-
-
 def run_ranks(
     emu: Emulation,
     fn: Callable[..., Any],
@@ -355,90 +341,14 @@ def run_ranks(
     timeout_s: float = 3600.0,
     grace_s: float = 20.0,
 ):
-    """`fn(*args)` on every rank of `emu`, each in its namespace and cgroup; a
-    `launch.LaunchResult` as `spawn_ranks` returns. `fn` must be importable by name."""
-    from recsys.launch import PopenRank, supervise
+    """`fn(*args)` on every rank of `emu`, each in its node's namespace and its own cgroup: the
+    local launcher's ranks (`launch.spawn_ranks`, forked with the training stack imported),
+    each placed there as it starts; a `launch.LaunchResult`. `fn` must be importable by name."""
+    from recsys.launch import Placement, spawn_ranks
 
-    with tempfile.TemporaryDirectory(prefix="recsys-emu-") as tmp:
-        box = Path(tmp)
-        module = fn.__module__
-        if module == "__main__":  # `python -m recsys.train`: the rank imports it by name
-            module = sys.modules["__main__"].__spec__.name
-        job = (sys.path, module, fn.__qualname__, args)  # the parent's path, as spawn does
-        (box / "job.pkl").write_bytes(pickle.dumps(job))
-        procs = []
-        try:
-            for r in emu.ranks:
-                argv = [sys.executable, "-m", "recsys.emulation", "rank", str(box)]
-                cmd = emu.command(r.node, emu.start_cgroup, argv)
-                joins = f"/{emu.rank_cgroup(r.rank).relative_to(_cpu_root())}"
-                env = {**emu.rank_env(r.rank), _JOIN: joins}
-                procs.append(PopenRank(subprocess.Popen(cmd, env=env, start_new_session=True)))
-            seen: set[Path] = set()
-
-            def reports(block_s: float) -> list[tuple[int, str, Any]]:
-                time.sleep(block_s)
-                for f in sorted(box.glob("rank*.ready")):  # imports done: under its quota now
-                    rank = int(f.name[len("rank") : -len(".ready")])
-                    try:
-                        (emu.rank_cgroup(rank) / "cgroup.procs").write_text(f.read_text())
-                    except ProcessLookupError:  # it died meanwhile: its exit code tells
-                        pass
-                    f.unlink()
-                out = []
-                for f in sorted(box.glob("rank*.done")):
-                    if f not in seen:
-                        seen.add(f)
-                        out.append(pickle.loads(f.read_bytes()))
-                return out
-
-            return supervise(procs, reports, timeout_s, grace_s)
-        finally:
-            for p in procs:
-                p.kill()
-                p.join()
-
-
-def _join_own_cgroup(box: Path, rank: int, timeout_s: float = 60.0) -> None:
-    """Ask `run_ranks` to move this process into its own cgroup (inside the namespace the
-    cgroup filesystem is not mounted: `ip netns exec` mounts its own /sys) and wait until
-    /proc shows it there."""
-    want = os.environ[_JOIN]
-    ready = box / f"rank{rank}.ready"
-    ready.with_suffix(".tmp").write_text(str(os.getpid()))
-    ready.with_suffix(".tmp").rename(ready)
-    deadline = time.monotonic() + timeout_s
-    while not any(
-        line.endswith(":" + want) for line in Path("/proc/self/cgroup").read_text().split()
-    ):
-        if time.monotonic() > deadline:
-            raise EmulationError(
-                f"rank {rank} was not moved into its cgroup {want} in {timeout_s:.0f} s"
-            )
-        time.sleep(0.02)
-
-
-def _rank_child(box: Path) -> None:
-    """Entry of one rank started by `run_ranks`: run the job, report into `box`."""
-    from recsys.launch import run_and_exit
-
-    die_with_parent()  # `sh` and `ip netns exec` exec into this: the parent is the launcher
-    rank = int(os.environ["RANK"])
-
-    def job() -> Any:
-        path, module, name, args = pickle.loads((box / "job.pkl").read_bytes())
-        sys.path[:0] = [p for p in path if p not in sys.path]
-        fn = getattr(importlib.import_module(module), name)
-        importlib.import_module("recsys.trainer.loop")  # the training stack (torchrec, fbgemm)
-        _join_own_cgroup(box, rank)
-        return fn(*args)
-
-    def report(status: str, payload: Any) -> None:
-        tmp = box / f"rank{rank}.part"
-        tmp.write_bytes(pickle.dumps((rank, status, payload)))
-        tmp.rename(box / f"rank{rank}.done")  # whole or not at all
-
-    run_and_exit(job, (), report)
+    places = [Placement(emu.rank_env(r.rank), emu.node_ns(r.node), str(emu.rank_cgroup(r.rank)))
+              for r in emu.ranks]  # fmt: skip
+    return spawn_ranks(fn, len(emu.ranks), args, timeout_s, grace_s, places)
 
 
 def _cluster(name: str) -> ClusterSpec:
@@ -471,10 +381,8 @@ down: remove it (kills what still runs inside)."""
 
 
 def main(argv: list[str]) -> int:
-    # plain argv, not Hydra: `exec` passes a whole command line through, and `rank` is the
-    # internal entry of run_ranks; clusters are still composed by Hydra (_cluster)
-    if len(argv) >= 2 and argv[0] == "rank":
-        _rank_child(Path(argv[1]))
+    # plain argv, not Hydra: `exec` passes a whole command line through; clusters are still
+    # composed by Hydra (_cluster)
     if len(argv) < 2 or argv[0] not in ("up", "down", "exec"):
         print(_USAGE, file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ others fail with an error that names it, never a hang.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import queue
@@ -102,9 +103,34 @@ class LaunchResult:
     errors: dict[int, str]  # rank -> traceback text, in the order the failures were seen
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank runs other than this machine's own network and cores: its environment
+    (over torchrun's local one), a network namespace to join (`/var/run/netns/<netns>`) and
+    a cgroup to join (a directory under the cgroup filesystem). `recsys.emulation` places
+    each rank of an emulated node so."""
+
+    env: dict[str, str]
+    netns: str | None = None
+    cgroup: str | None = None
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _join_netns(name: str) -> None:
+    """This process (one thread: just forked) into the network namespace `name`; the
+    threads and sockets it makes from now on live there."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{name}") as ns:
+        if libc.setns(ns.fileno(), _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"joining network namespace {name}: {os.strerror(err)}")
+
+
 def _rank_entry(
     fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any, alive: int,
-    env: dict[str, str], fds: tuple[int, int],
+    env: dict[str, str], fds: tuple[int, int], place: Placement | None,
 ) -> None:  # fmt: skip
     # forked by the fork server, whose life this rank prolongs: it watches the launcher
     die_with_parent()
@@ -122,6 +148,12 @@ def _rank_entry(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    if place is not None:
+        os.environ.update(place.env)
+        if place.netns:
+            _join_netns(place.netns)
+        if place.cgroup:  # from now on under its CPU quota (the stack is imported already)
+            Path(place.cgroup, "cgroup.procs").write_text(str(os.getpid()))
 
     def report(status: str, payload: Any) -> None:
         out.put((rank, status, payload))
@@ -178,8 +210,10 @@ def spawn_ranks(
     args: tuple = (),
     timeout_s: float = 3600.0,
     grace_s: float = 20.0,
+    placements: Sequence[Placement] | None = None,
 ) -> LaunchResult:
-    """Run `fn(*args)` in `world_size` fresh processes on a free local port.
+    """Run `fn(*args)` in `world_size` fresh processes on a free local port (`placements`:
+    rank r in `placements[r]`'s namespace and cgroup, with its environment).
 
     `fn` must be importable (it is pickled by name). Once a rank fails, the others get
     `grace_s` seconds to fail on their own (they should: their collectives error out or time
@@ -196,7 +230,8 @@ def spawn_ranks(
     port = free_port()
     alive_r, alive_w = os.pipe()  # the ranks read; they stop once this end closes
     rank_args = (world_size, port, args, out, _Fd(alive_r), dict(os.environ), (_Fd(1), _Fd(2)))
-    procs = [ctx.Process(target=_rank_entry, args=(fn, r, *rank_args), daemon=False)
+    places = list(placements) if placements is not None else [None] * world_size
+    procs = [ctx.Process(target=_rank_entry, args=(fn, r, *rank_args, places[r]), daemon=False)
              for r in range(world_size)]  # fmt: skip
 
     def reports(block_s: float) -> list[tuple[int, str, Any]]:
