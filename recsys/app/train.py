@@ -247,15 +247,34 @@ def _check_resume(tcfg: TrainConfig) -> None:
         )
 
 
+def _check_gpus(cluster: str, ranks: list) -> None:
+    """A GPU cluster's ranks find their GPUs here: CUDA, as many GPUs as a node's ranks (each
+    rank takes GPU `local_rank`), and one node when the local launcher starts them all."""
+    if not torch.cuda.is_available():
+        raise TrainConfigError(
+            f"cluster '{cluster}' has GPUs and this machine has no CUDA: plan it with `python -m "
+            f"sharding.plan cluster={cluster}` or trainer.dry_run=true, or train on CPU ranks "
+            f"(cluster=local_cpu2)"
+        )
+    nodes = sorted({r.node for r in ranks})
+    if len(nodes) > 1 and not launch.launched_externally():
+        raise TrainConfigError(
+            f"cluster '{cluster}' has {len(nodes)} nodes; the local launcher starts one "
+            f"machine's ranks: start each node's with torchrun or Slurm (docs/launching.md)"
+        )
+    here = torch.cuda.device_count()
+    per_node = max(sum(r.node == n for r in ranks) for n in nodes)
+    if per_node > here:
+        raise TrainConfigError(
+            f"cluster '{cluster}' puts {per_node} GPU ranks on a node and this machine has "
+            f"{here} GPU(s): name a cluster with at most {here} GPUs a node"
+        )
+
+
 def _check_launch(tcfg: TrainConfig, ranks: list) -> None:
     """The cluster's devices exist here, and torchrun or Slurm started one process per rank."""
-    if (not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda"
-            and not torch.cuda.is_available()):  # fmt: skip
-        raise TrainConfigError(
-            f"cluster '{tcfg.cluster.name}' has GPUs and this machine has no CUDA: plan it "
-            f"with `python -m sharding.plan cluster={tcfg.cluster.name}` or "
-            f"trainer.dry_run=true, or train on CPU ranks (cluster=local_cpu2)"
-        )
+    if not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda":
+        _check_gpus(tcfg.cluster.name, ranks)
     if launch.launched_externally() and not tcfg.trainer.dry_run:
         _, started = launch.external_rank_and_world()
         if started != len(ranks):

@@ -36,7 +36,7 @@ from recsys.data.source import build_source
 from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
-from sharding.cluster import ClusterConfigError
+from sharding.cluster import ClusterConfigError, compute_device_type
 from sharding.emit import to_torchrec_plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
@@ -80,11 +80,19 @@ def _fuse_embedding_optimizer(cfg: TrainerConfig, model: torch.nn.Module) -> Non
     apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), kwargs)
 
 
-def rank_device() -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(launch.local_rank())
-        return torch.device("cuda", launch.local_rank())
-    return torch.device("cpu")
+def rank_device(device: RankDevice) -> torch.device:
+    """The rank's torch device, from the cluster config: a CPU rank runs on CPU even where
+    CUDA exists; a GPU rank takes its node's GPU `local_rank` (the parent checked it exists,
+    `recsys.app.train`)."""
+    if device.kind == "cpu":
+        return torch.device("cpu")
+    torch.cuda.set_device(device.local_rank)
+    return torch.device("cuda", device.local_rank)
+
+
+def backend_for(ranks: list[RankDevice]) -> str:
+    """The collectives' backend the cluster's devices need: gloo for CPU ranks, NCCL for GPUs."""
+    return "gloo" if compute_device_type(ranks) == "cpu" else "nccl"
 
 
 def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
@@ -106,10 +114,12 @@ def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
 
 
 def _hot_ids(
-    source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int
-) -> dict[str, torch.Tensor]:
+    source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:  # fmt: skip
     """Per split table (keyed by its feature), its `h` most frequent ids in the first
-    `batches` training batches of every rank (counts summed over ranks; ties: lower id)."""
+    `batches` training batches of every rank (counts summed over ranks on the rank's
+    `device`, which NCCL needs; ties: lower id)."""
     features = {t[len("t_") :]: t for t in hot_rows}  # t_cat_3 serves cat_3
     counts = {f: torch.zeros(rows[t], dtype=torch.float64) for f, t in features.items()}
     for index in range(batches):
@@ -118,8 +128,9 @@ def _hot_ids(
             c += torch.bincount(kjt[f].values(), minlength=len(c)).double()
     out = {}
     for f, c in counts.items():
-        dist.all_reduce(c)
-        order = np.lexsort((np.arange(len(c)), -c.numpy()))  # by count, then by id
+        summed = c.to(device)
+        dist.all_reduce(summed)
+        order = np.lexsort((np.arange(len(c)), -summed.cpu().numpy()))  # by count, then by id
         out[f] = torch.from_numpy(np.sort(order[: hot_rows[features[f]]]))
     return out
 
@@ -145,7 +156,7 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
     remap = None
     if cold_parts:
         rows = {t.name: t.rows for t in our_plan.tables}
-        hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank)
+        hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank, device)
         hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
                     for t in cold_parts if t not in hot_rows}  # fmt: skip
         remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})

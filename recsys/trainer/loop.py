@@ -30,7 +30,7 @@ from sharding.errors import UserError
 if TYPE_CHECKING:
     from recsys.config import TrainConfig
 
-from recsys.trainer.build import Training, build_training, place_rank, rank_device
+from recsys.trainer.build import Training, backend_for, build_training, place_rank, rank_device
 from recsys.trainer.outputs import per_step_stats, versions, write_interrupted, write_losses
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,9 @@ def train_each(runs: list[tuple], steps: int, run_dir: str):
     batch transform or None)`, build the training from the same seed, run `steps` train
     steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
     first = runs[0][0]
-    rank, _ = launch.init_distributed(first.cfg.trainer.dist_timeout_s)
+    rank, _ = launch.init_distributed(first.cfg.trainer.dist_timeout_s, backend_for(first.ranks))
     place_rank(first.cfg.trainer, first.ranks[rank])
-    device = rank_device()
+    device = rank_device(first.ranks[rank])
     for ctx, transform in runs:
         job = build_training(ctx, run_dir, rank, device)
         batches = job.batches("train", 0, steps)
@@ -110,14 +110,14 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     `ctx.plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
     TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
     cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
-    rank, world = launch.init_distributed(tcfg.dist_timeout_s)
+    rank, world = launch.init_distributed(tcfg.dist_timeout_s, backend_for(ranks))
     if len(ranks) != world:
         raise TrainConfigError(
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
             f"as many processes as the cluster config has devices"
         )
     place_rank(tcfg, ranks[rank])
-    device = rank_device()
+    device = rank_device(ranks[rank])
     job = build_training(ctx, run_dir, rank, device)
     start = 0
     if tcfg.resume_from:

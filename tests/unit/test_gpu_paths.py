@@ -1,0 +1,83 @@
+"""What a GPU run needs that CPU ranks can check: the device and backend follow the cluster
+config, not whether CUDA is present; a GPU cluster that this machine's GPUs cannot hold is
+refused before any rank starts; every plan either planner makes for a GPU preset pickles
+(TorchRec broadcasts the plan to the ranks)."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import CONF_DIR
+
+from recsys.app import train as app
+from recsys.app.planning import make_plan, plan_inputs
+from recsys.config import TrainConfigError
+from recsys.models.dlrm import build_model, feature_names
+from recsys.trainer.build import backend_for, rank_device
+from sharding.cluster import compute_device_type, resolve_cluster
+from sharding.emit import to_torchrec_plan
+from sharding.torchrec_planner import plan_with_torchrec
+from sharding.types import PlannerName
+
+
+def _ranks(typed_cfg, overrides: list[str]):
+    return resolve_cluster(typed_cfg(overrides).cluster)
+
+
+def test_cpu_ranks_run_on_cpu_with_gloo_even_where_cuda_is(typed_cfg, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("a CPU rank took a GPU"))
+    ranks = _ranks(typed_cfg, ["cluster=local_cpu2"])
+    assert [rank_device(r) for r in ranks] == [torch.device("cpu")] * 2
+    assert backend_for(ranks) == "gloo"
+
+
+def test_gpu_ranks_take_their_nodes_gpus_with_nccl(typed_cfg, monkeypatch) -> None:
+    taken = []
+    monkeypatch.setattr(torch.cuda, "set_device", taken.append)
+    ranks = _ranks(typed_cfg, ["cluster=2x8_h100"])
+    devices = [rank_device(r) for r in ranks]
+    assert devices == [torch.device("cuda", i % 8) for i in range(16)]  # local rank, per node
+    assert taken == [i % 8 for i in range(16)] and backend_for(ranks) == "nccl"
+
+
+@pytest.mark.parametrize(
+    "overrides, gpus, says",
+    [(["cluster=1x8_a100_80g"], 2, "puts 8 GPU ranks on a node and this machine has 2 GPU(s)"),
+     (["cluster=2x8_h100"], 8, "has 2 nodes; the local launcher starts one machine's ranks")],
+)  # fmt: skip
+def test_a_gpu_cluster_this_machine_cannot_hold_is_refused_in_one_line(
+    typed_cfg, monkeypatch, overrides: list[str], gpus: int, says: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    cfg = typed_cfg(overrides)
+    with pytest.raises(TrainConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        app._check_launch(cfg, resolve_cluster(cfg.cluster))
+    fits = typed_cfg(["cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={gpus}"])
+    app._check_launch(fits, resolve_cluster(fits.cluster))  # as many ranks as GPUs: fine
+
+
+GPU_PRESETS = sorted(
+    p.stem for p in (CONF_DIR / "cluster").glob("*.yaml") if not p.stem.startswith(("local", "emu"))
+)
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_plan_for_a_gpu_preset_pickles(typed_cfg, preset: str) -> None:
+    """TorchRec's planner broadcasts its plan with `broadcast_object_list` (pickled): a
+    plan holding a closure (a coverage curve's lambda) killed rank 0 of every GPU run."""
+    cfg = typed_cfg(["debug=tiny", f"cluster={preset}"])
+    inputs = plan_inputs(cfg, None, None)
+    assert compute_device_type(inputs.ranks) == "cuda"
+    model = build_model(cfg.model, dense_device=torch.device("meta"))
+    plans = {"torchrec": plan_with_torchrec(model, inputs, cfg.planner).plan}
+    hybrid = replace(cfg, planner=replace(cfg.planner, name=PlannerName.hybrid))
+    feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
+    plans["hybrid"] = to_torchrec_plan(make_plan(hybrid, inputs), feature_of, "cuda")
+    for name, plan in plans.items():
+        back = pickle.loads(pickle.dumps(plan))
+        assert str(back) == str(plan), name
