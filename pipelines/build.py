@@ -11,11 +11,31 @@ from torchrec.distributed.train_pipeline import (
     TrainPipelineSparseDist,
 )
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
+from torchrec.distributed.types import ShardingPlan
 
 from pipelines import torchrec_cpu
 from pipelines.nested import NestedPipeline
 from pipelines.plain import PlainPipeline
 from pipelines.types import PipelineConfig, PipelineName
+
+# what the nested pipeline's exchange handles (pipelines/lookups.py); data_parallel stays local
+NESTED_SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+
+
+def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
+    """Why the pipeline `cfg` cannot train `plan` (None: it can); asked before the model is
+    sharded, so that a plan it cannot run stops before its tables are materialised."""
+    if PipelineName(cfg.name) != PipelineName.nested:
+        return None
+    for module, params in plan.plan.items():
+        for table, ps in params.items():
+            if ps.sharding_type not in NESTED_SHARDINGS:
+                return (
+                    f"pipeline=nested: table '{table}' of {module} is sharded {ps.sharding_type};"
+                    f" the nested pipeline handles {', '.join(NESTED_SHARDINGS)} pooled tables. "
+                    f"Use pipeline=sparse_dist, or a plan without {ps.sharding_type} tables"
+                )
+    return None
 
 
 def build_pipeline(

@@ -22,13 +22,14 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from pipelines.build import build_pipeline
+from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_step import per_tensor_comm_hook
 from recsys import launch
 from recsys.config import (
     DenseAllreduce,
     DenseOptimizer,
     SparseOptimizer,
+    TrainConfigError,
     TrainerConfig,
 )
 from recsys.context import RunContext
@@ -205,6 +206,9 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
     source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
     model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device)
+    why = unsupported_sharding(cfg.pipeline, plan)
+    if why:  # before DMP materialises the shards
+        raise TrainConfigError(why)
     layout = plan_layout(plan)
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))

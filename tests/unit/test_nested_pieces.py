@@ -75,3 +75,22 @@ def test_unsupported_sharding_is_named() -> None:
 
     with pytest.raises(NotImplementedError, match="row_wise.*pipeline=sparse_dist"):
         _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "row_wise")
+
+
+def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> None:
+    from torchrec.distributed.types import ParameterSharding, ShardingPlan
+
+    from pipelines.build import unsupported_sharding
+    from pipelines.types import PipelineConfig, PipelineName
+
+    def plan(sharding_type: str) -> ShardingPlan:
+        ps = ParameterSharding(sharding_type=sharding_type, compute_kernel="fused", ranks=[0, 1])
+        return ShardingPlan({"model.sparse_arch.ebc": {"t_cat_0": ps}})
+
+    nested = PipelineConfig(name=PipelineName.nested)
+    why = unsupported_sharding(nested, plan("row_wise"))
+    assert why and "'t_cat_0'" in why and "row_wise" in why and "pipeline=sparse_dist" in why
+    for kind in ("table_wise", "column_wise", "table_column_wise", "data_parallel"):
+        assert unsupported_sharding(nested, plan(kind)) is None
+    sparse_dist = PipelineConfig(name=PipelineName.sparse_dist)
+    assert unsupported_sharding(sparse_dist, plan("row_wise")) is None  # it runs any plan
