@@ -29,6 +29,15 @@ def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
         return None
     for module, params in plan.plan.items():
         for table, ps in params.items():
+            if cfg.lookahead and ps.compute_kernel == "fused_uvm_caching":
+                # batch i+1's lookup would run before batch i's fused update without FBGEMM's
+                # prefetch-pipeline cache locking: the update could write through cache slots
+                # that hold other rows by then
+                return (
+                    f"pipeline.lookahead=true: table '{table}' of {module} is cached in HBM "
+                    f"(fused_uvm_caching), whose cache the lookahead cannot keep consistent; "
+                    f"set pipeline.lookahead=false, or plan it without caching"
+                )
             if ps.sharding_type not in NESTED_SHARDINGS:
                 return (
                     f"pipeline=nested: table '{table}' of {module} is sharded {ps.sharding_type};"

@@ -94,3 +94,9 @@ def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> Non
         assert unsupported_sharding(nested, plan(kind)) is None
     sparse_dist = PipelineConfig(name=PipelineName.sparse_dist)
     assert unsupported_sharding(sparse_dist, plan("row_wise")) is None  # it runs any plan
+    cached = plan("table_wise")
+    cached.plan["model.sparse_arch.ebc"]["t_cat_0"].compute_kernel = "fused_uvm_caching"
+    assert unsupported_sharding(nested, cached) is None
+    ahead = PipelineConfig(name=PipelineName.nested, lookahead=True)
+    assert "pipeline.lookahead=false" in unsupported_sharding(ahead, cached)
+    assert unsupported_sharding(ahead, plan("table_wise")) is None
