@@ -8,7 +8,8 @@ measures each on the device, every figure a median over repeats timed with CUDA 
 
 - embedding: `embedding_bag` (sum) forward, and its backward with a row-wise Adagrad
   update of the touched rows (the fused update TorchRec's kernels do), dims 64/128, pooling
-  1/8/32, 1e6 and 4e7 rows, uniform and power-law ids: bytes moved per second;
+  1/8/32, 1e6 and 4e7 rows (fewer where the free memory holds fewer), uniform and power-law
+  ids: bytes moved per second;
 - dense: DCNv2 at MLPerf's shapes and `dlrm_small`, forward + backward, fp32, tf32, bf16,
   batch 2048-65536: achieved TFLOP/s (matmul FLOPs) against the catalog's bf16 peak;
 - copies host<->device from pinned and pageable memory, and a gather of random rows from
@@ -16,7 +17,8 @@ measures each on the device, every figure a median over repeats timed with CUDA 
 - the cold-only (sequence) exchange's local work: single-id lookups, the pooling after
   them, and its backward: per lookup and per byte.
 
-It writes `gpu_probe.json` (device, versions, every measurement with its shape) and
+It writes `gpu_probe.json` (device, versions, every measurement with its shape; rewritten
+after each section, `complete` once all have run) and
 `<kind>.json`, the device constants in the CPU calibration's format (`sharding.calibration`);
 copied to `sharding/calibration/gpu/<kind>.json` the planners and `sharding.predict` use
 them for that device kind. Imports torch and numpy only (no TorchRec, fbgemm-gpu or Hydra,
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -112,13 +115,33 @@ def uniform_ids(n: int, rows: int, gen: torch.Generator, device: torch.device) -
     return torch.randint(0, rows, (n,), generator=gen).to(device)
 
 
+def free_bytes(device: torch.device) -> int:
+    """Memory free on `device` now: the GPU's (CUDA's count), or the host's available pages."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# a table and its momentum take at most this share of the free memory (the ids, the pooled
+# output and the backward's gradient need the rest)
+TABLE_SHARE = 0.4
+
+
+def table_rows(rows: int, dim: int, free: int) -> int:
+    """`rows`, or fewer where a table of them (and its momentum) would not fit `free` bytes:
+    a 40M x 128 table is 20.5 GB, more than a 16 GB T4 or V100 has."""
+    return min(rows, int(TABLE_SHARE * free) // ((dim + 1) * FLOAT_BYTES))
+
+
 def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
-    """Forward bytes/s (rows read), and backward + row-wise Adagrad over the forward."""
+    """Forward bytes/s (rows read), and backward + row-wise Adagrad over the forward; each
+    table as large as the free memory allows, up to `sizes.rows`."""
     out, gen = [], torch.Generator().manual_seed(0)
-    for rows in sizes.rows:
+    for asked in sizes.rows:
         for dim in sizes.dims:
             if timer.over_budget():
                 return out
+            rows = table_rows(asked, dim, free_bytes(device))
             weight = torch.empty(rows, dim, device=device).uniform_(-0.01, 0.01)
             momentum = torch.zeros(rows, device=device)
             for pooling in sizes.poolings:
@@ -403,7 +426,12 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run(device: torch.device, sizes: Sizes, budget_s: float, kind: str | None) -> dict:
+def run(
+    device: torch.device, sizes: Sizes, budget_s: float, kind: str | None,
+    save: Callable[[dict], None] = lambda result: None,
+) -> dict:  # fmt: skip
+    """Every section in turn; `save(result)` after each, so that what was measured survives
+    a section that fails or a machine taken back."""
     torch.manual_seed(0)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -429,6 +457,7 @@ def run(device: torch.device, sizes: Sizes, budget_s: float, kind: str | None) -
         },
         "datasheet": {"hbm_bytes_per_s": hbm, "bf16_flops_per_s": peak},
         "sizes": asdict(sizes),
+        "complete": False,  # true once every section has run
     }  # fmt: skip
     start, spent = time.monotonic(), 0.0
     for name, share, measure in sections:
@@ -437,10 +466,13 @@ def run(device: torch.device, sizes: Sizes, budget_s: float, kind: str | None) -
         result[name] = measure(Timer(device, sizes.repeats, budget_s * share))
         spent = time.monotonic() - t0
         print(f"[gpu_probe] {name}: {len(result[name])} measurements in {spent:.1f} s", flush=True)
-    result["elapsed_s"] = time.monotonic() - start
+        result["elapsed_s"] = time.monotonic() - start
+        save(result)
     if hbm:
         for e in result["embedding"]:
             e["of_hbm_bandwidth"] = e["forward_bytes_per_s"] / hbm
+    result["complete"] = True
+    save(result)
     return result
 
 
@@ -489,10 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device.type == "cpu":
         torch.set_num_threads(1)
-    result = run(device, QUICK if args.quick else Sizes(), args.budget_s, args.kind)
-    consts = constants(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    def save(result: dict) -> None:  # after each section: whole or not at all
+        tmp = args.out / "gpu_probe.json.tmp"
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(args.out / "gpu_probe.json")
+
+    result = run(device, QUICK if args.quick else Sizes(), args.budget_s, args.kind, save)
+    consts = constants(result)
     name = result["device"]["kind"] or "unknown_kind"
     (args.out / f"{name}.json").write_text(json.dumps(consts, indent=1) + "\n")
     print("\n".join(summary_lines(result, consts)))

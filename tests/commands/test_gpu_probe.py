@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_the_probe_imports_torch_only(probe: Path) -> None:
 def test_every_section_measures_and_every_figure_is_positive_and_finite(probe: Path) -> None:
     result = json.loads((probe / "gpu_probe.json").read_text())
     assert result["device"]["kind"] == "a100_40g" and result["device"]["type"] == "cpu"
-    assert result["environment"]["torch"]
+    assert result["environment"]["torch"] and result["complete"] is True
     for section in SECTIONS:
         assert result[section], f"{section} measured nothing"
     for e in result["embedding"]:
@@ -113,3 +114,32 @@ def test_without_cuda_the_probe_says_how_to_check_it() -> None:
         pytest.skip("this machine has CUDA")
     assert proc.returncode == 2
     assert "no CUDA device here" in proc.stderr and "--device cpu --quick" in proc.stderr
+
+
+def test_tables_are_sized_to_the_free_memory(monkeypatch) -> None:
+    """The 40M x 128 table (20.5 GB) on a 16 GB GPU: as many rows as fit, recorded as such."""
+    from benchmarks import gpu_probe as g
+
+    free = 16 * 2**30
+    rows = g.table_rows(40_000_000, 128, free)
+    assert 0 < rows < 40_000_000 and rows * 129 * 4 <= g.TABLE_SHARE * free
+    assert g.table_rows(1_000_000, 128, free) == 1_000_000
+    monkeypatch.setattr(g, "free_bytes", lambda device: 2**20)  # 1 MiB free
+    timer = g.Timer(g.torch.device("cpu"), 1, 60.0)
+    cases = g.embedding(replace(g.QUICK, poolings=(1,)), g.torch.device("cpu"), timer)
+    assert cases and all(c["rows"] == g.table_rows(10_000, c["dim"], 2**20) for c in cases)
+    assert all(c["rows"] < 10_000 for c in cases)
+
+
+def test_what_was_measured_is_written_before_a_later_section_fails(tmp_path, monkeypatch):
+    from benchmarks import gpu_probe as g
+
+    def broken(*args):
+        raise RuntimeError("the machine was taken back")
+
+    monkeypatch.setattr(g, "sequence", broken)  # the last section
+    with pytest.raises(RuntimeError, match="taken back"):
+        g.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_probe.json").read_text())
+    assert saved["complete"] is False and "sequence" not in saved
+    assert all(saved[s] for s in SECTIONS[:-1])  # the four before it, each measured
