@@ -323,11 +323,7 @@ def supervise(
         for r, p in enumerate(procs):
             if p.exitcode not in (None, 0) and r not in errors:
                 drain(0.5)  # its own report may still be on its way
-                errors.setdefault(
-                    r,
-                    f"exited with code {p.exitcode} without reporting an error "
-                    f"(a native abort: its message is in the run's log)",
-                )
+                errors.setdefault(r, _silent_exit(p.exitcode))
 
     try:
         _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s)
@@ -341,6 +337,19 @@ def supervise(
             break
     note_dead_ranks()
     return LaunchResult(results=results, exitcodes=[p.exitcode for p in procs], errors=errors)
+
+
+def _silent_exit(code: int) -> str:
+    """What a rank that ended without a report most likely met, by its exit code."""
+    why = {
+        -signal.SIGABRT: "a native abort, e.g. NCCL's watchdog ending a collective that timed "
+        "out (trainer.dist_timeout_s) or a failed check in gloo or FBGEMM",
+        -signal.SIGKILL: "killed outright, e.g. by the kernel's OOM killer (a smaller "
+        "trainer.batch_size or model) or by a user",
+        -signal.SIGSEGV: "a crash in native code",
+    }.get(code, "a native abort")
+    return (f"exited with code {code} without reporting an error ({why}: its message is in "
+            f"the run's log)")  # fmt: skip
 
 
 def stop_ranks(procs: Sequence[RankProcess], grace_s: float = STOP_GRACE_S) -> None:

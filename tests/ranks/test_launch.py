@@ -112,3 +112,12 @@ def test_the_job_deadline_kills_everything() -> None:
     assert time.monotonic() - start < 40
     assert all(code not in (0, None) for code in job.exitcodes)
     assert "deadline" in job.errors[1]
+
+
+def test_a_rank_that_ends_without_a_report_is_explained_by_its_exit_code() -> None:
+    from recsys.launch import _silent_exit
+
+    aborted, killed = _silent_exit(-6), _silent_exit(-9)
+    assert aborted.startswith("exited with code -6 without reporting an error")
+    assert "NCCL's watchdog" in aborted and "trainer.dist_timeout_s" in aborted
+    assert "OOM killer" in killed and "its message is in the run's log" in killed
