@@ -57,8 +57,8 @@ def test_invalid_layouts_fail_naming_the_field(mutate, needle: str) -> None:
 
 
 def test_presets_have_the_documented_shapes(typed_cfg) -> None:
-    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x8_a100_80g": 8, "2x8_h100": 16,
-             "hetero_3node": 24, "hetero_64": 64}  # fmt: skip
+    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x8_a100_80g": 8, "1x8_h100": 8,
+             "2x8_h100": 16, "hetero_3node": 24, "hetero_64": 64}  # fmt: skip
     for name, world in sizes.items():
         ranks = resolve_cluster(typed_cfg([f"cluster={name}"]).cluster)
         assert len(ranks) == world, name
