@@ -54,7 +54,7 @@ bench-data: $(STAMP)
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 test: $(STAMP)
 	$(PYTEST) -m "not alone"
-	$(BIN)/python -m pytest -m alone
+	$(BIN)/python -m pytest -m alone tests/ranks
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
