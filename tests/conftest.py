@@ -39,11 +39,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (`make test` ru
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest work first, else in their order: the tests that share one worker (an
-    xdist_group: minutes in a row), then the other slow (multi-process) ones; under `make
-    test`'s two workers the short ones then fill the gaps at the end."""
-    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None,
-                                 item.get_closest_marker("slow") is None))  # fmt: skip
+    """The slow (multi-process) tests first, in their order: under `make test`'s two workers
+    the long ones start early and short ones fill the gaps at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_command
 
 PROFILE = REPO / "benchmarks" / "results" / "planners" / "profile_mlperf_synthetic.json"
 
@@ -49,19 +49,21 @@ def test_a_small_benchmark_run_writes_the_names_checks_rely_on(tmp_path: Path) -
 
 
 def test_benchmarks_update_the_published_results_only_with_save(tmp_path: Path) -> None:
-    def bench(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "benchmarks.data", "rows=6000",
-                               "batch_size=256", "epochs=1", "workers=[1]",
-                               f"results_dir={tmp_path / 'published'}",
-                               f"hydra.run.dir={tmp_path / 'run'}", *extra], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-
-    proc = bench()
+    args = [
+        "rows=6000",
+        "batch_size=256",
+        "epochs=1",
+        "workers=[1]",
+        f"results_dir={tmp_path / 'published'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.data", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "data.json").exists() and (tmp_path / "run" / "data.md").exists()
     assert not (tmp_path / "published").exists()
     assert "save=true also writes them to" in proc.stdout
-    proc = bench("save=true")
+    proc = run_command("benchmarks.data", *args, "save=true")  # the same, in this process
     assert proc.returncode == 0, proc.stderr[-3000:]
     published = json.loads((tmp_path / "published" / "data.json").read_text())
     assert published == json.loads((tmp_path / "run" / "data.json").read_text())

@@ -70,7 +70,8 @@ GPU_PRESETS = sorted(
 def test_every_plan_for_a_gpu_preset_pickles(typed_cfg, preset: str) -> None:
     """TorchRec's planner broadcasts its plan with `broadcast_object_list` (pickled): a
     plan holding a closure (a coverage curve's lambda) killed rank 0 of every GPU run."""
-    cfg = typed_cfg(["debug=tiny", f"cluster={preset}"])
+    # TorchRec's search bounded to 1 s: any plan it returns carries the same cache_params
+    cfg = typed_cfg(["debug=tiny", f"cluster={preset}", "planner.torchrec_timeout_s=1"])
     inputs = plan_inputs(cfg, None, None)
     assert compute_device_type(inputs.ranks) == "cuda"
     model = build_model(cfg.model, dense_device=torch.device("meta"))
