@@ -111,7 +111,7 @@ def add_veth(ends: tuple[tuple[str, str], tuple[str, str]]) -> None:
     """A veth pair: `((namespace, interface), (namespace, interface))`, one end in each."""
     (ns_a, if_a), (ns_b, if_b) = ends
     run_tool("ip", "link", "add", if_a, "netns", ns_a, "type", "veth", "peer", "name", if_b,
-         "netns", ns_b)  # fmt: skip
+             "netns", ns_b)  # fmt: skip
 
 
 def address_end(ns: str, ifname: str, address: str) -> None:
@@ -124,7 +124,7 @@ def address_end(ns: str, ifname: str, address: str) -> None:
 def shape(ns: str, ifname: str, rate: str, burst: str) -> None:
     """What leaves `ifname` goes at most `rate` (tc's units), tbf's bucket `burst`."""
     run_tool("tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", rate, "burst",
-         burst, "latency", "50ms")  # fmt: skip
+             burst, "latency", "50ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
