@@ -128,7 +128,7 @@ def measure_embedding(repeats: int = 15, window_s: float = 0.0) -> dict:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    from recsys.data.synthetic import power_law_ranks
+    from recsys.data.planted import power_law_ranks
 
     rng = np.random.default_rng(0)
     points = []

@@ -14,8 +14,6 @@ position of a run is its step.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,82 +22,15 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys.data.convert import TEXT_SUFFIXES, natural_key
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
 from recsys.data.multi_hot import bags_to_jagged, read_multi_hot
-from sharding.errors import UserError
-
-
-class CriteoDataError(UserError, ValueError):
-    """Prepared Criteo files that are missing or do not fit the run."""
-
-
-def prepared_names(path: str | Path) -> list[str]:
-    root = Path(path)
-    names = sorted(
-        (p.name[: -len("_dense.npy")] for p in root.glob("*_dense.npy")),
-        key=lambda n: natural_key(Path(n)),
-    )
-    names = [n for n in names if n != "test" and not n.startswith(".")]  # Kaggle's unlabeled test
-    if not names:
-        raise CriteoDataError(f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, "
-                              f"_labels.npy) in '{root}'. {_prepare_advice(root)}")  # fmt: skip
-    return names
-
-
-def _prepare_advice(root: Path) -> str:
-    """How to make prepared files for `root`, never writing into a directory of raw text."""
-    out = root.parent / f"{root.name}_binary"
-    if root.is_dir() and any(p.name.lower().endswith(TEXT_SUFFIXES) or re.fullmatch(
-            r"day_\d+", p.name) for p in root.iterdir()):  # fmt: skip
-        return (
-            f"It holds Criteo text: prepare it into a new directory with `python -m "
-            f"recsys.data.prepare input={root} output={out}`, then pass dataset.path={out}"
-        )
-    return (
-        "Make them with `python -m recsys.data.prepare input=<tsv file or dir> "
-        "output=<a new directory>` and pass that directory as dataset.path"
-    )
-
-
-def open_npy(path: Path) -> np.ndarray:
-    """A prepared array, memory-mapped; a missing, truncated or foreign file names itself."""
-    try:
-        return np.load(path, mmap_mode="r")
-    except FileNotFoundError:
-        raise CriteoDataError(f"'{path}' is missing: the prepared directory is incomplete; "
-                              f"prepare it again into a new directory") from None  # fmt: skip
-    except (ValueError, OSError) as e:
-        raise CriteoDataError(f"'{path}' is truncated or not a .npy file ({e}); prepare it "
-                              f"again into a new directory") from None  # fmt: skip
-
-
-def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:
-    """Refuse a directory whose files cannot come from one `prepare` run: day_N files beside
-    other names (two layouts), or files that its summary.json does not list as they are."""
-    days = sorted(n for n in rows if re.fullmatch(r"day_\d+", n))
-    others = sorted(n for n in rows if n not in days)
-    if days and others:
-        raise CriteoDataError(
-            f"'{root}' mixes two layouts: {days[:3]} (Criteo 1TB) and {others[:3]}; prepare "
-            f"each dataset into its own directory"
-        )
-    summary = root / "summary.json"
-    if not summary.exists():
-        return
-    try:
-        listed = {f["name"]: f["rows"] for f in json.loads(summary.read_text())["files"]}
-    except (ValueError, KeyError, TypeError):
-        raise CriteoDataError(f"'{summary}' is not a prepare summary; remove it") from None
-    for name in sorted(set(rows) | set(listed)):
-        if rows.get(name) != listed.get(name):
-            have = f"{rows[name]:,} rows" if name in rows else "no files"
-            said = f"{listed[name]:,} rows" if name in listed else "nothing"
-            raise CriteoDataError(
-                f"'{root}/{name}_*.npy': the directory holds {have}, its summary.json says "
-                f"{said}: files of two runs are mixed. Prepare again into an empty directory "
-                f"(or with overwrite=true)"
-            )
+from recsys.data.prepared import (
+    CriteoDataError,
+    check_prepared_dir,
+    open_npy,
+    prepare_advice,
+    prepared_names,
+)
 
 
 class CriteoBinary:
@@ -131,7 +62,7 @@ class CriteoBinary:
         root = Path(path)
         if not root.is_dir():
             raise CriteoDataError(f"dataset.path '{root}' is not a directory. "
-                                  f"{_prepare_advice(root)}")  # fmt: skip
+                                  f"{prepare_advice(root)}")  # fmt: skip
         self._open_files(root)
         self.hotness = hotness
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)

@@ -31,9 +31,9 @@ from recsys.data.convert import (
     convert,
     input_files,
 )
-from recsys.data.criteo_binary import prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES, CRITEO_DENSE_FLOOR, BadInputError, LineRules
 from recsys.data.multi_hot import resolve_hotness, write_multi_hot
+from recsys.data.prepared import prepared_names
 
 
 @dataclass

@@ -26,9 +26,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from recsys import CONF_DIR
 from recsys.data.atomic import atomic_dir, check_not_input, run_cli
-from recsys.data.criteo_binary import CriteoDataError, prepared_names
 from recsys.data.criteo_tsv import CAT_FEATURES
 from recsys.data.npy_io import NpyAppender
+from recsys.data.prepared import CriteoDataError, prepared_names
 from recsys.progress import Progress
 
 BLOCK_ROWS = 1 << 20

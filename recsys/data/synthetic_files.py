@@ -22,7 +22,7 @@ import numpy as np
 from recsys.config import SyntheticConfig
 from recsys.data.atomic import atomic_dir
 from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
-from recsys.data.synthetic import SyntheticCriteo, power_law_ranks
+from recsys.data.planted import PlantedModel, power_law_ranks
 from recsys.progress import Progress
 from sharding.errors import UserError
 
@@ -73,7 +73,7 @@ def cardinalities(cfg: SynthConfig) -> list[int]:
     return [max(1, int(c / cfg.scale)) for c in base]
 
 
-def _lines(cfg: SynthConfig, model: SyntheticCriteo, cards: list[int], rng: np.random.Generator,
+def _lines(cfg: SynthConfig, model: PlantedModel, cards: list[int], rng: np.random.Generator,
            rows: int, labeled: bool) -> list[str]:  # fmt: skip
     z_ND = rng.standard_normal((rows, INT_FEATURES))
     ids_CN = (
@@ -101,10 +101,8 @@ def _lines(cfg: SynthConfig, model: SyntheticCriteo, cards: list[int], rng: np.r
 
 def write_file(cfg: SynthConfig, path: Path, rows: int, labeled: bool, file_seed: int) -> None:
     cards = cardinalities(cfg)
-    model = SyntheticCriteo(
-        SyntheticConfig(seed=cfg.seed, signal=cfg.signal, zipf_exponent=cfg.zipf_exponent),
-        cards, [f"cat_{i}" for i in range(CAT_FEATURES)], INT_FEATURES, 1,
-    )  # fmt: skip
+    planted = SyntheticConfig(seed=cfg.seed, signal=cfg.signal, zipf_exponent=cfg.zipf_exponent)
+    model = PlantedModel(planted, cards, INT_FEATURES)
     rng = np.random.default_rng([cfg.seed, file_seed])
     opener = gzip.open if cfg.gzip else open
     with opener(path, "wt", newline="\n") as f:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recsys.data.synthetic import power_law_ranks
+from recsys.data.planted import power_law_ranks
 from sharding.access_profile import AccessProfile, build_profile
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys.data.synthetic import power_law_ranks
+from recsys.data.planted import power_law_ranks
 from sharding.access_profile import build_profile
 from sharding.distinct import dedup_volume, expected_distinct, with_dedup
 from sharding.types import (

@@ -13,8 +13,8 @@ from conftest import CRITEO, REPO, compose_config
 
 from recsys.app.train import train
 from recsys.config import ModelConfigError, TrainConfigError
-from recsys.data.criteo_binary import CriteoDataError
 from recsys.data.multi_hot import HotnessError
+from recsys.data.prepared import CriteoDataError
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -8,7 +8,8 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from recsys.config import SyntheticConfig
-from recsys.data.synthetic import SyntheticCriteo, power_law_ranks
+from recsys.data.planted import PlantedModel, power_law_ranks
+from recsys.data.synthetic import SyntheticCriteo
 
 ROWS = [1000, 50, 20000] + [300] * 23
 
@@ -70,11 +71,10 @@ def test_hot_rows_are_scattered_not_the_first_ids() -> None:
 
 def test_planted_model_is_learnable_and_signal_zero_is_noise() -> None:
     def bayes_auc(signal: float) -> float:
-        s = source(batch=8192, signal=signal)
+        model = PlantedModel(SyntheticConfig(signal=signal), ROWS, 13)
         rng = np.random.default_rng(0)
         dense = rng.standard_normal((8192, 13))
-        ids = s._ids(rng)
-        p = 1.0 / (1.0 + np.exp(-s.logits(dense, ids)))
+        p = 1.0 / (1.0 + np.exp(-model.logits(dense, model.ids(rng, 8192))))
         labels = (rng.random(8192) < p).astype(np.int64)
         return float(binary_auroc(torch.from_numpy(p), torch.from_numpy(labels)))
 
