@@ -1,6 +1,6 @@
 """Progress every command shows: a tqdm bar on a terminal; elsewhere (a log file, a pipe, a
-scheduler's output file) a plain line every tenth of the work or 30 s, whichever comes first,
-never a wall of `\\r`."""
+scheduler's output file) a plain line once the first unit is done (the work has started),
+then every tenth of the work or 30 s, whichever comes first, never a wall of `\\r`."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class Progress:
         self.done += n
         self.bar.update(self._shown(n))
         now = time.monotonic()
-        due = self.done >= self.next or now - self.last >= 30 or self.done >= self.total
+        first = self.shown_done == self.initial
+        due = first or self.done >= self.next or now - self.last >= 30 or self.done >= self.total
         if self.enabled and not self.tty and due and self.done > self.shown_done:
             self.shown_done = self.done
             self.next = (self.done // self.every + 1) * self.every

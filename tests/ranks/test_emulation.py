@@ -123,16 +123,19 @@ def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> No
 @needs_root
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> None:
-    proc = subprocess.Popen([sys.executable, *_train_args(tmp_path, 100_000), "cluster=emu_2node"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=sigint_default)  # fmt: skip
+    # tiny tables (the emulation is what is checked); progress lines in the log: a step done
+    args = [*_train_args(tmp_path, 100_000), "cluster=emu_2node", "debug=tiny",
+            "trainer.progress_bar=true"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)  # fmt: skip
     tag = f"emu_2node-{proc.pid}"
+    log = tmp_path / "train.log"
     deadline = time.monotonic() + 120
-    while not (tmp_path / "train.log").exists() or len(emulation.leftovers(tag)) < 4:
+    while len(emulation.leftovers(tag)) < 4 or not (log.exists() and " step " in log.read_text()):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()[-2000:]
-        time.sleep(0.5)
-    time.sleep(5)  # the ranks are training now
-    proc.send_signal(sig)
+        time.sleep(0.2)
+    proc.send_signal(sig)  # the ranks are training
     proc.wait(timeout=60)
     assert proc.returncode != 0
     assert emulation.leftovers(tag) == []

@@ -116,8 +116,10 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(tty: bool) ->
         assert "\r" in text and "20/20" in text
     else:
         lines = text.splitlines()
-        assert "\r" not in text and len(lines) == 10  # one line every tenth of the run
-        assert lines[0].startswith("train plain x2: step 2/20 (10%), loss 0.5100, ")
+        # the first step (the work has started), then one line every tenth of the run
+        assert "\r" not in text and len(lines) == 11
+        assert lines[0].startswith("train plain x2: step 1/20 (5%), loss 0.5000, ")
+        assert lines[1].startswith("train plain x2: step 2/20 (10%), loss 0.5100, ")
         assert lines[-1].startswith("train plain x2: step 20/20 (100%), loss 0.6900, ")
 
 
