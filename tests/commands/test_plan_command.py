@@ -4,12 +4,10 @@ text), and bad input refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONF_DIR, run_command
+from conftest import run_command
 
 
 def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> None:
@@ -29,11 +27,15 @@ def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> Non
 
 
 def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "sharding.plan", "cluster=hetero_3node", "model=dcnv2_mlperf",
-         "planner=hybrid", "trainer.batch_size=2048", f"hydra.run.dir={tmp_path}"],
-        cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    # in this process (the README tour, tests/commands/test_readme.py, starts it as one)
+    proc = run_command(
+        "sharding.plan",
+        "cluster=hetero_3node",
+        "model=dcnv2_mlperf",
+        "planner=hybrid",
+        "trainer.batch_size=2048",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((tmp_path / "plan.json").read_text())
     for key in ("planner", "cluster", "feasible", "est_step_ms", "lower_bound_ms", "planning_s",

@@ -4,23 +4,17 @@ on and exits with the count of failures."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_command
+from conftest import run_command
 
 
 @pytest.mark.slow
 def test_multirun_sweep_runs_every_point(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "recsys.train", "-m", "trainer.lr=0.01,0.1", "debug=tiny",
-         f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    # in this process (tests/commands/test_logs.py starts a sweep as a process)
+    proc = run_command("recsys.train", "-m", "trainer.lr=0.01,0.1", "debug=tiny",
+                       f"hydra.sweep.dir={tmp_path}")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = sorted(tmp_path.glob("*/summary.json"))
     assert len(summaries) == 2
