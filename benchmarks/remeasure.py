@@ -1,0 +1,124 @@
+"""Re-measure the published results (`benchmarks/results/`) that another stack measured.
+
+    python -m benchmarks.remeasure            # run every stale result set, one at a time
+    python -m benchmarks.remeasure --list     # only say which are stale and why
+    python -m benchmarks.remeasure pipeline plan_train   # these (stale or not), in this order
+
+A result set is stale when the torch, torchrec or fbgemm_gpu version in its JSON file's
+`environment` block is not the installed one. They run in the order below, calibration
+first (the others' predictions use its constants), then the ones the README and docs quote
+most, the planners' at-scale run last; each as its own process with the machine otherwise
+idle (the timings are the point); a stopped run resumes where it stopped, since the sets
+already re-measured are no longer stale. Each set's command is the one its
+results were published with (`benchmarks/results/README.md`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_SHAPED = ["burst_sensitivity=[]", "multi_hot=null"]
+# the training benchmarks' overrides (quoted: each holds an `=`)
+_SGD = ",".join(f"'{o}'" for o in ["trainer.batch_size=2048", "planner=round_robin",
+                                    "trainer.dense_optimizer=sgd", "trainer.lr=0.1"])  # fmt: skip
+
+# (result set, its JSON file, the command's arguments after `python -m`); save=true
+# publishes into benchmarks/results/<set> (results_dir= where the name is not the default)
+PUBLISHED = [
+    ("calibrate", "summary.json", ["benchmarks.calibrate"]),
+    ("pipeline", "summary.json", ["benchmarks.pipeline"]),
+    ("plan_train", "summary.json", ["benchmarks.plan_train"]),
+    ("pipeline_200mbit", "summary.json",
+     ["benchmarks.pipeline", "link_rate=200mbit", *_SHAPED,
+      "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]"]),
+    ("scale", "summary.json", ["benchmarks.scale"]),
+    ("plan_train_emu_mixed4", "summary.json",
+     ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"]),
+    ("pipeline_emu_mixed4", "summary.json",
+     ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
+      f"overrides=[{_SGD},'trainer.dense_allreduce=per_tensor']"]),
+    ("data", "data.json", ["benchmarks.data"]),
+    ("speed_aware", "speed_aware.json", ["benchmarks.speed_aware"]),
+    ("order_noise", "order_noise.json", ["benchmarks.order_noise"]),
+    ("order_noise_dedup", "order_noise.json",
+     ["benchmarks.order_noise", "nested_overrides=['pipeline.dedup=true']"]),
+    ("order_noise_multi_hot", "order_noise.json",
+     ["benchmarks.order_noise", f"overrides=[{_SGD},'dataset.hotness=mlperf']", "steps=60",
+      "nested_overrides=['pipeline.dedup=true']"]),
+    ("pipeline_emu_mixed4_ddp_buckets", "summary.json",
+     ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
+      "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested2+dedup,"
+      "nested4+dedup,nested8+dedup]"]),
+    ("scale_multihot", "summary.json",
+     ["benchmarks.scale", "families=[homogeneous]", "workers=[8,64,512,1536]",
+      "planners=[hybrid]", "profile=benchmarks/results/scale/profile_mlperf_multihot.json",
+      "validation=false"]),
+    ("planners", "summary.json", ["benchmarks.planners"]),  # about 70 min: planning at scale
+
+]  # fmt: skip
+
+_DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4"}  # <name>_<cluster> already
+VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
+
+
+def command(name: str) -> list[str]:
+    """`python -m ...` that publishes the result set `name`."""
+    args = next(a for n, _, a in PUBLISHED if n == name)
+    module = args[0].split(".")[1]
+    where = [] if name == module or name in _DEFAULT_DIR else [f"results_dir={RESULTS / name}"]
+    return [sys.executable, "-m", *args, "save=true", *where]
+
+
+def why_stale(name: str, installed: dict[str, str]) -> str | None:
+    """Why the set `name` needs re-measuring (None: the installed stack measured it)."""
+    file = RESULTS / name / next(f for n, f, _ in PUBLISHED if n == name)
+    if not file.exists():
+        return f"{file.relative_to(RESULTS.parent.parent)} is missing"
+    env = json.loads(file.read_text()).get("environment", {})
+    differ = [f"{k} {env.get(k)} (installed {installed[k]})" for k in VERSIONS
+              if env.get(k) != installed[k]]  # fmt: skip
+    return ", ".join(differ) or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.remeasure",
+                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser.add_argument("sets", nargs="*", help="result sets to run, stale or not (default: "
+                        "every stale one)")  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="only list the stale sets")
+    args = parser.parse_args(argv)
+    names = [n for n, _, _ in PUBLISHED]
+    unknown = sorted(set(args.sets) - set(names))
+    if unknown:
+        parser.error(f"unknown result set(s) {unknown}; known: {', '.join(names)}")
+    from benchmarks.common import environment
+    from recsys.app.train import quiet_library_noise
+
+    quiet_library_noise()
+    installed = {k: environment()[k] for k in VERSIONS}
+    stale = {n: why_stale(n, installed) for n in names}
+    todo = args.sets or [n for n in names if stale[n]]
+    for n in names:
+        print(f"{n:32s} {'stale: ' + stale[n] if stale[n] else 'measured on the installed stack'}")
+    if args.list or not todo:
+        return 0
+    for i, name in enumerate(todo, 1):
+        cmd = command(name)
+        print(f"\n[{i}/{len(todo)}] {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        code = subprocess.run(cmd, cwd=RESULTS.parent.parent).returncode
+        print(f"[{i}/{len(todo)}] {name}: exit {code} after {time.monotonic() - t0:.0f} s",
+              flush=True)  # fmt: skip
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
