@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
+
+from recsys.collectives import all_reduce_sum
 
 
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device) -> dict:
@@ -30,9 +31,7 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
             ).double()
             count += labels.numel()
     model.train(was_training)
-    if dist.is_initialized():
-        dist.all_reduce(bce_sum)
-        dist.all_reduce(count)
+    bce_sum, count = all_reduce_sum(bce_sum, device), all_reduce_sum(count, device)
     return {
         "eval_auc": float(auroc.compute()),
         "eval_logloss": float(bce_sum / count),

@@ -21,7 +21,9 @@ them all and show TorchRec's best under our model beside its own choice.
 from __future__ import annotations
 
 import math
+import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +61,7 @@ from torchrec.distributed.types import (
 )
 
 from sharding.cluster import local_world_size
+from sharding.errors import UserError
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.plan_shards import plan_from_layout, plan_layout
@@ -230,27 +233,69 @@ def plan_with_torchrec(
     process_group: dist.ProcessGroup | None = None,
 ) -> TorchRecResult:
     """Run TorchRec's planner on `module` (built on the meta device, or `tables_module`).
-    With a process group, rank 0 plans and broadcasts the plan."""
+    With a process group, rank 0 plans and broadcasts the plan (`collective_plan`)."""
     planner, recorder = _planner(inputs, config)
     sharders = sharders or [EmbeddingBagCollectionSharder()]
     start = time.perf_counter()
-    try:
-        if process_group is not None:
-            plan = planner.collective_plan(module, sharders, process_group)
-        else:
-            plan = planner.plan(module, sharders)
-    except PlannerError as e:
-        budget = ", ".join(
-            f"rank {r.rank} ({r.kind}): {r.hbm_bytes / 2**30:.2f} GiB" for r in inputs.ranks[:8]
-        ) + (" ..." if inputs.world > 8 else "")
-        raise PlanDoesNotFitError(
-            f"TorchRec's planner found no plan that fits: {e.error_type.name}. Per-rank memory: "
-            f"{budget}. Fix: a cluster with more memory (cluster=..., or "
-            f"cluster.nodes.0.devices.0.hbm_gb=...), fewer or smaller tables (model=...), or a "
-            f"smaller planner.storage_reservation. TorchRec said: {str(e).splitlines()[0]}"
-        ) from e
+
+    def make() -> ShardingPlan:
+        try:
+            return planner.plan(module, sharders)
+        except PlannerError as e:
+            raise _does_not_fit(e, inputs) from e
+
+    plan = make() if process_group is None else collective_plan(make, process_group)
     own = min((r for r, _ in recorder.rated), default=math.nan)
     return TorchRecResult(plan, own, recorder.rated, time.perf_counter() - start)
+
+
+def _does_not_fit(e: PlannerError, inputs: PlanInputs) -> PlanDoesNotFitError:
+    budget = ", ".join(
+        f"rank {r.rank} ({r.kind}): {r.hbm_bytes / 2**30:.2f} GiB" for r in inputs.ranks[:8]
+    ) + (" ..." if inputs.world > 8 else "")
+    return PlanDoesNotFitError(
+        f"TorchRec's planner found no plan that fits: {e.error_type.name}. Per-rank memory: "
+        f"{budget}. Fix: a cluster with more memory (cluster=..., or "
+        f"cluster.nodes.0.devices.0.hbm_gb=...), fewer or smaller tables (model=...), or a "
+        f"smaller planner.storage_reservation. TorchRec said: {str(e).splitlines()[0]}"
+    )
+
+
+@dataclass
+class _Failed:
+    """What rank 0 sends instead of a plan: the error every rank then raises."""
+
+    kind: type[Exception]
+    message: str
+
+
+def collective_plan(make: Callable[[], ShardingPlan], group: dist.ProcessGroup) -> ShardingPlan:
+    """TorchRec's `collective_plan` (rank 0 makes the plan, the group receives it by
+    `broadcast_object_list`), with whatever ends rank 0's planning sent on: the plan, or the
+    error, which every rank then raises. TorchRec's sends nothing when rank 0 raises (a
+    plan that does not fit), and a plan that does not pickle fails inside the broadcast:
+    either way the other ranks wait out the collective timeout. A user error travels as
+    itself (every rank prints the same line), anything else as a RuntimeError naming it."""
+    sent: list = [None]
+    failure = None
+    if group.rank() == 0:
+        try:
+            sent = [make()]
+            pickle.dumps(sent[0])  # what the broadcast does: fail here, where it is named
+        except Exception as e:  # noqa: BLE001 - sent to every rank, raised again below
+            failure = e
+            if isinstance(e, UserError):
+                sent = [_Failed(type(e), str(e))]
+            else:
+                why = f"rank 0 could not make or send TorchRec's plan: {type(e).__name__}: {e}"
+                sent = [_Failed(RuntimeError, why)]
+    if group.size() > 1:
+        dist.broadcast_object_list(sent, group_src=0, group=group)
+    if failure is not None:
+        raise failure
+    if isinstance(sent[0], _Failed):
+        raise sent[0].kind(sent[0].message)
+    return sent[0]
 
 
 @dataclass

@@ -35,6 +35,30 @@ def one_rank_hangs(timeout_s: float) -> dict:
     return {"rank": rank}
 
 
+def plans_sent_from_rank_zero(timeout_s: float) -> dict:
+    """`collective_plan` three times: rank 0 makes a plan, fails to fit one, and makes one
+    that cannot be pickled; what each rank got or raised, and how long each took."""
+    from torchrec.distributed.types import ShardingPlan
+
+    from sharding.torchrec_planner import collective_plan
+    from sharding.types import PlanDoesNotFitError
+
+    rank, _ = launch.init_distributed(timeout_s)
+
+    def too_big() -> ShardingPlan:
+        raise PlanDoesNotFitError("no plan fits: 3 GiB of tables on 1 GiB of memory")
+
+    out = []
+    for make in (lambda: ShardingPlan({"m": {}}), too_big, lambda: ShardingPlan({"m": lambda: 0})):
+        start = time.monotonic()
+        try:
+            got = collective_plan(make, dist.group.WORLD)
+            out.append(("plan", sorted(got.plan), time.monotonic() - start))
+        except Exception as e:  # noqa: BLE001 - what the rank raised is the result
+            out.append((type(e).__name__, str(e), time.monotonic() - start))
+    return {"rank": rank, "results": out}
+
+
 def _fault_at(step: int, rank: int, action) -> None:
     """Make `rank` run `action` when it fetches the batch of `step`."""
     from recsys.data import synthetic

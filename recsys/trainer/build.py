@@ -25,6 +25,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_step import per_tensor_comm_hook
 from recsys import launch
+from recsys.collectives import all_reduce_sum
 from recsys.config import (
     DenseAllreduce,
     DenseOptimizer,
@@ -129,9 +130,8 @@ def _hot_ids(
             c += torch.bincount(kjt[f].values(), minlength=len(c)).double()
     out = {}
     for f, c in counts.items():
-        summed = c.to(device)
-        dist.all_reduce(summed)
-        order = np.lexsort((np.arange(len(c)), -summed.cpu().numpy()))  # by count, then by id
+        summed = all_reduce_sum(c, device).cpu().numpy()
+        order = np.lexsort((np.arange(len(c)), -summed))  # by count, then by id
         out[f] = torch.from_numpy(np.sort(order[: hot_rows[features[f]]]))
     return out
 

@@ -27,6 +27,21 @@ def test_ranks_run_a_collective_and_return_results(world: int) -> None:
     assert all(r["sum"] == expected and r["world"] == world for r in job.results)
 
 
+def test_whatever_ends_rank_zeros_planning_reaches_every_rank_at_once() -> None:
+    """TorchRec's collective_plan sends nothing when rank 0's planning raises, and a plan
+    that does not pickle kills rank 0 inside the broadcast: the other ranks then wait out
+    the collective timeout (here 60 s). Ours: the plan, or the same error on every rank."""
+    job = spawn_ranks(rank_jobs.plans_sent_from_rank_zero, 2, args=(60.0,), timeout_s=120)
+    results = raise_on_failure(job, "plans sent from rank 0")
+    for r in results:
+        (kind, plan, _), (fit, why, _), (pickled, said, _) = r["results"]
+        assert (kind, plan) == ("plan", ["m"])
+        assert fit == "PlanDoesNotFitError" and why.startswith("no plan fits: 3 GiB"), r
+        assert pickled == ("AttributeError" if r["rank"] == 0 else "RuntimeError"), r  # pickle's
+        assert "lambda" in said and (r["rank"] == 0 or "could not make or send" in said), r
+        assert all(seconds < 30 for *_, seconds in r["results"]), r  # none waited it out
+
+
 def test_a_rank_that_raises_fails_the_job_naming_it() -> None:
     start = time.monotonic()
     job = spawn_ranks(rank_jobs.one_rank_raises, 2, args=(30.0,), timeout_s=120, grace_s=20)

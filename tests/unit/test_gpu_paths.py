@@ -87,3 +87,37 @@ def test_every_plan_for_a_gpu_preset_pickles(typed_cfg, preset: str) -> None:
     for name, plan in plans.items():
         back = pickle.loads(pickle.dumps(plan))
         assert str(back) == str(plan), name
+
+
+def test_the_trainers_sums_run_on_the_ranks_device(monkeypatch) -> None:
+    """A count kept on the host is summed on the rank's device (NCCL takes CUDA tensors
+    only): here the meta device stands for a GPU."""
+    import torch.distributed as dist
+
+    from recsys import collectives
+
+    seen = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: seen.append(t.device))
+    counts = torch.zeros(5, dtype=torch.float64)
+    summed = collectives.all_reduce_sum(counts, torch.device("meta"))
+    assert seen == [torch.device("meta")] and summed.device.type == "meta"
+    assert counts.device.type == "cpu"  # the caller's tensor is left as it was
+
+
+def test_no_module_of_recsys_calls_a_collective_but_the_collectives_module() -> None:
+    """Every collective of the trainer and its metrics goes through recsys/collectives.py
+    (on the rank's device); the launcher's barrier is the one other."""
+    import ast
+
+    names = {"all_reduce", "all_gather", "broadcast", "reduce", "all_to_all",
+             "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather",
+             "scatter", "reduce_scatter"}  # fmt: skip
+    calls = []
+    for path in sorted((CONF_DIR.parent / "recsys").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in names and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "dist"):  # fmt: skip
+                calls.append(f"{path.relative_to(CONF_DIR.parent)}:{node.lineno}")
+    assert calls and all(c.startswith("recsys/collectives.py:") for c in calls), calls
