@@ -152,6 +152,9 @@ class TrainerConfig:
     dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
+    # training batches built ahead on a worker thread (pinned on GPU ranks); None: 2 on GPU
+    # ranks, 0 on CPU ranks (where the thread would share the rank's core with its step)
+    prefetch_batches: int | None = None
     warmup_steps: int = 5  # steps left out of samples/s
     progress_bar: bool = True  # a bar on a terminal; a line every tenth of the run otherwise
     log_level: str = "info"  # debug: also every library warning TorchRec and torch print
@@ -178,6 +181,8 @@ def check_train_config(cfg: TrainConfig) -> None:
     t = cfg.trainer
     lows = {"batch_size": 1, "max_steps": 1, "warmup_steps": 0, "log_every": 1,
             "eval_every": 0, "checkpoint_every": 0, "threads_per_rank": 0}  # fmt: skip
+    if t.prefetch_batches is not None:
+        lows["prefetch_batches"] = 0
     for key, low in lows.items():
         value = getattr(t, key)
         if not value >= low:

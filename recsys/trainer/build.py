@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from recsys.config import (
     TrainerConfig,
 )
 from recsys.context import RunContext
+from recsys.data.prefetch import InputStats, Prefetched
 from recsys.data.source import build_source
 from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
@@ -188,12 +190,26 @@ class Training:
     shares: list[int]  # batch size per rank
     rank: int
     layout: list[dict]  # the plan (sharding.plan_shards.plan_layout rows)
+    prefetch: int = 0  # training batches built ahead on a worker thread
+    pin: bool = False  # and pinned (a GPU rank)
+    input_stats: InputStats = field(default_factory=InputStats)  # of the training batches
 
-    def batches(self, split: str, first: int, stop: int):
+    def batches(self, split: str, first: int, stop: int) -> Iterator:
+        """The rank's batches `first` .. `stop - 1` of `split`; training batches through
+        `recsys.data.prefetch` (built ahead when `prefetch`, and timed either way)."""
+        made = self._made(split, first, stop)
+        if split != "train":
+            return made
+        return Prefetched(made, self.prefetch, self.pin, self.input_stats)
+
+    def _made(self, split: str, first: int, stop: int) -> Iterator:
         for b in self.source.batches(split, first, stop, self.rank):
             if self.remap is not None:  # ids of split tables into their hot and cold parts
                 b.sparse_features = self.remap(b.sparse_features)
             yield b
+
+    def input_summary(self) -> dict:
+        return self.input_stats.summary(self.prefetch, self.pin)
 
 
 def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training:
@@ -225,4 +241,7 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
-    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout)
+    gpu = device.type == "cuda"
+    prefetch = (2 if gpu else 0) if tcfg.prefetch_batches is None else tcfg.prefetch_batches
+    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout,
+                    prefetch, pin=gpu)  # fmt: skip

@@ -196,6 +196,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "evals": evals,
         "pipeline": cfg.pipeline.name.value,
         "pipeline_stats": per_step_stats(getattr(pipeline, "stats", None)),
+        "input": job.input_summary(),  # this rank's: building and waiting for batches
         "planner": cfg.planner.name.value,
         "model": cfg.model.name,
         "cluster": cfg.cluster.name,

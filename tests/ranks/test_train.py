@@ -53,11 +53,20 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
 
 
 def test_sparse_dist_pipeline_equals_the_plain_loop(tmp_path: Path) -> None:
+    """Also with its batches built 2 ahead on a worker thread (a GPU rank's default): the
+    same batches, the same losses; both runs say how long input took."""
     plain = train(compose_config(TINY), tmp_path / "plain")
-    sparse = train(compose_config(TINY + ["pipeline=sparse_dist"]), tmp_path / "sparse")
+    sparse = train(compose_config(TINY + ["pipeline=sparse_dist", "trainer.prefetch_batches=2"]),
+                   tmp_path / "sparse")  # fmt: skip
     assert sparse["pipeline"] == "sparse_dist"
     assert sparse["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-6)
     assert sparse["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6)
+    steps = plain["steps"]
+    assert plain["input"]["prefetch_batches"] == 0 and plain["input"]["batches"] == steps
+    # SparseDist asks for the batches ahead of its steps; the worker builds each once
+    assert sparse["input"]["prefetch_batches"] == 2 and sparse["input"]["batches"] == steps
+    for run in (plain, sparse):
+        assert run["input"]["build_ms_per_batch"] > 0 and not run["input"]["pinned"]
 
 
 @pytest.mark.parametrize("pipeline", ["plain", "sparse_dist", "nested"])

@@ -21,6 +21,7 @@ from recsys.config import TrainConfigError, check_train_config, register_configs
         ("trainer.max_steps=0", "trainer.max_steps must be >= 1, got 0"),
         ("trainer.warmup_steps=-1", "trainer.warmup_steps must be >= 0, got -1"),
         ("trainer.log_every=0", "trainer.log_every must be >= 1, got 0"),
+        ("trainer.prefetch_batches=-1", "trainer.prefetch_batches must be >= 0, got -1"),
         ("trainer.lr=nan", "trainer.lr must be a finite number > 0, got nan"),
         ("trainer.lr=-0.1", "trainer.lr must be a finite number > 0, got -0.1"),
         ("trainer.embedding_lr=inf", "trainer.embedding_lr must be a finite number > 0, got inf"),
