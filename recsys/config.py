@@ -155,6 +155,9 @@ class TrainerConfig:
     # training batches built ahead on a worker thread (pinned on GPU ranks); None: 2 on GPU
     # ranks, 0 on CPU ranks (where the thread would share the rank's core with its step)
     prefetch_batches: int | None = None
+    # a GPU cluster's plan trained on as many CPU ranks (gloo), each CUDA kernel replaced by
+    # its CPU counterpart, through the GPU run's code path (docs/gpus.md)
+    rehearse_on_cpu: bool = False
     warmup_steps: int = 5  # steps left out of samples/s
     progress_bar: bool = True  # a bar on a terminal; a line every tenth of the run otherwise
     log_level: str = "info"  # debug: also every library warning TorchRec and torch print

@@ -10,9 +10,12 @@ EmbeddingBagCollection built from `split_table_configs`, on the meta device.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
 from torchrec import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -132,4 +135,31 @@ def to_torchrec_plan(
                 ps.cache_params = CacheParams(load_factor=caches[name])
             if name in row_kernels:
                 ps.compute_kernel = row_kernels[name]
+    return ShardingPlan(plans)
+
+
+# CUDA-only kernels and what a CPU rank runs instead: the table in the rank's own memory
+_CPU_KERNEL = {"fused_uvm": "fused", "fused_uvm_caching": "fused"}
+
+
+def for_cpu_ranks(plan: ShardingPlan) -> ShardingPlan:
+    """A GPU plan as CPU ranks run it (`trainer.rehearse_on_cpu`): the same modules, sharding
+    types, ranks and shard shapes; each CUDA kernel replaced by its CPU counterpart (UVM
+    and UVM-cached tables become fused tables in the rank's memory, without a cache) and
+    every shard placed on the rank's CPU."""
+    plans = {}
+    for module, module_plan in plan.plan.items():
+        converted = {}
+        for name, ps in module_plan.items():
+            spec = ps.sharding_spec
+            if spec is not None:
+                spec = EnumerableShardingSpec([
+                    ShardMetadata(m.shard_offsets, m.shard_sizes, f"rank:{m.placement.rank()}/cpu")
+                    for m in spec.shards
+                ])  # fmt: skip
+            converted[name] = dataclasses.replace(
+                ps, compute_kernel=_CPU_KERNEL.get(ps.compute_kernel, ps.compute_kernel),
+                sharding_spec=spec, cache_params=None, enforce_hbm=None,
+            )  # fmt: skip
+        plans[module] = type(module_plan)(converted)
     return ShardingPlan(plans)

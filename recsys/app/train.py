@@ -182,7 +182,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     Everything that can be checked is checked here, before any rank starts."""
     tcfg = _settled(to_typed(cfg))
     inputs = plan_inputs(tcfg, None, None)  # the cluster resolved, costs read: once, here
-    _check_launch(tcfg, inputs.ranks)
+    _check_launch(tcfg, inputs)
     emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
     if emulate and not launch.launched_externally():
         from recsys.emulation import EmulationError, refuse_reason
@@ -271,9 +271,32 @@ def _check_gpus(cluster: str, ranks: list) -> None:
         )
 
 
-def _check_launch(tcfg: TrainConfig, ranks: list) -> None:
-    """The cluster's devices exist here, and torchrun or Slurm started one process per rank."""
-    if not tcfg.trainer.dry_run and compute_device_type(ranks) == "cuda":
+def _check_rehearsal(cluster: str, gpus: bool, inputs: PlanInputs) -> None:
+    """A rehearsal needs a GPU cluster, and its tables in this machine's memory: all of
+    them, once each, is the least its CPU ranks hold."""
+    if not gpus:
+        raise TrainConfigError(
+            f"trainer.rehearse_on_cpu rehearses a GPU cluster's plan on CPU ranks; cluster "
+            f"'{cluster}' is CPU ranks already: drop trainer.rehearse_on_cpu"
+        )
+    tables = sum(t.rows * t.dim * 4 for t in inputs.tables)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if tables > 0.8 * memory:
+        raise TrainConfigError(
+            f"trainer.rehearse_on_cpu: the tables alone take {tables / 2**30:.1f} GiB and this "
+            f"machine has {memory / 2**30:.1f} GiB; rehearse a smaller model (model=..., "
+            f"debug=tiny) on the same cluster"
+        )
+
+
+def _check_launch(tcfg: TrainConfig, inputs: PlanInputs) -> None:
+    """The cluster's devices exist here (a rehearsal on CPU needs none, but the tables must
+    fit this machine's memory), and torchrun or Slurm started one process per rank."""
+    ranks = inputs.ranks
+    gpus = compute_device_type(ranks) == "cuda"
+    if tcfg.trainer.rehearse_on_cpu:
+        _check_rehearsal(tcfg.cluster.name, gpus, inputs)
+    elif gpus and not tcfg.trainer.dry_run:
         _check_gpus(tcfg.cluster.name, ranks)
     if launch.launched_externally() and not tcfg.trainer.dry_run:
         _, started = launch.external_rank_and_world()

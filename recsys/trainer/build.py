@@ -41,7 +41,7 @@ from recsys.models.dlrm import build_model, feature_names
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from sharding.cluster import ClusterConfigError, compute_device_type
-from sharding.emit import to_torchrec_plan
+from sharding.emit import for_cpu_ranks, to_torchrec_plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import RankDevice
@@ -84,19 +84,20 @@ def _fuse_embedding_optimizer(cfg: TrainerConfig, model: torch.nn.Module) -> Non
     apply_optimizer_in_backward(opt_cls, model.model.sparse_arch.parameters(), kwargs)
 
 
-def rank_device(device: RankDevice) -> torch.device:
+def rank_device(device: RankDevice, rehearse: bool = False) -> torch.device:
     """The rank's torch device, from the cluster config: a CPU rank runs on CPU even where
     CUDA exists; a GPU rank takes its node's GPU `local_rank` (the parent checked it exists,
-    `recsys.app.train`)."""
-    if device.kind == "cpu":
+    `recsys.app.train`), or the CPU when it is rehearsed there (`trainer.rehearse_on_cpu`)."""
+    if device.kind == "cpu" or rehearse:
         return torch.device("cpu")
     torch.cuda.set_device(device.local_rank)
     return torch.device("cuda", device.local_rank)
 
 
-def backend_for(ranks: list[RankDevice]) -> str:
-    """The collectives' backend the cluster's devices need: gloo for CPU ranks, NCCL for GPUs."""
-    return "gloo" if compute_device_type(ranks) == "cpu" else "nccl"
+def backend_for(ranks: list[RankDevice], rehearse: bool = False) -> str:
+    """The collectives' backend the cluster's devices need: gloo for CPU ranks (GPU ranks
+    rehearsed on CPU included), NCCL for GPUs."""
+    return "gloo" if rehearse or compute_device_type(ranks) == "cpu" else "nccl"
 
 
 def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
@@ -171,7 +172,8 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
         model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))
     _fuse_embedding_optimizer(cfg.trainer, model)
     feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
-    plan = to_torchrec_plan(our_plan, feature_of, device.type, sequence_cold)
+    # the cluster's kernels (a rehearsal converts them once the pipeline has seen them)
+    plan = to_torchrec_plan(our_plan, feature_of, compute_device_type(ctx.ranks), sequence_cold)
     if sequence_cold:
         sharders.append(EmbeddingCollectionSharder())
     return model, plan, sharders, remap
@@ -229,6 +231,9 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if rank == 0:
         (Path(run_dir) / "plan.txt").write_text(str(plan))
         (Path(run_dir) / "plan_layout.json").write_text(json.dumps(layout, indent=1))
+    gpu_cluster = compute_device_type(ctx.ranks) == "cuda"
+    if tcfg.rehearse_on_cpu:  # the GPU plan, checked and written above, as CPU ranks run it
+        plan = for_cpu_ranks(plan)
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
     if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
@@ -241,7 +246,7 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
-    gpu = device.type == "cuda"
-    prefetch = (2 if gpu else 0) if tcfg.prefetch_batches is None else tcfg.prefetch_batches
+    # a GPU cluster's input path (rehearsed too), pinned only where there is a GPU
+    prefetch = (2 if gpu_cluster else 0) if tcfg.prefetch_batches is None else tcfg.prefetch_batches
     return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout,
-                    prefetch, pin=gpu)  # fmt: skip
+                    prefetch, pin=device.type == "cuda")  # fmt: skip

@@ -93,9 +93,11 @@ def train_each(runs: list[tuple], steps: int, run_dir: str):
     batch transform or None)`, build the training from the same seed, run `steps` train
     steps, and yield `(Training, per-step losses)` (comparisons, controls)."""
     first = runs[0][0]
-    rank, _ = launch.init_distributed(first.cfg.trainer.dist_timeout_s, backend_for(first.ranks))
-    place_rank(first.cfg.trainer, first.ranks[rank])
-    device = rank_device(first.ranks[rank])
+    tcfg = first.cfg.trainer
+    rehearse = tcfg.rehearse_on_cpu
+    rank, _ = launch.init_distributed(tcfg.dist_timeout_s, backend_for(first.ranks, rehearse))
+    place_rank(tcfg, first.ranks[rank])
+    device = rank_device(first.ranks[rank], rehearse)
     for ctx, transform in runs:
         job = build_training(ctx, run_dir, rank, device)
         batches = job.batches("train", 0, steps)
@@ -110,14 +112,15 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     `ctx.plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
     TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
     cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
-    rank, world = launch.init_distributed(tcfg.dist_timeout_s, backend_for(ranks))
+    rank, world = launch.init_distributed(tcfg.dist_timeout_s,
+                                          backend_for(ranks, tcfg.rehearse_on_cpu))  # fmt: skip
     if len(ranks) != world:
         raise TrainConfigError(
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
             f"as many processes as the cluster config has devices"
         )
     place_rank(tcfg, ranks[rank])
-    device = rank_device(ranks[rank])
+    device = rank_device(ranks[rank], tcfg.rehearse_on_cpu)
     job = build_training(ctx, run_dir, rank, device)
     start = 0
     if tcfg.resume_from:
@@ -200,6 +203,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "planner": cfg.planner.name.value,
         "model": cfg.model.name,
         "cluster": cfg.cluster.name,
+        "rehearsed_on_cpu": tcfg.rehearse_on_cpu,
         "checkpoint": saved,
         "step_losses": step_losses.tolist(),
         "versions": versions(),

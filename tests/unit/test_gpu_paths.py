@@ -19,7 +19,7 @@ from recsys.config import TrainConfigError
 from recsys.models.dlrm import build_model, feature_names
 from recsys.trainer.build import backend_for, rank_device
 from sharding.cluster import compute_device_type, resolve_cluster
-from sharding.emit import to_torchrec_plan
+from sharding.emit import for_cpu_ranks, to_torchrec_plan
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import PlannerName
 
@@ -57,9 +57,22 @@ def test_a_gpu_cluster_this_machine_cannot_hold_is_refused_in_one_line(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     cfg = typed_cfg(overrides)
     with pytest.raises(TrainConfigError, match=re.escape(says)):
-        app._check_launch(cfg, resolve_cluster(cfg.cluster))
+        app._check_launch(cfg, plan_inputs(cfg, None, None))
     fits = typed_cfg(["cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={gpus}"])
-    app._check_launch(fits, resolve_cluster(fits.cluster))  # as many ranks as GPUs: fine
+    app._check_launch(fits, plan_inputs(fits, None, None))  # as many ranks as GPUs: fine
+
+
+def test_a_rehearsal_needs_no_gpu_but_a_gpu_cluster_and_the_memory(typed_cfg, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rehearse = ["trainer.rehearse_on_cpu=true"]
+    cfg = typed_cfg(["debug=tiny", "cluster=2x8_h100", *rehearse])
+    app._check_launch(cfg, plan_inputs(cfg, None, None))  # 16 CPU ranks, no GPU: fine
+    cpu = typed_cfg(["debug=tiny", *rehearse])
+    with pytest.raises(TrainConfigError, match="is CPU ranks already: drop"):
+        app._check_launch(cpu, plan_inputs(cpu, None, None))
+    big = typed_cfg(["model=dcnv2_mlperf", "cluster=2x8_h100", *rehearse])  # 90 GB of tables
+    with pytest.raises(TrainConfigError, match="the tables alone take .* rehearse a smaller"):
+        app._check_launch(big, plan_inputs(big, None, None))
 
 
 GPU_PRESETS = sorted(
@@ -87,6 +100,27 @@ def test_every_plan_for_a_gpu_preset_pickles(typed_cfg, preset: str) -> None:
     for name, plan in plans.items():
         back = pickle.loads(pickle.dumps(plan))
         assert str(back) == str(plan), name
+        _check_rehearsed(plan, for_cpu_ranks(plan))
+
+
+def _check_rehearsed(gpu, cpu) -> None:
+    """A GPU plan as CPU ranks run it: the same tables, sharding types, ranks and shard
+    shapes; CPU kernels, no cache, every shard on a CPU."""
+    assert gpu.plan.keys() == cpu.plan.keys()
+    for module, params in gpu.plan.items():
+        assert params.keys() == cpu.plan[module].keys()
+        for name, g in params.items():
+            c = cpu.plan[module][name]
+            assert (c.sharding_type, c.ranks) == (g.sharding_type, g.ranks), name
+            assert c.compute_kernel in ("fused", "dense") and c.cache_params is None, name
+            assert (g.compute_kernel == "dense") == (c.compute_kernel == "dense"), name
+            if g.sharding_spec is None:
+                assert c.sharding_spec is None, name
+                continue
+            for gs, cs in zip(g.sharding_spec.shards, c.sharding_spec.shards, strict=True):
+                assert (cs.shard_offsets, cs.shard_sizes) == (gs.shard_offsets, gs.shard_sizes)
+                assert cs.placement.rank() == gs.placement.rank()
+                assert str(cs.placement.device()) == "cpu" and gs.placement.device().type == "cuda"
 
 
 def test_the_trainers_sums_run_on_the_ranks_device(monkeypatch) -> None:
