@@ -18,7 +18,7 @@ from recsys.launch import raise_on_failure, spawn_ranks
 pytestmark = pytest.mark.slow
 
 GPU2 = ["debug=tiny", "cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.count=2",
-        "trainer.rehearse_on_cpu=true"]  # fmt: skip
+        "trainer.rehearse_on_cpu=true", "planner.torchrec_timeout_s=2"]  # fmt: skip
 NESTED = ["pipeline=nested", "pipeline.micro_batches=2", "pipeline.lookahead=true",
           "pipeline.cluster_samples=true"]  # fmt: skip
 
