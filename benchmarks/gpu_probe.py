@@ -6,6 +6,9 @@ The cost model prices every GPU from its datasheet and assumed efficiencies
 0.35 of the bf16 peak, sequence-exchange work from assumed passes over HBM). This probe
 measures each on the device, every figure a median over repeats timed with CUDA events:
 
+- tbe: FBGEMM's table-batched embedding, the kernel TorchRec trains with, forward and its
+  backward with the row-wise Adagrad update fused in, where `fbgemm_gpu` imports; the
+  embedding constants come from it then (`embedding_kernel` says which kernel they are of);
 - embedding: `embedding_bag` (sum) forward, and its backward with a row-wise Adagrad
   update of the touched rows (the fused update TorchRec's kernels do), dims 64/128, pooling
   1/8/32, 1e6 and 4e7 rows (fewer where the free memory holds fewer), uniform and power-law
@@ -15,14 +18,20 @@ measures each on the device, every figure a median over repeats timed with CUDA 
 - copies host<->device from pinned and pageable memory, and a gather of random rows from
   pinned host memory sent to the device (what a host-memory shard costs per lookup);
 - the cold-only (sequence) exchange's local work: single-id lookups, the pooling after
-  them, and its backward: per lookup and per byte.
+  them, and its backward: per lookup and per byte;
+- links: all-to-all and all-reduce between the node's GPUs over NCCL, one process each, from
+  1 MB to 64 MB a rank (latency and bytes/s fitted; none with one GPU).
+
+A GPU the catalog lacks is named from its name and memory (`l40s_45g.json`) and described
+by what was measured.
 
 It writes `gpu_probe.json` (device, versions, every measurement with its shape; rewritten
 after each section, `complete` once all have run) and
 `<kind>.json`, the device constants in the CPU calibration's format (`sharding.calibration`);
 copied to `sharding/calibration/gpu/<kind>.json` the planners and `sharding.predict` use
-them for that device kind. Imports torch and numpy only (no TorchRec, fbgemm-gpu or Hydra,
-which the GPU machines this runs on may not have); hence plain argparse, not a Hydra app.
+them for that device kind. Needs torch alone (TorchRec and Hydra are never imported, and
+fbgemm-gpu only where it is installed: the GPU machines this runs on may have none of them);
+hence plain argparse, not a Hydra app.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -46,6 +56,11 @@ from torch import nn
 from sharding.constants import DEVICE_CATALOG, datasheet_rates
 
 A100_BF16_FLOPS = 312e12  # the catalog's `speed` is relative to this
+EMBEDDING_KERNELS = {
+    True: "fbgemm TBE (what TorchRec trains with; row-wise Adagrad fused in the backward)",
+    False: "torch embedding_bag + index_add (fbgemm_gpu does not import here; FBGEMM's TBE "
+    "reads faster, so these rates are a lower bound)",
+}
 FLOAT_BYTES = 4
 HOST_TO_DEVICE_GBPS = 12.0  # a cluster config's default (sharding.types.NodeGroup)
 
@@ -63,12 +78,13 @@ class Sizes:
     copy_mb: int = 256
     host_rows: int = 4_000_000
     seq_lookups: tuple[int, ...] = (65536, 262144)
+    link_bytes: tuple[int, ...] = (1 << 20, 1 << 23, 1 << 26)  # per rank, each collective
     repeats: int = 10
 
 
 QUICK = Sizes(dims=(16, 32), poolings=(1, 8), rows=(10_000,), emb_batch=512,
               dense_batches=(64,), train_batch=64, copy_mb=4, host_rows=20_000,
-              seq_lookups=(2048, 8192), repeats=3)  # fmt: skip
+              seq_lookups=(2048, 8192), link_bytes=(1 << 12, 1 << 16), repeats=3)  # fmt: skip
 
 
 class Timer:
@@ -156,6 +172,63 @@ def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
             del weight, momentum
             _empty_cache(device)
     return out
+
+
+def tbe(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """FBGEMM's table-batched embedding, the kernel TorchRec trains with (one table, the
+    row-wise Adagrad update fused into the backward), as `embedding` measures torch's:
+    forward bytes/s and backward + update over forward. Empty where `fbgemm_gpu` does not
+    import (the result's `embedding_kernel` says which kernel the constants come from)."""
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+    except Exception:  # noqa: BLE001 - not installed, or built for another CUDA: say so
+        return []
+    gpu = device.type == "cuda"
+    where = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if gpu else (
+        EmbeddingLocation.HOST, ComputeDevice.CPU)  # fmt: skip
+    out, gen = [], torch.Generator().manual_seed(0)
+    for asked in sizes.rows:
+        for dim in sizes.dims:
+            if timer.over_budget():
+                return out
+            rows = table_rows(asked, dim, free_bytes(device))
+            kernel = SplitTableBatchedEmbeddingBagsCodegen(
+                [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                learning_rate=0.01, **({"device": device} if gpu else {}))  # fmt: skip
+            for pooling in sizes.poolings:
+                ids = power_law_ids(sizes.emb_batch * pooling, rows, gen, device)
+                offsets = torch.arange(0, len(ids) + 1, pooling, device=device)
+                fwd_ms, bwd_ms = _tbe_case(kernel, ids, offsets, timer)
+                read = len(ids) * dim * FLOAT_BYTES
+                out.append({"rows": rows, "dim": dim, "pooling": pooling, "ids": "power_law",
+                            "batch": sizes.emb_batch, "forward_ms": fwd_ms,
+                            "backward_ms": bwd_ms, "forward_bytes_per_s": read / (fwd_ms / 1e3),
+                            "bwd_over_fwd": bwd_ms / fwd_ms})  # fmt: skip
+            del kernel
+            _empty_cache(device)
+    return out
+
+
+def _tbe_case(kernel: nn.Module, ids, offsets, timer: Timer) -> tuple[float, float]:
+    """Median ms of the forward and of the backward with its fused update (timed as forward
+    + backward, less the forward)."""
+    ids, offsets = ids.to(torch.int64), offsets.to(torch.int64)
+
+    def forward() -> None:
+        with torch.no_grad():
+            kernel(ids, offsets)
+
+    def forward_backward() -> None:
+        out = kernel(ids, offsets)
+        out.backward(torch.ones_like(out))
+
+    fwd = timer.median_ms(forward)
+    return fwd, max(timer.median_ms(forward_backward) - fwd, 1e-6)
 
 
 @torch.no_grad()
@@ -375,11 +448,114 @@ def fit_sequence(points: list[dict]) -> dict[str, float]:
             "sequence_s_per_byte": max(0.0, float(per_byte))}  # fmt: skip
 
 
+def links(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """All-to-all and all-reduce between this node's GPUs, one process each, over NCCL (with
+    `--device cpu`, 2 processes over gloo: a check of the code): per collective and size,
+    the slowest rank's median ms. Empty with one GPU: there is no link to time."""
+    world = torch.cuda.device_count() if device.type == "cuda" else 2
+    if world < 2 or timer.over_budget():
+        return []
+    ctx = torch.multiprocessing.get_context("spawn")
+    reports = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_link_rank, args=(r, world, port, device.type, sizes, reports))
+             for r in range(world)]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        per_rank = [reports.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    failed = [r for r in per_rank if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"the link measurement failed: {failed[0]}")
+    slowest = {}
+    for rows in per_rank:
+        for row in rows:
+            key = (row["collective"], row["bytes"])
+            slowest[key] = max(slowest.get(key, 0.0), row["ms"])
+    return [{"collective": c, "bytes": b, "ranks": world, "ms": ms,
+             "bytes_per_s": b / (ms / 1e3)} for (c, b), ms in sorted(slowest.items())]  # fmt: skip
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _link_rank(rank: int, world: int, port: int, kind: str, sizes: Sizes, reports) -> None:
+    """One rank of `links`: its median ms per collective and size, or its error as text."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        device = torch.device("cuda", rank) if kind == "cuda" else torch.device("cpu")
+        if kind == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl" if kind == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120),
+        )  # fmt: skip
+        timer = Timer(device, sizes.repeats, budget_s=3600)
+        rows = []
+        for nbytes in sizes.link_bytes:
+            send = torch.ones(nbytes // FLOAT_BYTES // world * world, device=device)
+            recv = torch.empty_like(send)
+
+            def alltoall(send=send, recv=recv) -> None:
+                dist.all_to_all_single(recv, send)
+
+            def allreduce(send=send) -> None:
+                dist.all_reduce(send)
+
+            for name, fn in (("alltoall", alltoall), ("allreduce", allreduce)):
+                dist.barrier()
+                rows.append({"collective": name, "bytes": send.numel() * FLOAT_BYTES,
+                             "ms": timer.median_ms(fn)})  # fmt: skip
+        dist.barrier()
+        dist.destroy_process_group()
+        reports.put(rows)
+    except Exception as e:  # noqa: BLE001 - the parent raises it, naming the rank
+        reports.put(f"rank {rank}: {type(e).__name__}: {e}")
+
+
+def fit_link(rows: list[dict], collective: str) -> dict[str, float] | None:
+    """Latency and bytes/s of a collective from its sizes (least squares, t = a + bytes/b)."""
+    points = [(r["bytes"], r["ms"] / 1e3) for r in rows if r["collective"] == collective]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = (sum((x - mx) * (y - my) for x, y in points)
+             / max(sum((x - mx) ** 2 for x, _ in points), 1e-30))  # fmt: skip
+    if slope <= 0:
+        return None
+    return {"latency_s": max(0.0, my - slope * mx), "bytes_per_s": 1.0 / slope}
+
+
+def _tokens(name: str) -> list[str]:
+    return [t for t in re.split(r"[^0-9a-z]+", name.lower()) if t]
+
+
 def device_kind(name: str, memory_gib: float) -> str | None:
-    """The catalog kind whose family is in the device's name, nearest in memory."""
-    low = name.lower().replace(" ", "")
-    family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in low]
+    """The catalog kind whose family is a word of the device's name ("NVIDIA H100 80GB
+    HBM3": h100; "NVIDIA L40S" is no L4), nearest in memory."""
+    words = set(_tokens(name))
+    family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in words]
     return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gb - memory_gib), default=None)
+
+
+def unknown_kind(name: str, memory_gib: float | None) -> str:
+    """A name for a device the catalog lacks, in the catalog's style: `l40s_45g`."""
+    words = [t for t in _tokens(name) if t not in ("nvidia", "tesla", "geforce")] or ["device"]
+    return f"{words[0]}_{round(memory_gib)}g" if memory_gib else words[0]
 
 
 def constants(result: dict) -> dict:
@@ -387,7 +563,8 @@ def constants(result: dict) -> dict:
     calibration's format: measured where the probe measures them, the datasheet model's
     (`sharding.constants.datasheet_rates`) for the rest, which `measured.assumed` names."""
     sizes, kind = result["sizes"], result["device"]["kind"]
-    emb = [e for e in result["embedding"] if e["rows"] == max(sizes["rows"])] or result["embedding"]
+    timed = result.get("tbe") or result["embedding"]  # FBGEMM's kernel where it ran
+    emb = [e for e in timed if e["rows"] == max(sizes["rows"])] or timed
     dcn = [d for d in result["dense"] if d["model"] == "dcnv2_mlperf" and d["precision"] == "bf16"]
     at = min(dcn, key=lambda d: abs(d["batch"] - sizes["train_batch"]), default=None)
     measured = {
@@ -401,12 +578,15 @@ def constants(result: dict) -> dict:
     k = DEVICE_CATALOG[kind] if kind else None
     sheet = datasheet_rates(k.hbm_gbps, k.speed, HOST_TO_DEVICE_GBPS) if k else None
     base = sheet or datasheet_rates(1.0, 1.0, HOST_TO_DEVICE_GBPS)  # only its assumed fields
+    link = {c: fit_link(result.get("links", []), c) for c in ("alltoall", "allreduce")}
     return {
         "kind": kind,
         "device": {**base, **measured},
-        "links": {},
+        # between this node's GPUs (NCCL), where it has more than one
+        "links": {"intra_node": link} if all(link.values()) else {},
         "measured": {
             "source": "python -m benchmarks.gpu_probe",
+            "embedding_kernel": result.get("embedding_kernel"),
             "device_name": result["device"]["name"],
             "date": result["environment"]["date"],
             "torch": result["environment"]["torch"],
@@ -443,11 +623,13 @@ def run(
     peak = DEVICE_CATALOG[kind].speed * A100_BF16_FLOPS if kind else None
     hbm = DEVICE_CATALOG[kind].hbm_gbps * 1e9 if kind else None
     # each section gets its share of the budget and stops measuring new shapes past it
-    sections = (("embedding", 0.35, lambda t: embedding(sizes, device, t)),
-                ("dense", 0.35, lambda t: dense(sizes, device, t, peak)),
-                ("copies", 0.1, lambda t: copies(sizes, device, t)),
+    sections = (("tbe", 0.2, lambda t: tbe(sizes, device, t)),
+                ("embedding", 0.15, lambda t: embedding(sizes, device, t)),
+                ("dense", 0.3, lambda t: dense(sizes, device, t, peak)),
+                ("copies", 0.05, lambda t: copies(sizes, device, t)),
                 ("host_gather", 0.1, lambda t: host_gather(sizes, device, t)),
-                ("sequence", 0.1, lambda t: sequence(sizes, device, t)))  # fmt: skip
+                ("sequence", 0.1, lambda t: sequence(sizes, device, t)),
+                ("links", 0.1, lambda t: links(sizes, device, t)))  # fmt: skip
     result: dict = {
         "device": {**info, "kind": kind, "type": device.type},
         "environment": {
@@ -467,9 +649,11 @@ def run(
         spent = time.monotonic() - t0
         print(f"[gpu_probe] {name}: {len(result[name])} measurements in {spent:.1f} s", flush=True)
         result["elapsed_s"] = time.monotonic() - start
+        if name == "tbe":  # which kernel the embedding constants come from
+            result["embedding_kernel"] = EMBEDDING_KERNELS[bool(result["tbe"])]
         save(result)
     if hbm:
-        for e in result["embedding"]:
+        for e in result["tbe"] + result["embedding"]:
             e["of_hbm_bandwidth"] = e["forward_bytes_per_s"] / hbm
     result["complete"] = True
     save(result)
@@ -494,6 +678,12 @@ def summary_lines(result: dict, consts: dict) -> list[str]:
             continue
         then = f"{sheet[field] * scale:.3g} {unit}" if sheet else "-"
         lines.append(f"{field:24} {f'{d[field] * scale:.3g} {unit}':>16} {then:>16}")
+    lines.append(f"embedding kernel timed: {consts['measured']['embedding_kernel']}")
+    for collective, link in (consts["links"].get("intra_node") or {}).items():
+        rate = f"{link['bytes_per_s'] * 1e-9:.3g} GB/s"
+        lines.append(f"{collective + ' between GPUs':24} {rate:>16}")
+    if not consts["links"]:
+        lines.append("links between GPUs: not measured (fewer than 2 GPUs here)")
     return lines
 
 
@@ -530,7 +720,10 @@ def main(argv: list[str] | None = None) -> int:
 
     result = run(device, QUICK if args.quick else Sizes(), args.budget_s, args.kind, save)
     consts = constants(result)
-    name = result["device"]["kind"] or "unknown_kind"
+    # a device the catalog lacks: its own name, and its measured figures (add it to
+    # sharding/constants.py's DEVICE_CATALOG to plan for it)
+    info = result["device"]
+    name = info["kind"] or unknown_kind(info["name"], info["memory_gib"])
     (args.out / f"{name}.json").write_text(json.dumps(consts, indent=1) + "\n")
     print("\n".join(summary_lines(result, consts)))
     print(f"wrote {args.out / 'gpu_probe.json'} and {args.out / f'{name}.json'}")

@@ -19,16 +19,18 @@ from sharding.cluster import resolve_cluster
 from sharding.cost_model import datasheet_device_cost
 from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
 
-SECTIONS = ("embedding", "dense", "copies", "host_gather", "sequence")
+SECTIONS = ("tbe", "embedding", "dense", "copies", "host_gather", "sequence", "links")
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
-    """One quick CPU run in a fresh interpreter that records what it imported."""
+    """One quick CPU run in a fresh interpreter that records what it imported, as on a GPU
+    machine with torch alone: fbgemm_gpu cannot be imported there."""
     out = tmp_path_factory.mktemp("probe")
     code = (
-        "import sys, benchmarks.gpu_probe as g; rc = g.main(sys.argv[1:]); print("
-        "'IMPORTED', sorted({m.split('.')[0] for m in sys.modules})); sys.exit(rc)"
+        "import sys; sys.modules['fbgemm_gpu'] = None; import benchmarks.gpu_probe as g; "
+        "rc = g.main(sys.argv[1:]); print('IMPORTED', sorted({m.split('.')[0] for m, v in "
+        "sys.modules.items() if v is not None})); sys.exit(rc)"
     )
     proc = subprocess.run([sys.executable, "-c", code, "--device", "cpu", "--quick",
                            "--kind", "a100_40g", "--out", str(out)], cwd=REPO,
@@ -60,8 +62,12 @@ def test_every_section_measures_and_every_figure_is_positive_and_finite(probe: P
     result = json.loads((probe / "gpu_probe.json").read_text())
     assert result["device"]["kind"] == "a100_40g" and result["device"]["type"] == "cpu"
     assert result["environment"]["torch"] and result["complete"] is True
-    for section in SECTIONS:
+    assert result["tbe"] == [] and result["embedding_kernel"].startswith("torch embedding_bag")
+    for section in SECTIONS[1:]:
         assert result[section], f"{section} measured nothing"
+    # between 2 CPU processes over gloo (--device cpu): each collective at each size
+    assert {(x["collective"], x["ranks"]) for x in result["links"]} == {
+        ("alltoall", 2), ("allreduce", 2)}  # fmt: skip
     for e in result["embedding"]:
         assert {"rows", "dim", "pooling", "ids", "forward_ms", "backward_ms"} <= set(e)
     assert {e["ids"] for e in result["embedding"]} == {"uniform", "power_law"}
@@ -137,9 +143,29 @@ def test_what_was_measured_is_written_before_a_later_section_fails(tmp_path, mon
     def broken(*args):
         raise RuntimeError("the machine was taken back")
 
-    monkeypatch.setattr(g, "sequence", broken)  # the last section
+    monkeypatch.setattr(g, "links", broken)  # the last section
     with pytest.raises(RuntimeError, match="taken back"):
         g.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "gpu_probe.json").read_text())
-    assert saved["complete"] is False and "sequence" not in saved
-    assert all(saved[s] for s in SECTIONS[:-1])  # the four before it, each measured
+    assert saved["complete"] is False and "links" not in saved
+    assert all(saved[s] for s in SECTIONS[:-1])  # every one before it, each measured
+    # fbgemm_gpu imports here: FBGEMM's TBE was timed, and the constants come from it
+    assert saved["embedding_kernel"].startswith("fbgemm TBE")
+    tbe = saved["tbe"]
+    assert all(c["forward_bytes_per_s"] > 0 and c["bwd_over_fwd"] > 0 for c in tbe)
+    rates = [c["forward_bytes_per_s"] for c in tbe]
+    consts = g.constants({**saved, "links": []})
+    assert min(rates) <= consts["device"]["emb_read_bytes_per_s"] <= max(rates)
+
+
+@pytest.mark.parametrize("name, memory, kind", [
+    ("NVIDIA H100 80GB HBM3", 79.6, "h100_80g"), ("NVIDIA A100-SXM4-40GB", 39.4, "a100_40g"),
+    ("Tesla V100-SXM2-16GB", 15.8, "v100_16g"), ("NVIDIA L4", 22.5, "l4_24g"),
+    ("NVIDIA L40S", 44.5, None), ("NVIDIA H200", 139.8, "h200_141g")])  # fmt: skip
+def test_a_gpu_is_known_by_a_word_of_its_name(name: str, memory: float, kind) -> None:
+    """An L40S is no L4: a catalog family must be a whole word of the device's name; a
+    device the catalog lacks is named in its style from its own name and memory."""
+    from benchmarks import gpu_probe as g
+
+    assert g.device_kind(name, memory) == kind
+    assert g.unknown_kind("NVIDIA L40S", 44.5) == "l40s_44g"
