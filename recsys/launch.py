@@ -11,6 +11,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -421,12 +422,46 @@ def first_cause(errors: dict[int, str]) -> int:
     return next(iter(errors))
 
 
+# NCCL's watchdog, in a rank's native stderr (the run's log) before it aborts the rank:
+# "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST,
+# NumelIn=.., NumelOut=.., Timeout(ms)=600000) ran for 600081 milliseconds before timing out."
+_NCCL_TIMEOUT = re.compile(
+    r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), "
+    r"OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\)"
+)
+
+
+def nccl_timeouts(log_text: str) -> dict[int, str]:
+    """Per rank, the collective NCCL's watchdog timed out (the first such line of each), as
+    one line naming it: what a rank that aborts on it never reports itself."""
+    found: dict[int, str] = {}
+    for m in _NCCL_TIMEOUT.finditer(log_text):
+        rank, seq, op, ms = int(m[1]), m[2], m[3], int(m[4])
+        found.setdefault(rank, f"NCCL's watchdog aborted it: collective #{seq} ({op}) timed "
+                               f"out after {ms / 1000:g} s (trainer.dist_timeout_s)")  # fmt: skip
+    return found
+
+
+def _named_timeouts(launch: LaunchResult, log_file: Path | None) -> dict[int, str]:
+    """The ranks' errors, each silent exit that NCCL's watchdog explains in the run's log
+    replaced by what timed out."""
+    errors = dict(launch.errors)
+    silent = [r for r, text in errors.items() if text.startswith("exited with code")]
+    if silent and log_file is not None and log_file.exists():
+        timeouts = nccl_timeouts(log_file.read_text(errors="replace")[-2_000_000:])
+        for r in silent:
+            if r in timeouts:
+                errors[r] = f"{errors[r]}\n{timeouts[r]}"
+    return errors
+
+
 def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = None) -> list[Any]:
     """The per-rank results, or RankFailedError with one line per failed rank (its last
     error line and, when known, what it means). The tracebacks are appended to `log_file`
     when given (the run's log), else the first failure's is part of the message."""
     if not launch.errors and all(c == 0 for c in launch.exitcodes):
         return launch.results
+    launch = LaunchResult(launch.results, launch.exitcodes, _named_timeouts(launch, log_file))
     lines = [f"{what} failed on {len(launch.errors)} of {len(launch.exitcodes)} ranks:"]
     same: dict[str, list[int]] = {}  # one line per distinct error, naming its ranks
     for r in launch.errors:

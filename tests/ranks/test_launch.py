@@ -87,6 +87,28 @@ def test_the_same_error_on_every_rank_is_one_line(tmp_path: Path) -> None:
     assert e.value.first_failure == "rank 2: NotImplementedError: no"
 
 
+def test_a_rank_nccls_watchdog_aborted_is_named_by_its_collective(tmp_path: Path) -> None:
+    """A GPU rank whose collective times out is aborted by NCCL's watchdog (SIGABRT) and
+    reports nothing itself; the watchdog's line in the run's log (the rank's native stderr)
+    names the collective. Here that line as ProcessGroupNCCL writes it."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]:[E1204 17:20:01.426415540 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=37, OpType=ALLTOALL_BASE, NumelIn=4096, "
+        "NumelOut=4096, Timeout(ms)=120000) ran for 120081 milliseconds before timing out.\n"
+    )
+    silent = "exited with code -6 without reporting an error (a native abort ...)"
+    job = LaunchResult(results=[None, None], exitcodes=[1, -6],
+                       errors={0: "ValueError: rank 0 broke", 1: silent})  # fmt: skip
+    with pytest.raises(RankFailedError) as e:
+        raise_on_failure(job, "training (2 ranks)", log)
+    line = str(e.value).splitlines()[2]
+    assert line.startswith("  rank 1 (exit code -6): NCCL's watchdog aborted it: collective #37 "
+                           "(ALLTOALL_BASE) timed out after 120 s (trainer.dist_timeout_s)")  # fmt: skip
+    assert "[a peer hung, died or was too slow" in line
+    assert e.value.first_failure == "rank 0: ValueError: rank 0 broke"  # the cause, not the wait
+
+
 @pytest.mark.parametrize(
     ("line", "fix"),
     [
