@@ -37,6 +37,13 @@ def alignment(dtype: torch.dtype) -> int:
     return max(1, VECTOR_BYTES // torch.empty((), dtype=dtype).element_size())
 
 
+def compute_dtype(train: torch.nn.Module, inputs: torch.dtype) -> torch.dtype:
+    """The dtype the train module's dense part computes in: the one its `model` declares
+    (`compute_dtype`, a model run under autocast, e.g. `recsys.models.precision`), else
+    its inputs'. Micro-batch boundaries must fall on whole vector units of it."""
+    return getattr(getattr(train, "model", None), "compute_dtype", inputs)
+
+
 def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The train module's loss as a function of (logits, labels): TorchRec's `DLRMTrain`
     has `loss_fn` (BCEWithLogitsLoss); a module whose loss is a scaled sum declares
@@ -126,7 +133,8 @@ class DeferredGrads(TorchFunctionMode):
             # (an input without grad would leave no output gradient to keep: a leaf then)
             if (id(w) in self._params and (b is None or id(b) in self._params)
                     and x.requires_grad):  # fmt: skip
-                return self._keep("linear", (w, b), x.detach(), func(x, w, b))
+                out = func(x, w, b)  # under autocast: in its dtype, x cast to it
+                return self._keep("linear", (w, b), x.detach().to(out.dtype), out)
         elif func in self._ADDS and len(args) == 2 and not kwargs:
             for p, t in (args[1], args[0]), (args[0], args[1]):
                 if id(p) in self._params and _broadcasts_over_samples(p, t):
@@ -168,7 +176,9 @@ class DeferredGrads(TorchFunctionMode):
                 x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
                 if inverse is not None and len(x) == batch:
                     x, g = x[inverse], g[inverse]
-                _add_grad(w, x.t().mm(g).t())  # what autograd computes for F.linear's weight
+                # what autograd computes for F.linear's weight (in the dtype the op ran in;
+                # autocast's cast back to the parameter's dtype is `_add_grad`'s)
+                _add_grad(w, x.t().mm(g).t())
                 if b is not None:
                     _add_grad(b, g.sum(0))
             else:
@@ -194,8 +204,9 @@ def _tensors(args, kwargs):
 
 
 def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
-    # in the parameter's layout, as autograd leaves it (a collective reads storage order)
-    g = g.contiguous()
+    # in the parameter's layout and dtype, as autograd leaves it (a collective reads storage
+    # order; under autocast the gradient passes back through the cast of the parameter)
+    g = g.to(p.dtype).contiguous()
     p.grad = g if p.grad is None else p.grad + g
 
 

@@ -34,7 +34,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order
 from pipelines.dedup import DedupBatch, DedupExchange, route_distinct
-from pipelines.dense_step import alignment
+from pipelines.dense_step import alignment, compute_dtype
 from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
@@ -160,6 +160,7 @@ class Lookups:
         self._world = dist.get_world_size()
         self.stats = stats
         self._align = 1  # samples; set from the dense features' dtype
+        self._train = model
         self.modules = self._find_modules(model, dedup)
 
     def _find_modules(self, model: torch.nn.Module, dedup: bool) -> list[_Module]:
@@ -195,7 +196,8 @@ class Lookups:
             # micro-batches take its samples in this order (the update sums as plain does)
             order = cluster_order(batch.sparse_features, self._n).to(self._device)
         batch = batch.to(self._device, non_blocking=True)
-        self._align = alignment(batch.dense_features.dtype)
+        inputs = batch.dense_features.dtype  # and what the dense part computes in, if finer
+        self._align = max(alignment(inputs), alignment(compute_dtype(self._train, inputs)))
         steps = []
         for m in self.modules:
             ctx = EmbeddingBagCollectionContext()

@@ -131,6 +131,15 @@ class SparseOptimizer(str, Enum):
     sgd = "sgd"  # fused EXACT_SGD
 
 
+class Precision(str, Enum):
+    """What the dense part (MLPs, interaction, DCN) computes in; tables and their updates
+    stay fp32, parameters and their gradients too."""
+
+    fp32 = "fp32"
+    tf32 = "tf32"  # fp32 matmuls on tensor cores (GPU ranks; CPU ranks compute fp32)
+    bf16 = "bf16"  # autocast: matmuls and activations in bf16, the logits back in fp32
+
+
 @dataclass
 class TrainerConfig:
     max_steps: int = 400
@@ -155,6 +164,7 @@ class TrainerConfig:
     # training batches built ahead on a worker thread (pinned on GPU ranks); None: 2 on GPU
     # ranks, 0 on CPU ranks (where the thread would share the rank's core with its step)
     prefetch_batches: int | None = None
+    precision: Precision = Precision.fp32  # the dense part's; the cost model prices it
     # a GPU cluster's plan trained on as many CPU ranks (gloo), each CUDA kernel replaced by
     # its CPU counterpart, through the GPU run's code path (docs/gpus.md)
     rehearse_on_cpu: bool = False

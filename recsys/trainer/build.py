@@ -38,6 +38,7 @@ from recsys.context import RunContext
 from recsys.data.prefetch import InputStats, Prefetched
 from recsys.data.source import build_source
 from recsys.models.dlrm import build_model, feature_names
+from recsys.models.precision import set_precision
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from sharding.cluster import ClusterConfigError, compute_device_type
@@ -234,6 +235,7 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     gpu_cluster = compute_device_type(ctx.ranks) == "cuda"
     if tcfg.rehearse_on_cpu:  # the GPU plan, checked and written above, as CPU ranks run it
         plan = for_cpu_ranks(plan)
+    set_precision(model, tcfg.precision, device)
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
     if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):

@@ -227,6 +227,15 @@ def _our_plan(cfg):
 
 
 @pytest.mark.slow
+def test_nested_is_bit_identical_under_bf16_autocast(tmp_path: Path) -> None:
+    """`trainer.precision=bf16`: the dense part in bf16 under autocast, micro-batches on
+    whole bf16 vector units; the plain loop's losses and parameters bit for bit."""
+    base = ["debug=tiny", "trainer.batch_size=256", "trainer.precision=bf16", *ADAGRAD]
+    variants = [(2, True, True, False), (4, False, False, False), (3, True, False, False)]
+    _equal_to_plain(tmp_path, base, 2, variants=variants)
+
+
+@pytest.mark.slow
 def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
     """Our plan with split tables: replicated hot rows (data-parallel, all-reduced with
     the dense layers), pooled cold parts exchanged in chunks, the id remap in the data

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 
-from pipelines.dense_step import DeferredGrads, alignment, loss_seed
+from pipelines.dense_step import DeferredGrads, alignment, compute_dtype, loss_seed
 from pipelines.exchange import micro_sizes
 from recsys.models.shares import SharedBatchDLRMTrain
 
@@ -112,3 +112,51 @@ def test_a_parameter_used_another_way_is_summed_per_micro_batch_and_named() -> N
     assert deferred.inexact == {"w", "other"}
     torch.testing.assert_close(weight.grad, want[0])
     torch.testing.assert_close(other.grad, want[1])
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
+@pytest.mark.parametrize(("batch", "n", "clustered"), [(256, 4, False), (320, 3, True)])
+def test_under_bf16_autocast_micro_batches_give_the_plain_loops_gradients(
+    arch, batch, n, clustered
+) -> None:
+    """`trainer.precision=bf16`: the model's forward under autocast, logits back in fp32;
+    each linear's operands kept in bf16 as autocast ran it, its whole-batch product cast
+    back to the parameter's fp32; micro-batches on whole bf16 vector units (64 samples)."""
+    from recsys.config import Precision
+    from recsys.models.precision import set_precision
+
+    train = _model(arch, shared=False)
+    set_precision(train, Precision.bf16, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(2)
+    dense = torch.randn(batch, 13, generator=gen)
+    labels = (torch.rand(batch, generator=gen) < 0.3).float()
+    ids = torch.randint(0, 50, (FEATURES, batch, 2), generator=gen)
+    params = {k: p for k, p in train.named_parameters() if "embedding_bags" not in k}
+
+    logits = train.model(dense, _sparse(ids, slice(None))).squeeze(-1)
+    assert logits.dtype == torch.float32
+    loss = train.loss_fn(logits, labels)
+    loss.backward()
+    want = {k: p.grad.clone() for k, p in params.items()}
+    assert all(g.dtype == torch.float32 for g in want.values())
+    train.zero_grad(set_to_none=True)
+
+    align = alignment(compute_dtype(train, dense.dtype))
+    assert align == 64
+    order = torch.randperm(batch, generator=gen) if clustered else torch.arange(batch)
+    deferred, parts, first = DeferredGrads(params), [], 0
+    for b in micro_sizes(batch, n, align):
+        mine, first = order[first : first + b], first + b
+        if b == 0:
+            continue
+        with deferred:
+            deferred.start_micro_batch()
+            logit = train.model(dense[mine].requires_grad_(), _sparse(ids, mine)).squeeze(-1)
+            logit.backward(loss_seed(train, logit, labels[mine], batch))
+        parts.append(logit.detach())
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(batch)
+    deferred.accumulate(inverse if clustered else None, batch)
+    assert torch.equal(train.loss_fn(torch.cat(parts)[inverse], labels), loss.detach())
+    differ = [k for k, p in params.items() if not torch.equal(p.grad, want[k])]
+    assert not differ and not deferred.inexact, differ
