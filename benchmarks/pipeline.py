@@ -159,9 +159,11 @@ def _train_all(
     pipelines: list[str],
     extra: tuple[str, ...] = (),
 ) -> dict[str, dict]:
-    """Every pipeline across the slow link (rate None: the configured one) or `rate`."""
+    """Every pipeline across the slow link (rate None: the configured one) or `rate`, each
+    run in its own directory under `tmp` (a burst the sensitivity sweep repeats included)."""
     out = {}
     steps = cfg.trainer.max_steps or cfg.steps
+    tmp = Path(tempfile.mkdtemp(prefix=f"{rate}_{burst}_", dir=tmp))
     with _trainer(cfg, rate, burst) as train:
         for label in pipelines:
             run_dir = tmp / f"{rate}_{burst}_{label}{'_multi_hot' if extra else ''}"

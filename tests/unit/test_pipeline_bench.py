@@ -60,3 +60,27 @@ def test_a_run_without_the_plain_loop_or_semi_sync_still_makes_its_table() -> No
     text = "\n".join(_row_lines(rows, summary["speedup_vs_sparse_dist"]))
     assert "| nested4 | 120 | 1.50x | 33.3 | - | 1.00 | - | - |" in text
     assert speedups({"nested4": 2.0}, "semi_sync") == {}
+
+
+def test_each_set_of_runs_has_its_own_directories(tmp_path, monkeypatch) -> None:
+    """The burst sweep repeats the link's own burst: its runs must not land in the main
+    runs' directories (a run directory holding a finished run is refused)."""
+    import contextlib
+
+    from benchmarks import pipeline as bench
+
+    dirs = []
+
+    def train(overrides, steps, run_dir):
+        assert not run_dir.exists()  # a fresh directory every run
+        run_dir.mkdir(parents=True)
+        dirs.append(run_dir)
+        return 0, {"samples_per_s": 1.0}
+
+    monkeypatch.setattr(bench, "_trainer", lambda *a: contextlib.nullcontext(train))
+    monkeypatch.setattr(bench, "_losses", lambda run_dir: [])
+    monkeypatch.setattr(bench, "_predicted_ms", lambda *a: None)
+    cfg = bench.PipelineBenchConfig(pipelines=["plain", "sparse_dist"])
+    for _ in range(2):  # the main runs, then the sweep at the same burst
+        bench._train_all(cfg, None, "24kb", tmp_path, ["sparse_dist"])
+    assert len(dirs) == len(set(dirs)) == 2
