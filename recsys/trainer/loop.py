@@ -18,6 +18,7 @@ import torch.distributed as dist
 from pipelines.build import detach_for_eval
 from recsys import interrupts, launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
+from recsys.collectives import all_reduce_sum
 from recsys.config import (
     TrainConfigError,
 )
@@ -57,9 +58,8 @@ class LossWatch:
         if not window:
             return None
         values = torch.stack(window).double()
-        if self._world > 1:
-            dist.all_reduce(values)  # each rank's loss is its share of the global mean
-            values /= self._world
+        if self._world > 1:  # each rank's loss is its share of the global mean
+            values = all_reduce_sum(values, values.device) / self._world
         self.reduced += values.tolist()
         bad = ~torch.isfinite(values)
         if bool(bad.any()):
@@ -180,8 +180,8 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     world = len(job.shares)
     losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
-    dist.all_reduce(step_losses)  # one collective for the whole run: global mean per step
-    step_losses /= world
+    # one collective for the whole run: the global mean per step
+    step_losses = all_reduce_sum(step_losses, device) / world
     window = step_losses[-tcfg.log_every :]
     result = {
         "rank": job.rank,

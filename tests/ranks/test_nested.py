@@ -232,7 +232,7 @@ def test_nested_is_bit_identical_under_bf16_autocast(tmp_path: Path) -> None:
     whole bf16 vector units; the plain loop's losses and parameters bit for bit."""
     base = ["debug=tiny", "trainer.batch_size=256", "trainer.precision=bf16", *ADAGRAD]
     variants = [(2, True, True, False), (4, False, False, False), (3, True, False, False)]
-    _equal_to_plain(tmp_path, base, 2, variants=variants)
+    _equal_to_plain(tmp_path, base, 2, plan_of=_torchrec_default_plan, variants=variants)
 
 
 @pytest.mark.slow

@@ -126,15 +126,17 @@ def test_under_bf16_autocast_micro_batches_give_the_plain_loops_gradients(
     from recsys.models.precision import set_precision
 
     train = _model(arch, shared=False)
-    set_precision(train, Precision.bf16, torch.device("cpu"))
     gen = torch.Generator().manual_seed(2)
     dense = torch.randn(batch, 13, generator=gen)
     labels = (torch.rand(batch, generator=gen) < 0.3).float()
     ids = torch.randint(0, 50, (FEATURES, batch, 2), generator=gen)
     params = {k: p for k, p in train.named_parameters() if "embedding_bags" not in k}
+    with torch.no_grad():
+        in_fp32 = train.model(dense, _sparse(ids, slice(None))).squeeze(-1)
+    set_precision(train, Precision.bf16, torch.device("cpu"))
 
     logits = train.model(dense, _sparse(ids, slice(None))).squeeze(-1)
-    assert logits.dtype == torch.float32
+    assert logits.dtype == torch.float32 and not torch.equal(logits, in_fp32)  # bf16 inside
     loss = train.loss_fn(logits, labels)
     loss.backward()
     want = {k: p.grad.clone() for k, p in params.items()}
