@@ -64,6 +64,8 @@ PUBLISHED = [
 ]  # fmt: skip
 
 _DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4"}  # <name>_<cluster> already
+# result sets that compare stacks, each run adding its own stack's rows: never stale
+ACROSS_STACKS = {"tbe_cpu"}
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
 
 

@@ -18,7 +18,7 @@ from recsys import CONF_DIR
 
 def test_every_published_result_set_has_its_command() -> None:
     folders = {p.name for p in remeasure.RESULTS.iterdir() if p.is_dir()}
-    assert folders == {name for name, _, _ in remeasure.PUBLISHED}
+    assert folders - remeasure.ACROSS_STACKS == {name for name, _, _ in remeasure.PUBLISHED}
     for name, file, _ in remeasure.PUBLISHED:
         assert (remeasure.RESULTS / name / file).exists(), name
 
@@ -65,3 +65,15 @@ def test_unknown_sets_are_refused_naming_the_known_ones(capsys) -> None:
         remeasure.main(["pipelines"])
     err = capsys.readouterr().err
     assert "unknown result set(s) ['pipelines']" in err and "pipeline_200mbit" in err
+
+
+def test_the_tbe_comparison_adds_each_stacks_rows(tmp_path: Path) -> None:
+    """`benchmarks.tbe_cpu`: each run adds its stack's rows (another stack's run, in its own
+    environment, adds beside them), every figure positive."""
+    from benchmarks import tbe_cpu
+
+    rows = tbe_cpu.measure(shapes=((2, 100, 8, 64),), repeats=2)
+    assert len(rows) == 1 and rows[0]["forward_ms"] > 0 and rows[0]["forward_backward_ms"] > 0
+    runs = [{"stack": {**tbe_cpu.stack(), "torch": t}, "rows": rows} for t in ("2.13", "2.14")]
+    lines = tbe_cpu.table(runs).splitlines()
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| 2.13", "| 2.14"]
