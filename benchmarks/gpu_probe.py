@@ -45,7 +45,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -149,28 +149,38 @@ def table_rows(rows: int, dim: int, free: int) -> int:
     return min(rows, int(TABLE_SHARE * free) // ((dim + 1) * FLOAT_BYTES))
 
 
-def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
-    """Forward bytes/s (rows read), and backward + row-wise Adagrad over the forward; each
-    table as large as the free memory allows, up to `sizes.rows`."""
-    out, gen = [], torch.Generator().manual_seed(0)
+def _tables(sizes: Sizes, device: torch.device, timer: Timer) -> Iterator[tuple[int, int]]:
+    """(rows, dim) of each table to time: as large as the free memory allows, up to
+    `sizes.rows`, until the section's budget is spent (the caller frees each before the
+    next)."""
     for asked in sizes.rows:
         for dim in sizes.dims:
             if timer.over_budget():
-                return out
-            rows = table_rows(asked, dim, free_bytes(device))
-            weight = torch.empty(rows, dim, device=device).uniform_(-0.01, 0.01)
-            momentum = torch.zeros(rows, device=device)
-            for pooling in sizes.poolings:
-                for dist, draw in (("uniform", uniform_ids), ("power_law", power_law_ids)):
-                    ids = draw(sizes.emb_batch * pooling, rows, gen, device)
-                    fwd_ms, bwd_ms = _embedding_case(weight, momentum, ids, pooling, timer)
-                    read = len(ids) * dim * FLOAT_BYTES
-                    out.append({"rows": rows, "dim": dim, "pooling": pooling, "ids": dist,
-                                "batch": sizes.emb_batch, "forward_ms": fwd_ms,
-                                "backward_ms": bwd_ms, "forward_bytes_per_s": read / (fwd_ms / 1e3),
-                                "bwd_over_fwd": bwd_ms / fwd_ms})  # fmt: skip
-            del weight, momentum
+                return
+            yield table_rows(asked, dim, free_bytes(device)), dim
             _empty_cache(device)
+
+
+def _case(rows: int, dim: int, pooling: int, ids: str, batch: int, fwd_ms: float,
+          bwd_ms: float) -> dict:  # fmt: skip
+    read = batch * pooling * dim * FLOAT_BYTES  # rows read by the forward
+    return {"rows": rows, "dim": dim, "pooling": pooling, "ids": ids, "batch": batch,
+            "forward_ms": fwd_ms, "backward_ms": bwd_ms, "bwd_over_fwd": bwd_ms / fwd_ms,
+            "forward_bytes_per_s": read / (fwd_ms / 1e3)}  # fmt: skip
+
+
+def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
+    """Forward bytes/s (rows read), and backward + row-wise Adagrad over the forward."""
+    out, gen = [], torch.Generator().manual_seed(0)
+    for rows, dim in _tables(sizes, device, timer):
+        weight = torch.empty(rows, dim, device=device).uniform_(-0.01, 0.01)
+        momentum = torch.zeros(rows, device=device)
+        for pooling in sizes.poolings:
+            for dist, draw in (("uniform", uniform_ids), ("power_law", power_law_ids)):
+                ids = draw(sizes.emb_batch * pooling, rows, gen, device)
+                times = _embedding_case(weight, momentum, ids, pooling, timer)
+                out.append(_case(rows, dim, pooling, dist, sizes.emb_batch, *times))
+        del weight, momentum
     return out
 
 
@@ -192,25 +202,16 @@ def tbe(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
     where = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if gpu else (
         EmbeddingLocation.HOST, ComputeDevice.CPU)  # fmt: skip
     out, gen = [], torch.Generator().manual_seed(0)
-    for asked in sizes.rows:
-        for dim in sizes.dims:
-            if timer.over_budget():
-                return out
-            rows = table_rows(asked, dim, free_bytes(device))
-            kernel = SplitTableBatchedEmbeddingBagsCodegen(
-                [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                learning_rate=0.01, **({"device": device} if gpu else {}))  # fmt: skip
-            for pooling in sizes.poolings:
-                ids = power_law_ids(sizes.emb_batch * pooling, rows, gen, device)
-                offsets = torch.arange(0, len(ids) + 1, pooling, device=device)
-                fwd_ms, bwd_ms = _tbe_case(kernel, ids, offsets, timer)
-                read = len(ids) * dim * FLOAT_BYTES
-                out.append({"rows": rows, "dim": dim, "pooling": pooling, "ids": "power_law",
-                            "batch": sizes.emb_batch, "forward_ms": fwd_ms,
-                            "backward_ms": bwd_ms, "forward_bytes_per_s": read / (fwd_ms / 1e3),
-                            "bwd_over_fwd": bwd_ms / fwd_ms})  # fmt: skip
-            del kernel
-            _empty_cache(device)
+    for rows, dim in _tables(sizes, device, timer):
+        kernel = SplitTableBatchedEmbeddingBagsCodegen(
+            [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.01, **({"device": device} if gpu else {}))  # fmt: skip
+        for pooling in sizes.poolings:
+            ids = power_law_ids(sizes.emb_batch * pooling, rows, gen, device)
+            offsets = torch.arange(0, len(ids) + 1, pooling, device=device)
+            times = _tbe_case(kernel, ids, offsets, timer)
+            out.append(_case(rows, dim, pooling, "power_law", sizes.emb_batch, *times))
+        del kernel
     return out
 
 

@@ -50,6 +50,29 @@ def _sparse(ids: torch.Tensor, samples) -> KeyedJaggedTensor:
     )
 
 
+def _micro_batched(train, params, data, order, n: int, align: int):
+    """The nested pipeline's dense step: `data`'s samples (in `order`, None: data order) in
+    `n` micro-batches on whole `align`-sample units, each forward and backward under
+    DeferredGrads; the logits back in data order, and the DeferredGrads once accumulated."""
+    dense, ids, labels = data
+    batch = len(dense)
+    taken = order if order is not None else torch.arange(batch)
+    deferred, logits, first = DeferredGrads(params), [], 0
+    for b in micro_sizes(batch, n, align):
+        mine, first = taken[first : first + b], first + b
+        if b == 0:
+            continue
+        with deferred:
+            deferred.start_micro_batch()
+            logit = train.model(dense[mine].requires_grad_(), _sparse(ids, mine)).squeeze(-1)
+            logit.backward(loss_seed(train, logit, labels[mine], batch))
+        logits.append(logit.detach())
+    inverse = torch.empty_like(taken)
+    inverse[taken] = torch.arange(batch)
+    deferred.accumulate(inverse if order is not None else None, batch)
+    return torch.cat(logits)[inverse], deferred
+
+
 @pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
 @pytest.mark.parametrize("shared", [False, True], ids=["mean_loss", "scaled_sum_loss"])
 @pytest.mark.parametrize(
@@ -70,23 +93,12 @@ def test_micro_batches_give_the_plain_loops_gradients(arch, shared, batch, n, cl
     want = {k: p.grad.clone() for k, p in params.items()}
     train.zero_grad(set_to_none=True)
 
-    order = torch.randperm(batch, generator=gen) if clustered else torch.arange(batch)
-    deferred, logits, first = DeferredGrads(params), [], 0
-    for b in micro_sizes(batch, n, alignment(dense.dtype)):
-        mine, first = order[first : first + b], first + b
-        if b == 0:
-            continue
-        with deferred:
-            deferred.start_micro_batch()
-            logit = train.model(dense[mine].requires_grad_(), _sparse(ids, mine)).squeeze(-1)
-            logit.backward(loss_seed(train, logit, labels[mine], batch))
-        logits.append(logit.detach())
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(batch)
-    deferred.accumulate(inverse if clustered else None, batch)
+    order = torch.randperm(batch, generator=gen) if clustered else None
+    logits, deferred = _micro_batched(train, params, (dense, ids, labels), order, n,
+                                      alignment(dense.dtype))  # fmt: skip
 
     assert not deferred.inexact
-    assert torch.equal(train.loss_fn(torch.cat(logits)[inverse], labels), loss.detach())
+    assert torch.equal(train.loss_fn(logits, labels), loss.detach())
     differ = [k for k, p in params.items() if not torch.equal(p.grad, want[k])]
     assert not differ, differ
     assert all(p.grad.is_contiguous() for p in params.values())  # reduced in storage order
@@ -145,20 +157,8 @@ def test_under_bf16_autocast_micro_batches_give_the_plain_loops_gradients(
 
     align = alignment(compute_dtype(train, dense.dtype))
     assert align == 64
-    order = torch.randperm(batch, generator=gen) if clustered else torch.arange(batch)
-    deferred, parts, first = DeferredGrads(params), [], 0
-    for b in micro_sizes(batch, n, align):
-        mine, first = order[first : first + b], first + b
-        if b == 0:
-            continue
-        with deferred:
-            deferred.start_micro_batch()
-            logit = train.model(dense[mine].requires_grad_(), _sparse(ids, mine)).squeeze(-1)
-            logit.backward(loss_seed(train, logit, labels[mine], batch))
-        parts.append(logit.detach())
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(batch)
-    deferred.accumulate(inverse if clustered else None, batch)
-    assert torch.equal(train.loss_fn(torch.cat(parts)[inverse], labels), loss.detach())
+    order = torch.randperm(batch, generator=gen) if clustered else None
+    logits, deferred = _micro_batched(train, params, (dense, ids, labels), order, n, align)
+    assert torch.equal(train.loss_fn(logits, labels), loss.detach())
     differ = [k for k, p in params.items() if not torch.equal(p.grad, want[k])]
     assert not differ and not deferred.inexact, differ
