@@ -37,12 +37,13 @@ PUBLISHED = [
     ("pipeline_200mbit", "summary.json",
      ["benchmarks.pipeline", "link_rate=200mbit", *_SHAPED,
       "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]"]),
-    ("scale", "summary.json", ["benchmarks.scale"]),
     ("plan_train_emu_mixed4", "summary.json",
      ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"]),
     ("pipeline_emu_mixed4", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
       f"overrides=[{_SGD},'trainer.dense_allreduce=per_tensor']"]),
+    # after the sets its validation reads (DEPENDS)
+    ("scale", "summary.json", ["benchmarks.scale"]),
     ("data", "data.json", ["benchmarks.data"]),
     ("speed_aware", "speed_aware.json", ["benchmarks.speed_aware"]),
     ("order_noise", "order_noise.json", ["benchmarks.order_noise"]),
@@ -64,6 +65,9 @@ PUBLISHED = [
 ]  # fmt: skip
 
 _DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4"}  # <name>_<cluster> already
+# the sets a set's run reads, which PUBLISHED's order runs first (benchmarks.scale validates
+# its simulator against the calibration's and the emulated pipeline's measured steps)
+DEPENDS = {"scale": ("calibrate", "pipeline_emu_mixed4"), "scale_multihot": ("calibrate",)}
 # result sets that compare stacks, each run adding its own stack's rows: never stale
 ACROSS_STACKS = {"tbe_cpu"}
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -77,3 +78,11 @@ def test_the_tbe_comparison_adds_each_stacks_rows(tmp_path: Path) -> None:
     runs = [{"stack": {**tbe_cpu.stack(), "torch": t}, "rows": rows} for t in ("2.13", "2.14")]
     lines = tbe_cpu.table(runs).splitlines()
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| 2.13", "| 2.14"]
+
+
+def test_a_set_runs_after_the_sets_it_reads() -> None:
+    order = [name for name, _, _ in remeasure.PUBLISHED]
+    for name, reads in remeasure.DEPENDS.items():
+        assert all(order.index(r) < order.index(name) for r in reads), name
+    scale = (REPO / "benchmarks" / "scale.py").read_text()  # what it reads, as DEPENDS says
+    assert all(f'RESULTS / "{r}"' in scale for r in remeasure.DEPENDS["scale"])
