@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 from benchmarks.common import environment, finish, start
 from recsys import CONF_DIR
 from recsys.data.convert import ConvertOptions, convert
-from recsys.data.criteo_binary import CriteoBinary
 from recsys.data.synthetic_files import SynthConfig, synthesize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +59,10 @@ def run(cfg: DataBenchConfig) -> dict:
             convert(work / "tsv", out, ConvertOptions(workers=w, chunk_mb=cfg.chunk_mb,
                                                       progress=False))  # fmt: skip
             prepare[w] = text_mb / (time.perf_counter() - start)
+        # imported here: prepare's spawned workers import this module, which stays torch-free
+        # so that they start as `python -m recsys.data.prepare`'s do
+        from recsys.data.criteo_binary import CriteoBinary
+
         binary = work / f"bin_{cfg.workers[0]}"
         rows = [10_000] * 26
         names = [f"cat_{i}" for i in range(26)]
