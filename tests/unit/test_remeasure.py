@@ -38,7 +38,17 @@ def test_each_command_composes_and_publishes_into_its_own_set(name: str) -> None
     where = cfg.results_dir or results_dir_for(module.split(".")[1], cfg.get("cluster"))
     assert Path(where).name == name
     told = OmegaConf.to_container(cfg)
-    for key in ("pipelines", "overrides", "nested_overrides", "link_rate", "steps", "workers"):
+    for key in (
+        "pipelines",
+        "overrides",
+        "nested_overrides",
+        "link_rate",
+        "steps",
+        "workers",
+        "repeats",
+        "planners",
+        "validation",
+    ):
         if key == "link_rate" and told.get("cluster"):
             continue  # the emulated cluster's own link, not link_rate
         if key in published and key in told:  # what the published run was told, told again
