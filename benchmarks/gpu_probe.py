@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sharding.constants import DEVICE_CATALOG, datasheet_rates
+from sharding.constants import DEVICE_CATALOG, PRECISIONS, datasheet_rates, precision_factor
 
 A100_BF16_FLOPS = 312e12  # the catalog's `speed` is relative to this
 EMBEDDING_KERNELS = {
@@ -566,13 +566,18 @@ def constants(result: dict) -> dict:
     sizes, kind = result["sizes"], result["device"]["kind"]
     timed = result.get("tbe") or result["embedding"]  # FBGEMM's kernel where it ran
     emb = [e for e in timed if e["rows"] == max(sizes["rows"])] or timed
-    dcn = [d for d in result["dense"] if d["model"] == "dcnv2_mlperf" and d["precision"] == "bf16"]
-    at = min(dcn, key=lambda d: abs(d["batch"] - sizes["train_batch"]), default=None)
+    at = {}  # per precision: DCNv2's dense part at the batch nearest the training batch
+    for precision in PRECISIONS:
+        dcn = [d for d in result["dense"]
+               if d["model"] == "dcnv2_mlperf" and d["precision"] == precision]  # fmt: skip
+        if dcn:
+            at[precision] = min(dcn, key=lambda d: abs(d["batch"] - sizes["train_batch"]))
+    dense = {p: d["tflops"] * 1e12 for p, d in at.items()}
     measured = {
         "emb_read_bytes_per_s": _median([e["forward_bytes_per_s"] for e in emb]),
         "emb_bwd_factor": _median([e["bwd_over_fwd"] for e in emb]),
         "host_read_bytes_per_s": _median([h["bytes_per_s"] for h in result["host_gather"]]),
-        "dense_flops_per_s": at["tflops"] * 1e12 if at else None,
+        "dense_flops_per_s": dense.get("bf16"),  # each precision's: dense_flops_per_s_by_precision
         **fit_sequence(result["sequence"]),
     }
     measured = {k: v for k, v in measured.items() if v is not None}
@@ -583,6 +588,7 @@ def constants(result: dict) -> dict:
     return {
         "kind": kind,
         "device": {**base, **measured},
+        "dense_flops_per_s_by_precision": dense,  # the cost model prices the run's precision
         # between this node's GPUs (NCCL), where it has more than one
         "links": {"intra_node": link} if all(link.values()) else {},
         "measured": {
@@ -670,7 +676,6 @@ def summary_lines(result: dict, consts: dict) -> list[str]:
              f"{'constant':24} {'measured':>16} {'datasheet model':>16}"]  # fmt: skip
     for field, unit, scale in (("emb_read_bytes_per_s", "GB/s", 1e-9),
                                ("emb_bwd_factor", "x", 1.0),
-                               ("dense_flops_per_s", "TFLOP/s", 1e-12),
                                ("host_read_bytes_per_s", "GB/s", 1e-9),
                                ("sequence_s_per_lookup", "ns", 1e9),
                                ("sequence_s_per_byte", "ps", 1e12),
@@ -679,6 +684,10 @@ def summary_lines(result: dict, consts: dict) -> list[str]:
             continue
         then = f"{sheet[field] * scale:.3g} {unit}" if sheet else "-"
         lines.append(f"{field:24} {f'{d[field] * scale:.3g} {unit}':>16} {then:>16}")
+    for precision, rate in consts["dense_flops_per_s_by_precision"].items():
+        factor = precision_factor(consts["kind"], precision) if consts["kind"] else None
+        then = f"{sheet['dense_flops_per_s'] * factor * 1e-12:.3g} TFLOP/s" if sheet else "-"
+        lines.append(f"{'dense, ' + precision:24} {f'{rate * 1e-12:.3g} TFLOP/s':>16} {then:>16}")
     lines.append(f"embedding kernel timed: {consts['measured']['embedding_kernel']}")
     for collective, link in (consts["links"].get("intra_node") or {}).items():
         rate = f"{link['bytes_per_s'] * 1e-9:.3g} GB/s"

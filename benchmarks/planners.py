@@ -57,6 +57,9 @@ class PlannerBenchConfig:
     )
     model: str = "dcnv2_mlperf"
     batch_size: int = 2048  # per rank
+    # the dense part's (`trainer.precision`), priced alike for every planner: bf16, what
+    # large GPU runs use; V100 and T4 have no bf16 tensor cores and are priced at fp32
+    precision: str = "bf16"
     at_scale: bool = True
     scale_tables: int = 1000
     scale_devices: int = 1536  # 192 nodes x 8
@@ -72,9 +75,11 @@ def _compose(overrides: list[str]):
 
 
 def _base(cfg: PlannerBenchConfig, cluster: str | None = None) -> list[str]:
-    return [f"model={cfg.model}", f"trainer.batch_size={cfg.batch_size}"] + (
-        [f"cluster={cluster}"] if cluster else []
-    )
+    return [
+        f"model={cfg.model}",
+        f"trainer.batch_size={cfg.batch_size}",
+        f"trainer.precision={cfg.precision}",
+    ] + ([f"cluster={cluster}"] if cluster else [])
 
 
 def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:

@@ -77,11 +77,12 @@ def measured_gpu(kind: str) -> dict | None:
     return _probe_file(path, path.stat().st_mtime_ns) if path.exists() else None
 
 
-def gpu_device_cost(r: RankDevice) -> DeviceCost:
-    """The datasheet model's constants with every field the probe measured for this kind
-    replaced by its measurement, scaled by the device's bandwidth and speed against the
-    catalog's (a config that slows a device slows its measured rates alike)."""
-    sheet = datasheet_device_cost(r)
+def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
+    """The datasheet model's constants, dense at `precision`, with every field the probe
+    measured for this kind replaced by its measurement (dense: the probe's at that
+    precision), scaled by the device's bandwidth and speed against the catalog's (a config
+    that slows a device slows its measured rates alike)."""
+    sheet = datasheet_device_cost(r, precision)
     probe = measured_gpu(r.kind)
     if probe is None:
         return sheet
@@ -89,7 +90,13 @@ def gpu_device_cost(r: RankDevice) -> DeviceCost:
     mem, compute = r.hbm_gbps / kind.hbm_gbps, r.speed / kind.speed
     scale = {"emb_read_bytes_per_s": mem, "dense_flops_per_s": compute,
              "sequence_s_per_lookup": 1 / mem, "sequence_s_per_byte": 1 / mem}  # fmt: skip
-    return replace(sheet, **{k: v * scale.get(k, 1.0) for k, v in probe["device"].items()})
+    measured = dict(probe["device"])
+    dense = probe.get("dense_flops_per_s_by_precision", {})
+    if precision in dense:
+        measured["dense_flops_per_s"] = dense[precision]
+    else:  # measured at another precision only: the datasheet's at this one
+        measured.pop("dense_flops_per_s", None)
+    return replace(sheet, **{k: v * scale.get(k, 1.0) for k, v in measured.items()})
 
 
 def constants_source(kind: str) -> str:
@@ -104,11 +111,16 @@ def constants_source(kind: str) -> str:
             f"(calibration/gpu/{kind}.json; {', '.join(m['assumed'])} assumed)")  # fmt: skip
 
 
-def device_costs(ranks: list[RankDevice], cal: Calibration | None) -> list[DeviceCost]:
+def device_costs(
+    ranks: list[RankDevice], cal: Calibration | None, precision: str = "fp32"
+) -> list[DeviceCost]:
+    """Each rank's constants, its dense part at `precision` (`trainer.precision`). CPU ranks
+    have the calibration's, measured at fp32: tf32 is fp32 on a CPU, and bf16 autocast on CPU
+    ranks is priced at the fp32 rate, not measured."""
     out = []
     for r in ranks:
         if r.kind != "cpu":
-            out.append(gpu_device_cost(r))
+            out.append(gpu_device_cost(r, precision))
             continue
         if cal is None:
             raise CalibrationError("CPU ranks need a calibration (python -m benchmarks.calibrate)")

@@ -2,8 +2,9 @@
 
 Units are in the names. Sources: vendor datasheets (dense bf16/fp16 tensor-core TFLOP/s
 without sparsity, HBM size and bandwidth of the SXM/PCIe part named). `speed` is dense
-TFLOP/s relative to an A100 (312 TFLOP/s); the planner balances work by it. Every field can
-be overridden per device in a cluster config.
+tensor-core TFLOP/s relative to an A100's bf16 (312 TFLOP/s); `DENSE_TFLOPS` gives each
+precision's rate, which the cost model prices. Every field can be overridden per device in
+a cluster config.
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ DEVICE_CATALOG: dict[str, DeviceKind] = {
 }
 # fmt: on
 
+# Dense TFLOP/s by the dense part's precision (`trainer.precision`): datasheet figures, dense
+# (without sparsity), of the parts named above. `speed` is the tensor-core column; a kind
+# without TF32 tensor cores (V100, T4) runs tf32 as fp32, and one without bf16 ones runs
+# bf16 in emulation (torch allows it on sm70/75), priced at its fp32 rate, which is
+# optimistic. CPU ranks are calibrated (`benchmarks.calibrate`), not listed here.
+PRECISIONS = ("fp32", "tf32", "bf16")
+# fmt: off
+DENSE_TFLOPS: dict[str, dict[str, float]] = {
+    "h200_141g": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0},
+    "h100_80g": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0},
+    "a100_80g": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "a100_40g": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+    "v100_32g": {"fp32": 15.7},
+    "v100_16g": {"fp32": 15.7},
+    "l4_24g": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0},
+    "t4_16g": {"fp32": 8.1},
+}
+# fmt: on
+
 GIB = 1024**3
 
 # GPU constants where no calibration exists. Sources: TorchRec's planner defaults
@@ -59,9 +79,22 @@ GPU_SEQUENCE_INDEX_BYTES = 32
 GPU_SEQUENCE_FIXED_S = 20 * 10e-6
 
 
+def precision_factor(kind: str, precision: str) -> float:
+    """A kind's dense rate at `precision` relative to its `speed` (tensor-core) figure: 1 for
+    bf16 where it has bf16 tensor cores, 67 / 989 for fp32 on an H100."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
+    if kind not in DENSE_TFLOPS:  # described by its figures: its speed is all there is
+        return 1.0
+    rates = DENSE_TFLOPS[kind]
+    rate = rates.get(precision) or rates["fp32"]
+    return rate / (DEVICE_CATALOG[kind].speed * A100_DENSE_FLOPS_PER_S / 1e12)
+
+
 def datasheet_rates(hbm_gbps: float, speed: float, host_to_device_gbps: float) -> dict[str, float]:
     """`sharding.types.DeviceCost` fields of a GPU from its datasheet figures and the
-    assumptions above (what `benchmarks.gpu_probe` measures instead, where it has run)."""
+    assumptions above (what `benchmarks.gpu_probe` measures instead, where it has run);
+    `speed` is the dense speed at the run's precision, relative to an A100's bf16 peak."""
     hbm_bytes_per_s = hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY
     return {
         "emb_read_bytes_per_s": hbm_bytes_per_s,

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sharding.constants import datasheet_rates
+from sharding.constants import datasheet_rates, precision_factor
 from sharding.types import (
     FLOAT_BYTES,
     ID_BYTES,
@@ -370,9 +370,11 @@ def dot_interaction_flops(features: int, dim: int) -> float:
     return 6.0 * features * features * dim
 
 
-def datasheet_device_cost(device: RankDevice) -> DeviceCost:
-    """A GPU's constants from its datasheet and the assumed efficiencies (sharding.constants)."""
-    return DeviceCost(**datasheet_rates(device.hbm_gbps, device.speed, device.host_to_device_gbps))
+def datasheet_device_cost(device: RankDevice, precision: str = "fp32") -> DeviceCost:
+    """A GPU's constants from its datasheet and the assumed efficiencies (sharding.constants),
+    its dense part at `precision`."""
+    speed = device.speed * precision_factor(device.kind, precision)
+    return DeviceCost(**datasheet_rates(device.hbm_gbps, speed, device.host_to_device_gbps))
 
 
 def spec_network_cost(gbps: float, latency_us: float) -> NetworkCost:

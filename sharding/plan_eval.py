@@ -94,6 +94,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
     cost = plan_cost(plan, inputs)
     mem = memory_bytes(shards, inputs.world, inputs.optimizer)
     plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
+    plan.precision = inputs.precision
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
     parts = step_parts_s(cost, inputs.schedule, inputs.micro_batches)
     plan.step_parts_ms = {k: 1000 * v for k, v in parts.items()}

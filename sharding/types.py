@@ -340,6 +340,7 @@ class PlanInputs:
     # True: split tables' cold parts exchange only their own lookups (sequence embeddings);
     # False: TorchRec's pooled exchange, one vector per sample
     cold_only_exchange: bool = True
+    precision: str = "fp32"  # the dense part's (`trainer.precision`), which `devices` price
 
     @property
     def world(self) -> int:
@@ -386,6 +387,7 @@ class Plan:
     # the train pipeline's schedule both est_step_ms and lower_bound_ms assume
     schedule: str = Schedule.sparse_dist.value
     micro_batches: int = 1
+    precision: str = "fp32"  # the dense part's, which est_step_ms assumes
     step_parts_ms: dict[str, float] = field(default_factory=dict)  # they add up to est_step_ms
 
     def shards(self) -> list[Shard]:

@@ -29,7 +29,8 @@ def plan_table(plan: Plan) -> str:
     fits = "feasible" if plan.feasible else "DOES NOT FIT"
     w = max([len("sharding"), *(len(t.sharding_type) for t in plan.tables)])
     lines = [
-        f"{plan.planner} plan for {plan.cluster}: predicted {plan.est_step_ms:.2f} ms/step, "
+        f"{plan.planner} plan for {plan.cluster}: predicted {plan.est_step_ms:.2f} ms/step "
+        f"(dense in {plan.precision}), "
         f"lower bound {plan.lower_bound_ms:.2f} ms ({gap:.2f}x), planned in "
         f"{plan.planning_s:.2f} s, {fits}",
         "",

@@ -125,7 +125,8 @@ def plan_inputs(
         tables=mc.tables,
         coverage=coverage,
         ranks=ranks,
-        devices=device_costs(ranks, cal),
+        devices=device_costs(ranks, cal, cfg.trainer.precision.value),
+        precision=cfg.trainer.precision.value,
         network=network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
@@ -187,6 +188,7 @@ def plan_json(plan: Plan) -> dict:
         "lower_bound_ms": plan.lower_bound_ms,
         "schedule": plan.schedule,  # the pipeline schedule est_step_ms and the bound assume
         "micro_batches": plan.micro_batches,
+        "precision": plan.precision,  # the dense part's, which est_step_ms prices
         "planning_s": plan.planning_s,
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
         "step_parts_ms": plan.step_parts_ms,  # est_step_ms split: slowest rank per stage, ...

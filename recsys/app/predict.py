@@ -65,6 +65,7 @@ def predict(
         "cluster": cfg.cluster.name,
         "model": cfg.model.name,
         "pipeline": schedule.value,
+        "precision": inputs.precision,  # the dense part's, which step_ms prices
         "batch_size_per_rank": cfg.trainer.batch_size,
         "link": calibrated_link(cfg.cluster, link or cfg.planner.link) if inputs.cpu else "spec",
         "step_ms": 1000 * cost.step_s(schedule, cfg.pipeline.micro_batches),

@@ -98,10 +98,17 @@ def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path,
     assert constants_source("a100_40g").startswith("datasheet")
     assert device_costs(ranks, None)[0] == datasheet_device_cost(ranks[0])
     (tmp_path / "a100_40g.json").write_text((probe / "a100_40g.json").read_text())
-    measured = json.loads((probe / "a100_40g.json").read_text())["device"]
+    saved = json.loads((probe / "a100_40g.json").read_text())
+    measured, dense = saved["device"], saved["dense_flops_per_s_by_precision"]
+    assert set(dense) == {"fp32", "bf16"}  # on a CPU: no TF32
     full, half, t4 = device_costs(ranks, None)
     assert full.emb_read_bytes_per_s == measured["emb_read_bytes_per_s"]
-    assert full.dense_flops_per_s == measured["dense_flops_per_s"]
+    assert full.dense_flops_per_s == dense["fp32"]  # the run's precision: fp32 by default
+    assert device_costs(ranks, None, "bf16")[0].dense_flops_per_s == dense["bf16"]
+    # tf32 was not measured: the datasheet's rate at tf32, not another precision's measurement
+    tf32 = device_costs(ranks, None, "tf32")[0]
+    assert tf32.dense_flops_per_s == datasheet_device_cost(ranks[0], "tf32").dense_flops_per_s
+    assert tf32.emb_read_bytes_per_s == measured["emb_read_bytes_per_s"]
     assert half.emb_read_bytes_per_s == pytest.approx(measured["emb_read_bytes_per_s"] / 2)
     assert t4 == datasheet_device_cost(ranks[2])  # no probe for that kind
     assert constants_source("a100_40g").startswith("measured by benchmarks.gpu_probe")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmarks.calibrate import _fit_comm, fit_line
+from recsys.app.plan import plan_table
+from recsys.app.planning import make_plan, plan_inputs, plan_json
 from sharding.calibration import (
     DEFAULT_PATH,
     CalibrationError,
@@ -17,6 +20,7 @@ from sharding.calibration import (
     network_cost,
 )
 from sharding.cluster import resolve_cluster
+from sharding.constants import GPU_DENSE_MFU
 from sharding.cost_model import (
     datasheet_device_cost,
     dot_interaction_flops,
@@ -218,7 +222,9 @@ def test_gpu_devices_use_datasheet_numbers(typed_cfg) -> None:
     costs = device_costs(ranks, None)  # GPU clusters need no calibration
     h100, t4 = costs[0], costs[-1]
     assert h100.emb_read_bytes_per_s == pytest.approx(3350e9 * 0.5)
-    assert h100.dense_flops_per_s > 10 * t4.dense_flops_per_s
+    # fp32 by default (trainer.precision): the datasheets' fp32 rates at the assumed MFU
+    assert h100.dense_flops_per_s == pytest.approx(67e12 * GPU_DENSE_MFU)
+    assert t4.dense_flops_per_s == pytest.approx(8.1e12 * GPU_DENSE_MFU)
     assert datasheet_device_cost(ranks[0]) == h100
     net = network_cost(cfg.cluster, ranks, None, None)
     assert net.alltoall.bytes_per_s == pytest.approx(25e9 / 8)  # 3 nodes: inter-node link
@@ -348,3 +354,41 @@ def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
                              (cost.ids_a2a_s, cost.ids_a2a_parts_s)):  # fmt: skip
             assert whole == pytest.approx(np.maximum(parts["nic"], parts["fabric"]))
     assert (one.allreduce_link, two.allreduce_link) == ("fabric", "nic")
+
+
+@pytest.mark.parametrize("precision, h100_tflops, v100_tflops", [
+    ("fp32", 67.0, 15.7), ("tf32", 494.5, 15.7), ("bf16", 989.0, 15.7)])  # fmt: skip
+def test_the_dense_part_is_priced_at_the_runs_precision(
+    typed_cfg, precision, h100_tflops, v100_tflops
+) -> None:
+    """`trainer.precision` reaches the planner's device constants: an H100's dense rate at
+    each datasheet figure; a V100, without TF32 or bf16 tensor cores, at its fp32 rate."""
+    cfg = typed_cfg(["cluster=hetero_3node", f"trainer.precision={precision}"])
+    inputs = plan_inputs(cfg, None, None)
+    kinds = [r.kind for r in inputs.ranks]
+    h100, v100 = (inputs.devices[kinds.index(k)] for k in ("h100_80g", "v100_16g"))
+    assert h100.dense_flops_per_s == pytest.approx(h100_tflops * 1e12 * GPU_DENSE_MFU)
+    assert v100.dense_flops_per_s == pytest.approx(v100_tflops * 1e12 * GPU_DENSE_MFU)
+    assert inputs.precision == precision
+    # the rest of the device is the same whatever the precision
+    fp32 = datasheet_device_cost(inputs.ranks[0], "fp32")
+    assert replace(h100, dense_flops_per_s=fp32.dense_flops_per_s) == fp32
+
+
+def test_a_plan_says_the_precision_it_priced(typed_cfg) -> None:
+    plans = {}
+    for precision in ("fp32", "bf16"):
+        cfg = typed_cfg(["cluster=2x8_h100", "model=dcnv2_mlperf", "planner=greedy_size",
+                         f"trainer.precision={precision}"])  # fmt: skip
+        plans[precision] = make_plan(cfg, plan_inputs(cfg, None, None))
+    assert plans["fp32"].precision == "fp32" and plans["bf16"].precision == "bf16"
+    assert plans["bf16"].est_step_ms < plans["fp32"].est_step_ms  # same placement, faster dense
+    assert "(dense in bf16)" in plan_table(plans["bf16"]).splitlines()[0]
+    assert plan_json(plans["bf16"])["precision"] == "bf16"
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    from sharding.constants import precision_factor
+
+    with pytest.raises(ValueError, match="fp64"):
+        precision_factor("h100_80g", "fp64")

@@ -333,8 +333,15 @@ def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
     assert "t_cat_0_hot" in text and "t_cat_0_cold" in text and "data_parallel" in text
     sequences = to_torchrec_plan(plan, features, "cuda", True)
     cold_module = sequences.plan["model.sparse_arch.embedding_collection"]
-    assert sorted(cold_module) == [f"t_cat_{i}_cold" for i in range(4)]
-    assert "t_cat_0_cold" not in sequences.plan["model.sparse_arch.embedding_bag_collection"]
+    # each big table's cold rows: one `_cold` table, or `_cold<j>` row parts
+    cold = {f"t_cat_{i}": [] for i in range(4)}
+    for name in cold_module:
+        cold[name.rsplit("_cold", 1)[0]].append(name)
+    for t in plan.tables[:4]:
+        parts = [f"{t.name}_cold{j}" for j in range(t.cold_parts)]
+        assert sorted(cold[t.name]) == (parts if t.cold_parts > 1 else [f"{t.name}_cold"])
+    bags = sequences.plan["model.sparse_arch.embedding_bag_collection"]
+    assert not any("_cold" in name for name in bags)
 
 
 def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
