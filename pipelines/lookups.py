@@ -33,7 +33,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from pipelines.clustering import cluster_order
-from pipelines.dedup import DedupBatch, DedupExchange, route_distinct
+from pipelines.dedup import BatchLookups, DedupBatch, DedupExchange, route_distinct
 from pipelines.dense_step import alignment, compute_dtype
 from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
 
@@ -214,14 +214,20 @@ class Lookups:
             return kjt, states
         own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order],
                         self._align)  # fmt: skip
-        samples = [own.samples(0, k) for k in range(self._n)]
-        distinct: dict[str, list[torch.Tensor]] = {}
+        lookups = BatchLookups(kjt, [own.samples(0, k) for k in range(self._n)])
+        finish = []
         for g, group in enumerate(m.groups):
             if group.dedup is not None:
                 states[g] = DedupBatch()
-                group.dedup.requester_input(kjt, samples, states[g])
-                distinct.update(group.dedup.distinct(states[g]))
-        return route_distinct(kjt, distinct, samples), states
+                finish.append(group.dedup.requester_input(lookups, states[g]))
+        host = lookups.read()  # the requester side's one host read this step
+        distinct: dict[str, list[torch.Tensor]] = {}
+        deduped = [g for g, state in enumerate(states) if state is not None]
+        for g, done in zip(deduped, finish, strict=True):
+            done(host)
+            distinct.update(m.groups[g].dedup.distinct(states[g]))
+        first, lengths = lookups.first_samples(host), lookups.feature_lengths(host)
+        return route_distinct(kjt, distinct, first, lengths), states
 
     @staticmethod
     def send_ids(step: Step) -> None:

@@ -56,13 +56,16 @@ def test_routed_ids_are_each_micro_batchs_distinct_ids_in_its_first_bag() -> Non
     from pipelines.dedup import route_distinct
 
     kjt = _kjt({"a": [[5, 5], [3], [5], [], [7, 7]], "b": [[1], [2], [3], [4], [5]]})
-    samples = [slice(0, 3), slice(3, 5)]  # micro-batches of 3 and 2 samples
+    # micro-batches of 3 and 2 samples: their first samples 0 and 3; a holds 6 ids, b 5
     distinct = {"a": [torch.tensor([3, 5]), torch.tensor([7])]}
-    out = route_distinct(kjt, distinct, samples)
+    out = route_distinct(kjt, distinct, [0, 3], [6, 5])
     assert [t.tolist() for t in out["a"].to_dense()] == [[3, 5], [], [], [7], []]
     assert torch.equal(out["b"].values(), kjt["b"].values())  # other features as they were
-    clustered = route_distinct(kjt, distinct, [torch.tensor([2, 0, 1]), torch.tensor([4, 3])])
+    clustered = route_distinct(kjt, distinct, [2, 4], [6, 5])  # samples [2, 0, 1] and [4, 3]
     assert [t.tolist() for t in clustered["a"].to_dense()] == [[], [], [3, 5], [], [7]]
+    empty_first = route_distinct(kjt, {"a": [torch.tensor([], dtype=torch.int64),
+                                             torch.tensor([7])]}, [None, 3], [6, 5])  # fmt: skip
+    assert [t.tolist() for t in empty_first["a"].to_dense()] == [[], [], [], [7], []]
 
 
 def test_cluster_order_leaves_single_micro_batch_alone() -> None:
