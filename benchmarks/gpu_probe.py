@@ -53,7 +53,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sharding.constants import DEVICE_CATALOG, PRECISIONS, datasheet_rates, precision_factor
+from sharding.constants import (
+    DEVICE_CATALOG,
+    PRECISIONS,
+    datasheet_rates,
+    gpu_kind,
+    precision_factor,
+)
 
 A100_BF16_FLOPS = 312e12  # the catalog's `speed` is relative to this
 EMBEDDING_KERNELS = {
@@ -541,21 +547,13 @@ def fit_link(rows: list[dict], collective: str) -> dict[str, float] | None:
     return {"latency_s": max(0.0, my - slope * mx), "bytes_per_s": 1.0 / slope}
 
 
-def _tokens(name: str) -> list[str]:
-    return [t for t in re.split(r"[^0-9a-z]+", name.lower()) if t]
-
-
-def device_kind(name: str, memory_gib: float) -> str | None:
-    """The catalog kind whose family is a word of the device's name ("NVIDIA H100 80GB
-    HBM3": h100; "NVIDIA L40S" is no L4), nearest in memory."""
-    words = set(_tokens(name))
-    family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in words]
-    return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gb - memory_gib), default=None)
+device_kind = gpu_kind  # the catalog kind of a GPU by its name (sharding.constants)
 
 
 def unknown_kind(name: str, memory_gib: float | None) -> str:
     """A name for a device the catalog lacks, in the catalog's style: `l40s_45g`."""
-    words = [t for t in _tokens(name) if t not in ("nvidia", "tesla", "geforce")] or ["device"]
+    words = [t for t in re.split(r"[^0-9a-z]+", name.lower())
+             if t and t not in ("nvidia", "tesla", "geforce")] or ["device"]  # fmt: skip
     return f"{words[0]}_{round(memory_gib)}g" if memory_gib else words[0]
 
 

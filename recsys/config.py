@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from pipelines.types import PipelineConfig
 from sharding.errors import UserError
@@ -29,6 +30,15 @@ CRITEO_CAT_FEATURES = 26
 GROUPS = ("dataset", "model", "cluster", "planner", "pipeline", "trainer", "experiment", "debug")
 
 
+class EvalSplit(str, Enum):
+    """The held-out halves: prepared files hold out the last file (or
+    `holdout_fraction` of one file), val its first half, test its second; synthetic data
+    draws each from its own stream."""
+
+    val = "val"
+    test = "test"
+
+
 @dataclass
 class SyntheticConfig:
     """Synthetic Criteo-shaped data. Table sizes come from the model config."""
@@ -36,7 +46,9 @@ class SyntheticConfig:
     name: str = "synthetic"
     zipf_exponent: float = 1.1  # p(k-th hottest row) ~ k^-exponent
     seed: int = 1234  # planted model and data stream; independent of trainer.seed
-    eval_batches: int = 16  # held-out batches per rank (files: at most the val split)
+    # held-out batches per rank (files: at most the split's); null: the whole split (files)
+    eval_batches: int | None = 16
+    eval_split: EvalSplit = EvalSplit.val  # what evaluations read (files: val, then test)
     signal: float = 1.0  # scales the planted logit; 0 makes labels pure noise
     bias: float = -1.0  # planted intercept; about 30% positives at signal 1
     # ids per bag, one per table (0: empty bags), or "mlperf" (MLPerf DLRM-DCNv2's sizes);
@@ -64,6 +76,11 @@ class Arch(str, Enum):
     dcnv2 = "dcnv2"  # low-rank DCN cross layers (MLPerf DLRM-DCNv2)
 
 
+class TableDtype(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+
+
 @dataclass
 class ModelConfig:
     """Model shapes. `num_embeddings_per_feature` has one entry per categorical feature."""
@@ -77,6 +94,9 @@ class ModelConfig:
     over_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 1])
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 512
+    # what the tables store (TorchRec's DataType): fp16 halves their memory and the bytes
+    # a lookup reads; lookups still return fp32, and the fused update rounds to fp16
+    table_dtype: TableDtype = TableDtype.fp32
 
 
 class ModelConfigError(UserError, ValueError):
@@ -131,6 +151,13 @@ class SparseOptimizer(str, Enum):
     sgd = "sgd"  # fused EXACT_SGD
 
 
+class Mode(str, Enum):
+    train = "train"
+    # load trainer.resume_from and evaluate it on dataset.eval_split; nothing trains
+    # (`python -m recsys.evaluate`)
+    evaluate = "evaluate"
+
+
 class Precision(str, Enum):
     """What the dense part (MLPs, interaction, DCN) computes in; tables and their updates
     stay fp32, parameters and their gradients too."""
@@ -142,6 +169,7 @@ class Precision(str, Enum):
 
 @dataclass
 class TrainerConfig:
+    mode: Mode = Mode.train
     max_steps: int = 400
     batch_size: int = 1024  # per rank
     lr: float = 0.05  # dense optimizer
@@ -158,6 +186,8 @@ class TrainerConfig:
     checkpoint_every: int = 0  # 0: only at the end, and only if save_checkpoint
     save_checkpoint: bool = False
     resume_from: str | None = None  # a checkpoint dir, or a dir of step_* checkpoints
+    # a plan.json (python -m sharding.plan, or a run's) trained as it is, not planned again
+    plan: str | None = None
     dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
@@ -209,9 +239,39 @@ def check_train_config(cfg: TrainConfig) -> None:
     if not cfg.pipeline.micro_batches >= 1:
         raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
                                f"{cfg.pipeline.micro_batches}")  # fmt: skip
-    if not cfg.dataset.eval_batches >= 0:
-        raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation), got "
-                               f"{cfg.dataset.eval_batches}")  # fmt: skip
+    eval_batches = cfg.dataset.eval_batches
+    if eval_batches is None and DataKind(cfg.dataset.kind) == DataKind.synthetic:
+        raise TrainConfigError(
+            "dataset.eval_batches=null (the whole split) needs prepared files: synthetic data "
+            "has no end; give a number of batches"
+        )
+    if eval_batches is not None and not eval_batches >= 0:
+        raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation; null: the "
+                               f"whole split), got {eval_batches}")  # fmt: skip
+    if Mode(t.mode) == Mode.evaluate:
+        if not t.resume_from:
+            raise TrainConfigError(
+                "trainer.mode=evaluate needs trainer.resume_from=<a checkpoint directory, or a "
+                "directory of step_* checkpoints>"
+            )
+        if eval_batches == 0:
+            raise TrainConfigError(
+                "trainer.mode=evaluate with dataset.eval_batches=0 has nothing to do; give a "
+                "number of batches, or null for the whole split"
+            )
+
+
+def to_object(cfg: Any) -> Any:
+    """A composed config as plain dataclasses; a required key left unset (a device's `kind`)
+    is one line naming it."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        raise TrainConfigError(
+            f"{e.full_key} is required and unset: give it in the config file or on the command "
+            f"line (a device's kind: a catalog kind, or any name with its figures, "
+            f"docs/clusters.md)"
+        ) from None
 
 
 def register_configs() -> None:

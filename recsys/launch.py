@@ -25,7 +25,6 @@ from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 import torch.distributed as dist
 
 from recsys.interrupts import die_when_closed, die_with_parent
@@ -61,12 +60,14 @@ def external_rank_and_world() -> tuple[int, int]:
     return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 
 
-def init_distributed(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
+def init_distributed(timeout_s: float, backend: str = "gloo") -> tuple[int, int]:
     """Join the process group from env:// (torchrun, our spawner) or Slurm via submitit.
 
-    Backend: NCCL where CUDA is available, else gloo, unless `backend` names one.
+    Backend: gloo unless told; never from `torch.cuda.is_available()`: the trainer passes
+    its cluster's (`recsys.trainer.build.backend_for`: NCCL for GPU clusters), and the CPU
+    link probes (`benchmarks.comm_probe`) and test jobs run gloo on CPU tensors wherever
+    they run.
     """
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         from submitit.helpers import TorchDistributedEnvironment
 

@@ -1,4 +1,4 @@
-"""Held-out evaluation: AUC and log loss over all ranks' eval batches."""
+"""Held-out evaluation: AUC, log loss and normalized entropy over all ranks' eval batches."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ from collections.abc import Iterable
 import torch
 from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
+from torchrec.metrics.ne import compute_ne
 
 from recsys.collectives import all_reduce_sum
 
 
 def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.device) -> dict:
-    """Eval AUC and log loss of a (DMP-wrapped) DLRMTrain model, synced over all ranks.
+    """Eval AUC, log loss and NE of a (DMP-wrapped) DLRMTrain model, synced over all ranks.
 
     The model must return `(loss, (loss, logits, labels))`. Restores train mode after.
     """
     auroc = BinaryAUROC().to(device)  # computes over every rank's predictions
     bce_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.float64, device=device)
+    positives = torch.zeros((), dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -30,10 +32,15 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
                 logits, labels.float(), reduction="sum"
             ).double()
             count += labels.numel()
+            positives += labels.double().sum()
     model.train(was_training)
     bce_sum, count = all_reduce_sum(bce_sum, device), all_reduce_sum(count, device)
+    positives = all_reduce_sum(positives, device)
+    # NE: the log loss over the entropy of the split's base rate (TorchRec's RecMetrics NE)
+    ne = compute_ne(bce_sum, count, positives, count - positives, eta=1e-12)
     return {
         "eval_auc": float(auroc.compute()),
         "eval_logloss": float(bce_sum / count),
+        "eval_ne": float(ne),
         "eval_samples": int(count),
     }

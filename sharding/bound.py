@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def lower_bound_ms(inputs: PlanInputs) -> float:
     devs = inputs.devices
-    emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * FLOAT_BYTES
+    emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes
                     for t in inputs.tables)  # fmt: skip
     lookup = emb_bytes / sum(d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in devs)
     per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in devs]

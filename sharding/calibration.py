@@ -86,8 +86,8 @@ def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
     probe = measured_gpu(r.kind)
     if probe is None:
         return sheet
-    kind = DEVICE_CATALOG[r.kind]
-    mem, compute = r.hbm_gbps / kind.hbm_gbps, r.speed / kind.speed
+    kind = DEVICE_CATALOG.get(r.kind)  # None: a device described by its figures
+    mem, compute = (r.hbm_gbps / kind.hbm_gbps, r.speed / kind.speed) if kind else (1.0, 1.0)
     scale = {"emb_read_bytes_per_s": mem, "dense_flops_per_s": compute,
              "sequence_s_per_lookup": 1 / mem, "sequence_s_per_byte": 1 / mem}  # fmt: skip
     measured = dict(probe["device"])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from sharding.constants import DEVICE_CATALOG, GIB
+from sharding.constants import DEVICE_CATALOG, GIB, DeviceKind
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, DeviceGroup, RankDevice
+
+FIGURES = ("hbm_gb", "hbm_gbps", "speed")  # what a device the catalog lacks must give
 
 
 class ClusterConfigError(UserError, ValueError):
@@ -39,7 +41,7 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
         for _ in range(group.count):
             devices = [dev for dev in group.devices for _ in range(dev.count)]
             for local, dev in enumerate(devices):
-                kind = DEVICE_CATALOG[dev.kind]
+                kind = DEVICE_CATALOG.get(dev.kind) or DeviceKind(0.0, 0.0, 0.0, "figures")
                 ranks.append(RankDevice(
                     rank=len(ranks), node=node, local_rank=local, kind=dev.kind,
                     hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
@@ -79,13 +81,16 @@ def _check_network(spec: ClusterSpec) -> None:
 
 def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:
     """One device group's kind, counts and figures; its share and cores where they apply."""
-    if dev.kind not in DEVICE_CATALOG:
+    figures = [n for n in FIGURES if getattr(dev, n) is None]
+    if dev.kind not in DEVICE_CATALOG and (figures or dev.kind == ""):
         raise ClusterConfigError(
-            f"cluster '{spec.name}': {where}.kind '{dev.kind}' is unknown; "
-            f"known kinds: {', '.join(sorted(DEVICE_CATALOG))}"
+            f"cluster '{spec.name}': {where}.kind '{dev.kind}' is not in the catalog "
+            f"({', '.join(sorted(DEVICE_CATALOG))}); describe such a GPU by its figures: "
+            f"{where}.hbm_gb (GiB), hbm_gbps (GB/s of memory bandwidth) and speed (dense "
+            f"bf16 TFLOP/s / 312, an A100's); missing: {', '.join(figures)}"
         )
     _positive(dev.count, f"{where}.count", spec.name)
-    for name in ("hbm_gb", "hbm_gbps", "speed"):
+    for name in FIGURES:
         value = getattr(dev, name)
         if value is not None:
             _positive(value, f"{where}.{name}", spec.name)

@@ -9,6 +9,7 @@ a cluster config.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -109,3 +110,16 @@ def datasheet_rates(hbm_gbps: float, speed: float, host_to_device_gbps: float) -
         "sequence_s_fixed": GPU_SEQUENCE_FIXED_S,
         "sequence_s_per_byte": GPU_SEQUENCE_PASSES / hbm_bytes_per_s,
     }
+
+
+def _tokens(name: str) -> list[str]:
+    return [t for t in re.split(r"[^0-9a-z]+", name.lower()) if t]
+
+
+def gpu_kind(name: str, memory_gib: float) -> str | None:
+    """The catalog kind of a GPU by its name and memory: the kind whose family is a whole
+    word of the name ("NVIDIA H100 80GB HBM3": h100; "NVIDIA L40S" is no L4), nearest in
+    memory; None for a GPU the catalog lacks."""
+    words = set(_tokens(name))
+    family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in words]
+    return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gb - memory_gib), default=None)

@@ -102,14 +102,18 @@ def vectors_per_sample(s: Shard, t: TableStats) -> float:
 
 
 def memory_bytes(
-    shards: Sequence[Shard], world: int, opt: OptimizerState | None = None
+    shards: Sequence[Shard],
+    world: int,
+    opt: OptimizerState | None = None,
+    weight_bytes: int = FLOAT_BYTES,
 ) -> list[dict[str, int]]:
-    """Per rank: bytes in HBM and in host memory, weights plus optimizer state."""
+    """Per rank: bytes in HBM and in host memory, weights (`weight_bytes` a value) plus
+    optimizer state."""
     opt = opt or OptimizerState()
     hbm, host = [0] * world, [0] * world
     everyone = 0  # bytes of data-parallel copies, on every rank
     for s in shards:
-        weights = s.rows * s.cols * FLOAT_BYTES
+        weights = s.rows * s.cols * weight_bytes
         state = s.rows * opt.per_row_bytes + s.rows * s.cols * opt.per_value_bytes
         if s.dp:
             everyone += weights + state
@@ -119,7 +123,7 @@ def memory_bytes(
             host[s.rank] += weights + state
         else:  # cached: all rows in host memory, the hot ones mirrored in HBM
             host[s.rank] += weights + state
-            cached = s.cache_rows * s.cols * FLOAT_BYTES if s.cache_rows else weights * s.hit_rate
+            cached = s.cache_rows * s.cols * weight_bytes if s.cache_rows else weights * s.hit_rate
             hbm[s.rank] += int(cached)
     return [{"hbm": hbm[r] + everyone, "host": host[r]} for r in range(world)]
 
@@ -228,10 +232,10 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
         t = by_name[s.table]
         share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
         if s.dp:  # looked up locally for the rank's own samples; gradients all-reduced
-            local += t.lookups_per_sample * share * s.cols * FLOAT_BYTES
-            dp_bytes += s.rows * s.cols * FLOAT_BYTES
+            local += t.lookups_per_sample * share * s.cols * t.weight_bytes
+            dp_bytes += s.rows * s.cols * t.weight_bytes
             continue
-        looked_up = ex.total * t.lookups_per_sample * share * s.cols * FLOAT_BYTES
+        looked_up = ex.total * t.lookups_per_sample * share * s.cols * t.weight_bytes
         hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
         lookup[s.rank] += looked_up * (hit * read_s[s.rank] + (1 - hit) * host_s[s.rank])
         if s.sparse_exchange:

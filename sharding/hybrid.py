@@ -625,7 +625,7 @@ def _replicated_rows(
     for h in candidates if split else [t.rows]:
         if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
             break
-        allreduce_s = ring_bytes(h * t.dim * FLOAT_BYTES, w) / ar.bytes_per_s
+        allreduce_s = ring_bytes(h * t.dim * t.weight_bytes, w) / ar.bytes_per_s
         # with the pooled exchange a cold part still sends a vector per sample: only
         # replicating the whole table saves the exchange. Exchanged per lookup, a table
         # looked up in no sample (empty bags) has nothing to save (a fraction of samples:

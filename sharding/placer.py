@@ -53,7 +53,8 @@ class Piece:
         return vectors * self.cols * FLOAT_BYTES
 
     def looked_up_bytes(self, samples: float) -> float:
-        return samples * self.table.lookups_per_sample * self.lookup_share * self.cols * FLOAT_BYTES
+        t = self.table
+        return samples * t.lookups_per_sample * self.lookup_share * self.cols * t.weight_bytes
 
 
 class Placer:
@@ -228,7 +229,7 @@ class Placer:
                 f"{self.free_hbm.max() / 2**30:.2f} GiB, host "
                 f"{self.free_host.max() / 2**30:.2f} GiB)"
             )
-        row_bytes = p.cols * FLOAT_BYTES
+        row_bytes = p.cols * p.table.weight_bytes  # an HBM cache holds weights alone
         cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
         hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth

@@ -59,6 +59,7 @@ from torchrec.distributed.types import (
     ShardingPlan,
     ShardingType,
 )
+from torchrec.modules.embedding_configs import DataType
 
 from sharding.cluster import local_world_size
 from sharding.errors import UserError
@@ -219,7 +220,8 @@ def tables_module(inputs: PlanInputs) -> nn.Module:
     """An EmbeddingBagCollection of the inputs' tables on the meta device (no memory)."""
     configs = [
         EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                           feature_names=[f"f_{t.name}"])
+                           feature_names=[f"f_{t.name}"],
+                           data_type=DataType.FP16 if t.weight_bytes == 2 else DataType.FP32)
         for t in inputs.tables
     ]  # fmt: skip
     return EmbeddingBagCollection(configs, device=torch.device("meta"))

@@ -18,9 +18,10 @@ from sharding.errors import UserError
 
 @dataclass
 class DeviceGroup:
-    """`count` devices of one kind on a node; unset fields come from the catalog."""
+    """`count` devices of one kind on a node; unset fields come from the catalog. `kind` is
+    required (a cluster file without it is refused, not planned as CPU ranks)."""
 
-    kind: str = "cpu"
+    kind: str
     count: int = 1
     hbm_gb: float | None = None
     hbm_gbps: float | None = None
@@ -39,7 +40,7 @@ class NodeGroup:
     count: int = 1
     host_memory_gb: float = 16.0
     host_to_device_gbps: float = 12.0
-    devices: list[DeviceGroup] = field(default_factory=lambda: [DeviceGroup()])
+    devices: list[DeviceGroup] = field(default_factory=lambda: [DeviceGroup("cpu")])
 
 
 @dataclass
@@ -161,6 +162,10 @@ class TableStats:
     rows: int
     dim: int
     lookups_per_sample: float = 1.0
+    # bytes of one stored value: 4 (fp32), 2 (fp16 tables). Lookups return fp32, so what is
+    # exchanged is 4 bytes a value either way; memory, lookup reads and a replicated copy's
+    # gradient take these
+    weight_bytes: int = FLOAT_BYTES
 
 
 @dataclass(frozen=True)
@@ -346,8 +351,14 @@ class PlanInputs:
     def world(self) -> int:
         return len(self.ranks)
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one stored value: the tables' (one precision a model; the widest if not)."""
+        return max((t.weight_bytes for t in self.tables), default=FLOAT_BYTES)
+
     def row_bytes(self, cols: int) -> int:
-        return cols * (FLOAT_BYTES + self.optimizer.per_value_bytes) + self.optimizer.per_row_bytes
+        per_value = self.weight_bytes + self.optimizer.per_value_bytes
+        return cols * per_value + self.optimizer.per_row_bytes
 
     def hbm_budget(self) -> list[float]:
         """Bytes each rank may fill: device memory (a CPU rank's budget) less the reserve."""

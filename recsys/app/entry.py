@@ -12,9 +12,10 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from recsys.app import CONF_DIR
+from recsys.config import to_object
 from recsys.console import command
 
 
@@ -28,7 +29,7 @@ def hydra_command(config_name: str) -> Callable[[Callable[[Any, Path], None]], C
 
             with command():
                 quiet_library_noise()
-                body(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir))
+                body(to_object(cfg), Path(HydraConfig.get().runtime.output_dir))
 
         return hydra.main(version_base="1.3", config_path=CONF_DIR, config_name=config_name)(task)
 

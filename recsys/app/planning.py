@@ -7,8 +7,10 @@ training config and the model; `sharding` stays free of both.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
@@ -32,7 +34,16 @@ from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
 from sharding.torchrec_planner import TorchRecPlans
-from sharding.types import Plan, PlanInputs, PlannerName, PowerLawCoverage, TableStats
+from sharding.types import (
+    Plan,
+    PlanInputs,
+    PlannerName,
+    PowerLawCoverage,
+    Shard,
+    TablePlan,
+    TableStats,
+    Tier,
+)
 
 
 @dataclass
@@ -199,10 +210,67 @@ def plan_json(plan: Plan) -> dict:
             {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
              "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,
              "replicated_rows": t.replicated_rows, "cold_parts": t.cold_parts,
-             "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards if not s.dp]}
+             "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards]}
             for t in plan.tables
         ],
     }  # fmt: skip
+
+
+class SavedPlanError(UserError, ValueError):
+    """`trainer.plan` names a file that is no plan of this model and cluster."""
+
+
+def load_plan(path: str, inputs: PlanInputs) -> Plan:
+    """`trainer.plan`: a plan.json our planners wrote (`python -m sharding.plan`, or a
+    training run's), to train as it is; checked against this run's tables, cluster and world
+    (one line naming what differs), then judged by the cost model as any plan is."""
+    where = Path(path)
+    try:
+        raw = json.loads(where.read_text())
+        tables = [TablePlan(
+            t["name"], t["rows"], t["dim"], t["sharding_type"], t["ranks"], Tier(t["tier"]),
+            t["hot_rows"], t["replicated_rows"],
+            [Shard(**(s | {"tier": Tier(s["tier"])})) for s in t["shards"]],
+            t.get("cold_parts", 1)) for t in raw["tables"]]  # fmt: skip
+        batch = [d["batch"] for d in raw["devices"]]
+        planner, cluster = raw["planner"], raw["cluster"]
+    except FileNotFoundError:
+        raise SavedPlanError(
+            f"trainer.plan: no file '{where}'; give a plan.json that `python -m sharding.plan` "
+            f"or a training run wrote"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SavedPlanError(f"trainer.plan: '{where}' is not a plan.json of this version "
+                             f"({type(e).__name__}: {e}); plan again with python -m "
+                             f"sharding.plan") from None  # fmt: skip
+    if planner == PlannerName.torchrec.value:
+        raise SavedPlanError(
+            f"trainer.plan: '{where}' is TorchRec's plan, which TorchRec makes again in the ranks "
+            f"(planner=torchrec); trainer.plan takes plans of hybrid, greedy_size or round_robin"
+        )
+    if cluster != inputs.cluster or len(batch) != inputs.world:
+        raise SavedPlanError(
+            f"trainer.plan: '{where}' was made for cluster '{cluster}' with {len(batch)} ranks; "
+            f"this run is on '{inputs.cluster}' with {inputs.world}: plan for this cluster, or "
+            f"train on that one"
+        )
+    have = {(t.name, t.rows, t.dim) for t in tables}
+    want = {(t.name, t.rows, t.dim) for t in inputs.tables}
+    if have != want:
+        differ = sorted(have ^ want)[0]
+        raise SavedPlanError(
+            f"trainer.plan: '{where}' holds another model's tables (first difference: "
+            f"{differ[0]}, {differ[1]:,} x {differ[2]}); plan this model, or train that one"
+        )
+    if sum(batch) != inputs.global_batch:
+        raise SavedPlanError(
+            f"trainer.plan: '{where}' splits a global batch of {sum(batch)} samples; this run's "
+            f"is {inputs.global_batch} (trainer.batch_size x ranks): set trainer.batch_size="
+            f"{sum(batch) // inputs.world}, or plan this batch"
+        )
+    plan = evaluate(Plan(planner, cluster, tables, batch), inputs)
+    plan.planning_s = 0.0
+    return plan
 
 
 def run_context(cfg: TrainConfig, plan: Plan | None = None) -> RunContext:

@@ -79,7 +79,7 @@ def predict(
             "overhead_and_input": 1000 * (cost.overhead_s + cost.input_s),
             "sequence": 1000 * max(cost.sequence_s, default=0.0),
         },
-        "memory_bytes": memory_bytes(shards, inputs.world),
+        "memory_bytes": memory_bytes(shards, inputs.world, weight_bytes=inputs.weight_bytes),
         "constants": {k: constants_source(k) for k in sorted({r.kind for r in inputs.ranks})},
         "a2a_bytes_per_rank": cost.a2a_bytes,
         "layout": layout,

@@ -20,18 +20,20 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.app import CONF_DIR
-from recsys.app.planning import make_plan, plan_inputs, plan_json
+from recsys.app.planning import load_plan, make_plan, plan_inputs, plan_json
 from recsys.config import (
+    Mode,
     TrainConfig,
     TrainConfigError,
     check_train_config,
     register_configs,
+    to_object,
     validate_model_config,
 )
 from recsys.console import command, rank_output_to_log
@@ -39,6 +41,7 @@ from recsys.context import RunContext
 from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type
+from sharding.constants import DEVICE_CATALOG, gpu_kind
 from sharding.cost_model import schedule_of
 from sharding.errors import UserError
 from sharding.plan_eval import check_fits
@@ -84,11 +87,17 @@ def _not_library_chatter(record: logging.LogRecord) -> bool:
 
 
 def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
-    """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts; the
-    ranks run this plan. Writes plan.json beside the run's other outputs."""
-    plan = make_plan(cfg, inputs)
+    """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts, or
+    read the saved plan `trainer.plan`; the ranks run this plan. Writes plan.json beside the
+    run's other outputs."""
+    if cfg.trainer.plan:
+        plan = load_plan(cfg.trainer.plan, inputs)
+        log.info("training the saved %s plan %s as it is (predicted %.2f ms/step here)",
+                 plan.planner, cfg.trainer.plan, plan.est_step_ms)  # fmt: skip
+    else:
+        plan = make_plan(cfg, inputs)
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
-    if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run:
+    if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run and not cfg.trainer.plan:
         _say_if_plan_follows_pipeline(cfg, inputs, plan)
     if not plan.feasible:
         raise PlanDoesNotFitError(f"the {plan.planner} plan does not fit: see {run_dir}/plan.json")
@@ -174,7 +183,7 @@ def to_typed(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """The composed config as plain dataclasses (picklable for spawned ranks)."""
     if isinstance(cfg, TrainConfig):
         return cfg
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    return to_object(cfg)
 
 
 def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> dict:
@@ -212,6 +221,10 @@ def _settled(tcfg: TrainConfig) -> TrainConfig:
     if tcfg.trainer.resume_from:
         _check_resume(tcfg)
     resolve_hotness(tcfg.dataset.hotness, len(tcfg.model.num_embeddings_per_feature))
+    if tcfg.trainer.plan and tcfg.planner.name == PlannerName.torchrec:
+        # a saved plan of ours trains in place of any planner; the run is named by the
+        # plan's own planner once it is read
+        tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName.hybrid))
     if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
         # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
         # would be exchanged whole, so split tables keep pooled cold parts
@@ -239,11 +252,13 @@ def _check_resume(tcfg: TrainConfig) -> None:
             f"with the model it was saved with"
         )
     step = checkpoint_step(tcfg.trainer.resume_from)
-    if step is not None and step >= tcfg.trainer.max_steps:
+    evaluating = Mode(tcfg.trainer.mode) == Mode.evaluate
+    if step is not None and step >= tcfg.trainer.max_steps and not evaluating:
         raise TrainConfigError(
             f"trainer.resume_from: the checkpoint is at step {step}, at or past "
             f"trainer.max_steps={tcfg.trainer.max_steps}: nothing to train. Raise "
-            f"trainer.max_steps"
+            f"trainer.max_steps, or evaluate it: python -m recsys.evaluate "
+            f"trainer.resume_from={tcfg.trainer.resume_from}"
         )
 
 
@@ -269,6 +284,18 @@ def _check_gpus(cluster: str, ranks: list) -> None:
             f"cluster '{cluster}' puts {per_node} GPU ranks on a node and this machine has "
             f"{here} GPU(s): name a cluster with at most {here} GPUs a node"
         )
+    rank = launch.external_rank_and_world()[0] if launch.launched_externally() else 0
+    for r in (r for r in ranks if r.node == ranks[rank].node):  # this machine's ranks
+        if r.kind not in DEVICE_CATALOG:
+            continue  # a device described by its figures: nothing to check its name against
+        props = torch.cuda.get_device_properties(r.local_rank)
+        found = gpu_kind(props.name, props.total_memory / 2**30)
+        if found != r.kind:
+            raise TrainConfigError(
+                f"cluster '{cluster}' says GPU {r.local_rank} of this node is {r.kind}; it is "
+                f"{props.name} ({found or 'not in the catalog'}): name a cluster that "
+                f"matches, or describe the device by its figures (docs/clusters.md)"
+            )
 
 
 def _check_rehearsal(cluster: str, gpus: bool, inputs: PlanInputs) -> None:
@@ -313,7 +340,10 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
     from recsys.trainer.outputs import write_summary
 
     ours = tcfg.planner.name != PlannerName.torchrec
-    ctx = RunContext(tcfg, inputs, plan_ours(tcfg, inputs, run_dir) if ours else None)
+    plan = plan_ours(tcfg, inputs, run_dir) if ours else None
+    if plan is not None and tcfg.trainer.plan:  # the summary names the plan's planner
+        tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName(plan.planner)))
+    ctx = RunContext(tcfg, inputs, plan)
     world = len(ctx.ranks)
     if not tcfg.trainer.dry_run:
         preflight.check_data(tcfg, world, ctx.plan.batch_per_rank if ours else None)
@@ -444,12 +474,21 @@ def _main(cfg: DictConfig) -> float | None:
     if summary.get("dry_run"):
         print(f"dry run: plan for {summary['world_size']} ranks written to {summary['plan_file']}")
         return None
+    where = f"summary: {Path(summary['run_dir']) / 'summary.json'}"
+    if summary.get("mode") == Mode.evaluate.value:
+        print(
+            f"{summary['eval_split']} AUC {_fmt(summary['eval_auc'], '.4f')} | log loss "
+            f"{_fmt(summary['eval_logloss'], '.4f')} | NE {_fmt(summary['eval_ne'], '.4f')} | "
+            f"{summary['eval_samples']:,} samples | checkpoint step {summary['checkpoint_step']} "
+            f"on {summary['world_size']} ranks\n{where}"
+        )
+        return summary["eval_auc"]
     print(
         f"eval AUC {_fmt(summary['eval_auc'], '.4f')} | eval log loss "
-        f"{_fmt(summary['eval_logloss'], '.4f')} | train loss {_fmt(summary['train_loss'], '.4f')} "
+        f"{_fmt(summary['eval_logloss'], '.4f')} | NE {_fmt(summary['eval_ne'], '.4f')} | "
+        f"train loss {_fmt(summary['train_loss'], '.4f')} "
         f"| {_fmt(summary['samples_per_s'], ',.0f')} samples/s on {summary['world_size']} ranks "
-        f"({summary['pipeline']})\n"
-        f"summary: {Path(summary['run_dir']) / 'summary.json'}"
+        f"({summary['pipeline']})\n{where}"
     )
     return summary["eval_auc"]  # a sweeper's objective
 
@@ -472,4 +511,11 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
+    cli()
+
+
+def evaluate_cli() -> None:
+    """`python -m recsys.evaluate`: the command with `trainer.mode=evaluate` (later
+    arguments may not set another mode)."""
+    sys.argv.insert(1, "trainer.mode=evaluate")
     cli()

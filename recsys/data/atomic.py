@@ -62,6 +62,12 @@ def check_output(path: Path, overwrite: bool) -> None:
         )
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_dir(
     path: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()
@@ -74,6 +80,7 @@ def atomic_dir(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.partial-", dir=path.parent))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would hide it from others sharing it
     except OSError as e:
         raise OutputDirError(f"cannot write to output '{path}': {e.strerror}") from None
     try:

@@ -48,6 +48,8 @@ from recsys.progress import Progress
 from sharding.errors import UserError
 
 TEXT_SUFFIXES = (".gz", ".txt", ".tsv", ".csv")
+# text beside the data, never data: the Kaggle tarball's readme.txt
+NOT_DATA = ("readme", "license", "notice")
 
 
 class DenseTransform(str, Enum):
@@ -93,7 +95,8 @@ def input_files(input_path: str | Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise InputNotFoundError(f"input '{path}' is neither a file nor a directory")
-    files = [p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES)]
+    files = [p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES)
+             and not p.name.lower().startswith(NOT_DATA)]  # fmt: skip
     files += [p for p in path.glob("day_*") if p.is_file() and "." not in p.name]  # 1TB: day_0
     if not files:
         raise InputNotFoundError(f"no Criteo text files (*.txt, *.tsv, *.gz, day_N) in '{path}'")

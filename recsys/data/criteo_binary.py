@@ -48,12 +48,13 @@ class CriteoBinary:
         seed: int = 0,
         batch_per_rank: list[int] | None = None,
         hotness: list[int] | None = None,
-        needs_eval: bool = True,
+        held_out: str | None = "val",
     ) -> None:
         """`batch_size` and `world_size`: equal shares; `batch_per_rank`, if given, each
         rank's own batch size instead (a speed-aware split). `hotness`: bag sizes per table,
         read from each file's `_sparse_multi_hot.npz` (`recsys.data.multi_hot`).
-        `needs_eval`: the eval split must hold a batch (false: no evaluation is asked for)."""
+        `held_out`: the split evaluations read ("val" or "test"), which must hold a batch
+        (None: no evaluation is asked for)."""
         if len(num_embeddings_per_feature) != CAT_FEATURES:
             raise CriteoDataError(
                 f"Criteo has {CAT_FEATURES} categorical features; the model has "
@@ -81,7 +82,7 @@ class CriteoBinary:
         self.seed = seed
         self._file_starts = np.cumsum([0] + [len(d) for d in self.dense])
         self._splits = self._split_ranges(holdout_fraction)
-        for split in ("train", "eval") if needs_eval else ("train",):
+        for split in ("train", held_out) if held_out else ("train",):
             self._check_split(root, split, holdout_fraction)
 
     def _open_files(self, root: Path) -> None:
@@ -109,9 +110,9 @@ class CriteoBinary:
             return
         lo, hi = self._splits[split]
         fix = "use more data or a smaller trainer.batch_size"
-        if split == "eval" and len(self.names) == 1:
-            fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the eval split is "
-                   f"half the rows held out), use a smaller trainer.batch_size, or set "
+        if split != "train" and len(self.names) == 1:
+            fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the {split} split "
+                   f"is half the rows held out), use a smaller trainer.batch_size, or set "
                    f"dataset.eval_batches=0 for no evaluation")  # fmt: skip
         raise CriteoDataError(
             f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch for each "
@@ -125,12 +126,7 @@ class CriteoBinary:
         else:
             held = total - int(round(total * holdout_fraction))
         half = held + (total - held + 1) // 2
-        return {
-            "train": (0, held),
-            "eval": (held, half),
-            "val": (held, half),
-            "test": (half, total),
-        }
+        return {"train": (0, held), "val": (held, half), "test": (half, total)}
 
     def num_batches(self, split: str) -> int:
         start, stop = self._splits[split]

@@ -6,9 +6,10 @@ The optional steps after `prepare`, as TorchRec's and MLPerf's pipelines do them
   row 0; the others get contiguous rows 1..K in id order (K + 1 rows per table).
 Writes (whole or not at all, as `prepare` does; `overwrite=true` replaces a non-empty
 output) remapped `<name>_sparse.npy` files (dense and labels are linked, or copied where
-links are impossible) and `remap.json` with the new `num_embeddings_per_feature`; pass those
-to the model (`model.num_embeddings_per_feature=[...]`). Memory: the distinct ids per
-feature (16 bytes each), never the whole file.
+links are impossible), `remap.json` with the new `num_embeddings_per_feature`, and
+`model_override.txt`: the override that gives the model those tables
+(`model.num_embeddings_per_feature=[...]`), which the command also prints. Memory: the
+distinct ids per feature (16 bytes each), never the whole file.
 """
 
 from __future__ import annotations
@@ -118,7 +119,10 @@ def _remap(cfg: RemapConfig, src: Path, out: Path, train_names: list[str]) -> di
         "num_embeddings_per_feature": [len(k) + 1 for k in kept],
         "distinct_ids_per_feature": [len(ids) for ids, _ in counts],
     }
+    sizes = ",".join(str(n) for n in result["num_embeddings_per_feature"])
+    result["model_override"] = f"model.num_embeddings_per_feature=[{sizes}]"
     (out / "remap.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "model_override.txt").write_text(result["model_override"] + "\n")
     return result
 
 
@@ -133,7 +137,11 @@ ConfigStore.instance().store(name="base_remap", node=RemapConfig)
 def main(cfg: DictConfig) -> None:
     run_cli(
         lambda: remap(OmegaConf.to_object(cfg)),
-        lambda r: f"tables: {r['num_embeddings_per_feature']} -> {cfg.output}/remap.json",
+        lambda r: (
+            f"tables: {r['num_embeddings_per_feature']} -> {cfg.output}/remap.json\n"
+            f"train on it with: dataset.path={cfg.output} {r['model_override']} "
+            f"(also in {cfg.output}/model_override.txt)"
+        ),
     )
 
 

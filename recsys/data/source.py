@@ -1,12 +1,13 @@
 """The batch source a dataset config (`recsys.config.DatasetConfig`, `conf/dataset/`) names.
 
 A source gives deterministic batches: `batches(split, start, stop, rank)` with split
-"train" or "eval" (held out), so a run's data position is just its step.
+"train", or "val" or "test" (held out), so a run's data position is just its step;
+`num_batches(split)` says how many a rank has (None: no end, synthetic data).
 """
 
 from __future__ import annotations
 
-from recsys.config import DataKind, DatasetConfig, ModelConfig
+from recsys.config import DataKind, DatasetConfig, EvalSplit, ModelConfig
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
 from recsys.data.multi_hot import resolve_hotness
 from recsys.data.synthetic import SyntheticCriteo
@@ -48,5 +49,5 @@ def build_source(
         seed=cfg.seed,
         batch_per_rank=batch_per_rank,
         hotness=resolve_hotness(cfg.hotness, len(model.num_embeddings_per_feature)),
-        needs_eval=cfg.eval_batches > 0,
+        held_out=EvalSplit(cfg.eval_split).value if cfg.eval_batches != 0 else None,
     )

@@ -23,7 +23,7 @@ from recsys.config import SyntheticConfig, TrainConfigError
 from recsys.data.multi_hot import bags_to_jagged, resolve_hotness
 from recsys.data.planted import PlantedModel
 
-_SPLITS = {"train": 0, "eval": 1}
+_SPLITS = {"train": 0, "val": 1, "test": 2}  # each split its own stream
 
 
 class SyntheticCriteo:
@@ -69,6 +69,10 @@ class SyntheticCriteo:
             sparse_features=kjt,
             labels=torch.from_numpy(labels_B),
         )
+
+    def num_batches(self, split: str) -> None:
+        """Synthetic data has no end."""
+        return None
 
     def batches(self, split: str, start: int, stop: int, rank: int) -> Iterator[Batch]:
         for index in range(start, stop):

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from recsys.config import Arch, ModelConfig
+from recsys.config import Arch, ModelConfig, TableDtype
 from recsys.models.dlrm import build_model, table_configs
 from sharding.cost_model import dot_interaction_flops
 from sharding.types import TableStats
+
+WEIGHT_BYTES = {TableDtype.fp32: 4, TableDtype.fp16: 2}  # a stored value's
 
 
 @dataclass
@@ -31,7 +33,13 @@ def model_cost(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None = N
     )
     pooling = lookups_per_sample or {}
     tables = [
-        TableStats(t.name, t.num_embeddings, t.embedding_dim, pooling.get(t.name, 1.0))
+        TableStats(
+            t.name,
+            t.num_embeddings,
+            t.embedding_dim,
+            pooling.get(t.name, 1.0),
+            weight_bytes=WEIGHT_BYTES[TableDtype(cfg.table_dtype)],
+        )  # fmt: skip
         for t in table_configs(cfg)
     ]
     return ModelCost(tables, dense, interaction)

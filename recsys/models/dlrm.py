@@ -10,8 +10,11 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.modules.embedding_configs import DataType
 
-from recsys.config import Arch, ModelConfig, validate_model_config
+from recsys.config import Arch, ModelConfig, TableDtype, validate_model_config
+
+DATA_TYPES = {TableDtype.fp32: DataType.FP32, TableDtype.fp16: DataType.FP16}
 
 
 def feature_names(cfg: ModelConfig) -> list[str]:
@@ -25,6 +28,7 @@ def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
             embedding_dim=cfg.embedding_dim,
             num_embeddings=rows,
             feature_names=[name],
+            data_type=DATA_TYPES[TableDtype(cfg.table_dtype)],
         )
         for name, rows in zip(feature_names(cfg), cfg.num_embeddings_per_feature, strict=True)
     ]

@@ -71,7 +71,7 @@ def split_configs(
         for suffix, rows in parts:
             out.append(EmbeddingBagConfig(name=t.name + suffix, embedding_dim=t.embedding_dim,
                                           num_embeddings=rows, feature_names=[feature + suffix],
-                                          init_fn=t.init_fn))  # fmt: skip
+                                          init_fn=t.init_fn, data_type=t.data_type))  # fmt: skip
     return out
 
 
@@ -88,7 +88,7 @@ def sequence_cold_configs(
     bags = [c for c in configs if not sequence(c.name)]
     cold = [
         EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
-                        feature_names=c.feature_names, init_fn=c.init_fn)
+                        feature_names=c.feature_names, init_fn=c.init_fn, data_type=c.data_type)
         for c in configs
         if sequence(c.name)
     ]  # fmt: skip

@@ -64,6 +64,36 @@ def _dense_optimizer(cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]) 
     return KeyedOptimizerWrapper(params, make)
 
 
+class ReplicatedRowWiseAdagrad(RowWiseAdagrad):
+    """TorchRec's RowWiseAdagrad, with FBGEMM's arithmetic for fp16 tables
+    (`model.table_dtype=fp16`): the accumulator is fp32 and each update is computed in fp32,
+    then rounded to the table's dtype. TorchRec's computes in the parameter's dtype, where
+    eps (1e-8) is 0 and a row no sample touched gets 0 / 0. fp32 tables: TorchRec's own."""
+
+    def __init__(self, params, lr: float, eps: float) -> None:
+        super().__init__(params, lr=lr, eps=eps)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["sum"] = self.state[p]["sum"].float()
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch.optim's signature
+        params = [p for group in self.param_groups for p in group["params"]]
+        if all(p.dtype == torch.float32 for p in params):
+            return super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                state["step"] += 1
+                grad = p.grad.float()
+                state["sum"] += grad.pow(2).mean(axis=1).view(-1, 1)
+                std = state["sum"].sqrt().add_(group["eps"])
+                p.copy_(p.float().addcdiv_(grad, std, value=-group["lr"]))
+        return None
+
+
 def _replicated_embedding_optimizer(
     cfg: TrainerConfig, params: dict[str, torch.nn.Parameter]
 ) -> KeyedOptimizerWrapper:
@@ -71,7 +101,7 @@ def _replicated_embedding_optimizer(
     as the fused ones, row-wise Adagrad or SGD at `embedding_lr`, as a torch optimizer."""
     if SparseOptimizer(cfg.sparse_optimizer) == SparseOptimizer.rowwise_adagrad:
         return KeyedOptimizerWrapper(
-            params, lambda ps: RowWiseAdagrad(ps, lr=cfg.embedding_lr, eps=cfg.eps)
+            params, lambda ps: ReplicatedRowWiseAdagrad(ps, lr=cfg.embedding_lr, eps=cfg.eps)
         )
     return KeyedOptimizerWrapper(params, lambda ps: torch.optim.SGD(ps, lr=cfg.embedding_lr))
 

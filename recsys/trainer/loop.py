@@ -19,9 +19,7 @@ from pipelines.build import detach_for_eval
 from recsys import interrupts, launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.collectives import all_reduce_sum
-from recsys.config import (
-    TrainConfigError,
-)
+from recsys.config import EvalSplit, Mode, TrainConfigError
 from recsys.context import RunContext
 from recsys.interrupts import interruptible
 from recsys.metrics import evaluate
@@ -126,6 +124,8 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     if tcfg.resume_from:
         start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,
                                 job.layout)  # fmt: skip
+        if Mode(tcfg.mode) == Mode.evaluate:
+            return _evaluate_checkpoint(cfg, job, start, device)
         if start >= tcfg.max_steps:
             raise TrainConfigError(
                 f"the checkpoint {tcfg.resume_from} is at step {start}, at or past "
@@ -152,21 +152,48 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
         raise
 
 
+def held_out_metrics(cfg: TrainConfig, job: Training, device: torch.device) -> dict:
+    """AUC, log loss and NE of the model now on `dataset.eval_split`: `dataset.eval_batches`
+    of it per rank, or the whole split (null)."""
+    split = EvalSplit(cfg.dataset.eval_split).value
+    if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
+        return {"eval_auc": None, "eval_logloss": None, "eval_ne": None, "eval_samples": 0,
+                "eval_split": split}  # fmt: skip
+    n = cfg.dataset.eval_batches
+    if n is None:
+        n = job.source.num_batches(split)
+    eval_model = detach_for_eval(job.pipeline, job.model)
+    return {**evaluate(eval_model, job.batches(split, 0, n), device), "eval_split": split}
+
+
+def _evaluate_checkpoint(cfg: TrainConfig, job: Training, step: int, device) -> dict:
+    """`trainer.mode=evaluate`: the checkpoint just loaded (at `step`), evaluated."""
+    if job.rank == 0:
+        log.info("evaluating %s (step %d) on the %s split", cfg.trainer.resume_from, step,
+                 EvalSplit(cfg.dataset.eval_split).value)  # fmt: skip
+    return {
+        "rank": job.rank,
+        "mode": Mode.evaluate.value,
+        "world_size": len(job.shares),
+        "checkpoint": str(cfg.trainer.resume_from),
+        "checkpoint_step": step,
+        **held_out_metrics(cfg, job, device),
+        "planner": cfg.planner.name.value,
+        "model": cfg.model.name,
+        "cluster": cfg.cluster.name,
+        "versions": versions(),
+    }
+
+
 def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch: LossWatch,
                 ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
     """`run_rank`'s steps, evaluations, checkpoints and results."""
     tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
     saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
 
-    def run_eval() -> dict:
-        if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
-            return {"eval_auc": None, "eval_logloss": None, "eval_samples": 0}
-        eval_model = detach_for_eval(pipeline, model)
-        return evaluate(eval_model, job.batches("eval", 0, cfg.dataset.eval_batches), device)
-
     def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
-            evals.append({"step": done, **run_eval()})
+            evals.append({"step": done, **held_out_metrics(cfg, job, device)})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
             save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run)
@@ -176,7 +203,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run))
-    final = run_eval()
+    final = held_out_metrics(cfg, job, device)
     world = len(job.shares)
     losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)

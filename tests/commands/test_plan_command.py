@@ -26,6 +26,32 @@ def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> Non
     assert "Traceback" not in proc.stderr
 
 
+def test_a_users_cluster_file_plans_and_one_without_kinds_is_refused(tmp_path: Path) -> None:
+    """A cluster described in the user's own config directory (`--config-dir`), with a GPU
+    the catalog lacks given by its figures, plans; the same file without a device's kind is
+    refused naming the key, not planned as CPU ranks."""
+    mine = tmp_path / "conf" / "cluster"
+    mine.mkdir(parents=True)
+    text = """name: my_a10g
+nodes:
+  - count: 1
+    host_memory_gb: 128
+    devices: [{kind: a10g_24g, count: 4, hbm_gb: 24, hbm_gbps: 600, speed: 0.4}]
+network: {intra_node_gbps: 64, inter_node_gbps: 25, latency_us: 10}
+"""
+    (mine / "my_a10g.yaml").write_text(text)
+    (mine / "no_kind.yaml").write_text(text.replace("kind: a10g_24g, ", ""))
+    conf = ["--config-dir", str(tmp_path / "conf")]
+    proc = run_command("sharding.plan", *conf, "cluster=my_a10g", "model=dcnv2_small",
+                       "planner=hybrid", f"hydra.run.dir={tmp_path / 'a'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert plan["cluster"] == "my_a10g" and {d["kind"] for d in plan["devices"]} == {"a10g_24g"}
+    proc = run_command("sharding.plan", *conf, "cluster=no_kind", f"hydra.run.dir={tmp_path / 'b'}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "cluster.nodes[0].devices[0].kind is required and unset" in proc.stderr
+
+
 def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
     # in this process (the README tour, tests/commands/test_readme.py, starts it as one)
     proc = run_command(

@@ -60,3 +60,24 @@ def test_gpu_plans_train_plain_and_nested_alike(tmp_path: Path) -> None:
         assert not differ, (rank["rank"], differ)
         assert any("_hot" in k for k in plain["params"])  # the split tables trained
     assert "cuda:0" in (tmp_path / "plan.txt").read_text()  # the plan the GPUs would get
+
+
+def test_fp16_tables_train_plain_and_nested_alike(tmp_path: Path) -> None:
+    """`model.table_dtype=fp16` on the rehearsed GPU plan with split tables: every table
+    shard (hot copies, cold parts) stores fp16, and the nested pipeline still equals the
+    plain loop bit for bit (the fused update rounds to fp16 the same way in both)."""
+    pooled = ["planner=hybrid", "planner.cold_only_exchange=false", "model.table_dtype=fp16"]
+    cfgs = [to_typed(compose_config(GPU2 + pooled + extra)) for extra in ([], NESTED)]
+    split = plan_with_splits(to_typed(compose_config(["debug=tiny", "planner=hybrid"])))
+    job = spawn_ranks(rank_jobs.train_variants, 2, args=(cfgs, 6, str(tmp_path), [split] * 2),
+                      timeout_s=300)  # fmt: skip
+    for rank in raise_on_failure(job, "fp16 tables"):
+        plain, nested = rank["runs"]
+        tables = {k: w for k, w in plain["params"].items() if "embedding" in k and "optim" not in k}
+        assert tables and all(w.dtype == np.float16 for w in tables.values()), {
+            k: w.dtype for k, w in tables.items()}  # fmt: skip
+        assert np.isfinite(plain["losses"]).all(), plain["losses"]  # replicated fp16 rows too
+        assert nested["losses"] == plain["losses"], rank["rank"]
+        differ = [k for k, w in plain["params"].items()
+                  if not np.array_equal(nested["params"][k], w)]  # fmt: skip
+        assert not differ, (rank["rank"], differ)

@@ -191,6 +191,23 @@ def test_hybrid_plan_trains_and_learns(tmp_path: Path) -> None:
     assert summary["planner"] == "hybrid" and summary["eval_auc"] > 0.65
 
 
+def test_a_saved_plan_trains_as_it_is(tmp_path: Path) -> None:
+    """`trainer.plan`: a plan with split tables written to plan.json trains without being
+    planned again; the run's plan.json is the saved one, shard for shard."""
+    from recsys.app.planning import plan_json
+
+    cfg = compose_config(TINY + ["planner=hybrid"])
+    split = plan_with_splits(to_typed(cfg))
+    assert any(0 < t.replicated_rows < t.rows for t in split.tables), "no split table"
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(plan_json(split)))
+    summary = train(compose_config(TINY + [f"trainer.plan={saved}"]), tmp_path / "run")
+    assert summary["planner"] == "hybrid" and summary["eval_auc"] is not None
+    ran = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert ran["tables"] == json.loads(saved.read_text())["tables"]
+    assert [d["batch"] for d in ran["devices"]] == split.batch_per_rank
+
+
 @pytest.mark.parametrize("cold_parts", [1, 2])
 def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     """A plan with hot/cold split tables (cold parts as sequence embeddings, exchanged per

@@ -40,7 +40,10 @@ def test_resolve_expands_groups_in_node_major_order() -> None:
 @pytest.mark.parametrize(
     "mutate,needle",
     [
-        (lambda c: setattr(c.nodes[0].devices[0], "kind", "tpu_v9"), "kind 'tpu_v9' is unknown"),
+        (
+            lambda c: setattr(c.nodes[0].devices[0], "kind", "tpu_v9"),
+            "kind 'tpu_v9' is not in the catalog .* missing: hbm_gb, hbm_gbps, speed",
+        ),
         (lambda c: setattr(c.nodes[0].devices[0], "count", 0), "devices[0].count must be > 0"),
         (lambda c: setattr(c.nodes[1], "host_memory_gb", -1.0), "nodes[1].host_memory_gb"),
         (lambda c: setattr(c.nodes[1].devices[1], "hbm_gb", 0.0), "devices[1].hbm_gb"),
@@ -54,6 +57,27 @@ def test_invalid_layouts_fail_naming_the_field(mutate, needle: str) -> None:
     mutate(spec)
     with pytest.raises(ClusterConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         resolve_cluster(spec)
+
+
+def test_a_gpu_the_catalog_lacks_is_described_by_its_figures(typed_cfg) -> None:
+    """An A10G (24 GB, 600 GB/s, 125 dense TFLOP/s) is no catalog kind: given its figures it
+    resolves, plans and is priced from them; without them it is refused naming what is
+    missing."""
+    from recsys.app.planning import make_plan, plan_inputs
+
+    a10g = ["cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.kind=a10g_24g",
+            "cluster.nodes.0.devices.0.count=2", "cluster.nodes.0.devices.0.hbm_gb=24",
+            "cluster.nodes.0.devices.0.hbm_gbps=600"]  # fmt: skip
+    with pytest.raises(ClusterConfigError, match="missing: speed"):
+        resolve_cluster(typed_cfg(a10g).cluster)
+    cfg = typed_cfg(a10g + ["cluster.nodes.0.devices.0.speed=0.4", "model=dcnv2_small"])
+    ranks = resolve_cluster(cfg.cluster)
+    assert [r.kind for r in ranks] == ["a10g_24g"] * 2 and ranks[0].hbm_bytes == 24 * GIB
+    assert compute_device_type(ranks) == "cuda"
+    inputs = plan_inputs(cfg, None, None)
+    assert inputs.devices[0].emb_read_bytes_per_s == pytest.approx(600e9 * 0.5)
+    assert inputs.devices[0].dense_flops_per_s == pytest.approx(0.4 * 312e12 * 0.35)
+    assert make_plan(cfg, inputs).feasible
 
 
 def test_presets_have_the_documented_shapes(typed_cfg) -> None:

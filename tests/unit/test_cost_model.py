@@ -392,3 +392,33 @@ def test_an_unknown_precision_is_refused() -> None:
 
     with pytest.raises(ValueError, match="fp64"):
         precision_factor("h100_80g", "fp64")
+
+
+def test_fp16_tables_halve_their_memory_and_reads_not_the_exchange(typed_cfg) -> None:
+    """`model.table_dtype=fp16`: a row's weights take 2 bytes a value (its row-wise Adagrad
+    state stays one fp32 per row), a lookup reads half the bytes, and the exchanged vectors
+    stay fp32 (lookups return fp32)."""
+    inputs = {}
+    for dtype in ("fp32", "fp16"):
+        cfg = typed_cfg(["cluster=2x8_h100", "model=dcnv2_mlperf", f"model.table_dtype={dtype}"])
+        inputs[dtype] = plan_inputs(cfg, None, None)
+    wide, half = inputs["fp32"], inputs["fp16"]
+    assert {t.weight_bytes for t in half.tables} == {2} and half.weight_bytes == 2
+    assert wide.row_bytes(128) == 128 * 4 + 4 and half.row_bytes(128) == 128 * 2 + 4
+    t = half.tables[0]
+    shards = [Shard(t.name, 0, t.rows, t.dim)]
+    assert memory_bytes(shards, 2, weight_bytes=2)[0]["hbm"] == t.rows * (t.dim * 2 + 4)
+    costs = {}
+    for name, i in inputs.items():
+        table = i.tables[0]
+        costs[name] = step_cost([table], [Shard(table.name, 0, table.rows, table.dim)],
+                                [100, 100], i.devices[:2], i.network, 0)  # fmt: skip
+    assert costs["fp16"].lookup_fwd_s[0] == pytest.approx(costs["fp32"].lookup_fwd_s[0] / 2)
+    assert costs["fp16"].a2a_bytes == costs["fp32"].a2a_bytes  # fp32 vectors either way
+    # a plan of the fp16 tables needs less memory on every rank
+    plans = {n: make_plan(typed_cfg(["cluster=2x8_h100", "model=dcnv2_mlperf",
+                                     f"model.table_dtype={n}", "planner=greedy_size"]), i)
+             for n, i in inputs.items()}  # fmt: skip
+    used = {n: sum(d["hbm_used_bytes"] + d["host_used_bytes"] for d in p.devices)
+            for n, p in plans.items()}  # fmt: skip
+    assert used["fp16"] < 0.6 * used["fp32"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import compose_config
 
 from recsys.data.convert import ConvertOptions, convert
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
@@ -87,7 +88,7 @@ def test_ranks_read_disjoint_shares_and_shuffling_is_a_permutation(kaggle_files)
     assert torch.equal(
         again.batch("train", 3, 1).dense_features, src.batch("train", 3, 1).dense_features
     )
-    assert src.num_batches("eval") == (6000 - 5143 + 1) // 2 // 2 // 50
+    assert src.num_batches("val") == (6000 - 5143 + 1) // 2 // 2 // 50
 
 
 def test_unequal_batch_shares_read_disjoint_rows_in_proportion(kaggle_files) -> None:
@@ -148,6 +149,11 @@ def test_frequency_threshold_remap(tmp_path: Path) -> None:
     assert out[:, 1].tolist() == [0] * 10  # every id seen once: all share row 0
     assert result["num_embeddings_per_feature"][:2] == [3, 1]
     assert json.loads((tmp_path / "out" / "remap.json").read_text())["threshold"] == 3
+    # the override that gives a model these tables, composed as a training run takes it
+    override = (tmp_path / "out" / "model_override.txt").read_text().strip()
+    assert override == result["model_override"]
+    cfg = compose_config(["dataset=criteo_kaggle", f"dataset.path={tmp_path / 'out'}", override])
+    assert list(cfg.model.num_embeddings_per_feature) == result["num_embeddings_per_feature"]
     modded = remap(RemapConfig(input=str(src), output=str(tmp_path / "mod"), threshold=1,
                                max_ind_range=4, progress=False))  # fmt: skip
     assert modded["num_embeddings_per_feature"][1] == 1 + 4  # 1000..1009 % 4 -> 4 ids

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support import parse, random_rows, row, tsv
 
-from recsys.data.convert import ConvertOptions, convert, output_name
+from recsys.data.convert import ConvertOptions, convert, input_files, output_name
 from recsys.data.criteo_tsv import MalformedLineError
 from recsys.data.prepare import PrepareConfig, prepare
 
@@ -129,6 +129,13 @@ def test_kaggle_test_file_has_no_label_column() -> None:
     chunk = parse(tsv(row(None), row(None)[:20]), has_label=False, pad_short_lines=True)
     assert chunk.labels_N.tolist() == [-1, -1]
     assert chunk.ints_NI[0].tolist() == list(range(13))
+
+
+def test_the_kaggle_tarballs_readme_is_not_taken_for_data(tmp_path) -> None:
+    """dac.tar.gz unpacks to train.txt, test.txt and readme.txt: the last is prose."""
+    for name in ("train.txt", "test.txt", "readme.txt", "LICENSE.txt"):
+        (tmp_path / name).write_text("x\n")
+    assert [p.name for p in input_files(tmp_path)] == ["test.txt", "train.txt"]
 
 
 def test_random_text_matches_the_reference_parser() -> None:

@@ -81,6 +81,20 @@ def test_an_unwritable_output_is_one_line(tmp_path: Path) -> None:
         locked.chmod(0o700)
 
 
+def test_outputs_take_the_default_directory_mode(tmp_path: Path) -> None:
+    """Others sharing the filesystem can read a prepared directory as they can any other
+    (mkdtemp's 0700 is not kept): the mode a plain mkdir gives under the umask."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "a.npy").write_bytes(b"1234")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+
+
 def test_interrupted_work_is_removed_and_said_so(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt), atomic_dir(out) as tmp:

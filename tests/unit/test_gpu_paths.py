@@ -36,6 +36,27 @@ def test_cpu_ranks_run_on_cpu_with_gloo_even_where_cuda_is(typed_cfg, monkeypatc
     assert backend_for(ranks) == "gloo"
 
 
+def test_joining_the_group_takes_gloo_unless_told_even_where_cuda_is(monkeypatch) -> None:
+    """The CPU link probe (`benchmarks.comm_probe`, which sends CPU tensors) and the test
+    jobs join without naming a backend: on a GPU machine that must still be gloo."""
+    import torch.distributed as dist
+
+    from recsys import launch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "1"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    joined = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: joined.append(backend))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 1)
+    launch.init_distributed(5.0)
+    launch.init_distributed(5.0, "nccl")
+    assert joined == ["gloo", "nccl"]
+
+
 def test_gpu_ranks_take_their_nodes_gpus_with_nccl(typed_cfg, monkeypatch) -> None:
     taken = []
     monkeypatch.setattr(torch.cuda, "set_device", taken.append)
@@ -53,13 +74,41 @@ def test_gpu_ranks_take_their_nodes_gpus_with_nccl(typed_cfg, monkeypatch) -> No
 def test_a_gpu_cluster_this_machine_cannot_hold_is_refused_in_one_line(
     typed_cfg, monkeypatch, overrides: list[str], gpus: int, says: str
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    _gpus(monkeypatch, gpus, "NVIDIA A100-SXM4-80GB", 79.2)
     cfg = typed_cfg(overrides)
     with pytest.raises(TrainConfigError, match=re.escape(says)):
         app._check_launch(cfg, plan_inputs(cfg, None, None))
     fits = typed_cfg(["cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={gpus}"])
     app._check_launch(fits, plan_inputs(fits, None, None))  # as many ranks as GPUs: fine
+
+
+def _gpus(monkeypatch, count: int, name: str, memory_gib: float) -> None:
+    """This machine, as CUDA would describe it: `count` GPUs of one name and memory."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    props = SimpleNamespace(name=name, total_memory=int(memory_gib * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+
+
+def test_gpus_of_another_kind_than_the_cluster_names_are_refused(typed_cfg, monkeypatch) -> None:
+    """The cluster's kinds price the plan: a run on other GPUs stops before any rank starts.
+    A device described by its figures has no name to check."""
+    two = ["cluster.nodes.0.devices.0.count=2"]
+    _gpus(monkeypatch, 2, "NVIDIA A100-SXM4-80GB", 79.2)
+    h100 = typed_cfg(["cluster=1x8_h100", *two])
+    with pytest.raises(TrainConfigError, match=r"says GPU 0 of this node is h100_80g; it is "
+                       r"NVIDIA A100-SXM4-80GB \(a100_80g\)"):  # fmt: skip
+        app._check_launch(h100, plan_inputs(h100, None, None))
+    _gpus(monkeypatch, 2, "NVIDIA A10G", 22.0)  # not in the catalog
+    a100 = typed_cfg(["cluster=1x8_a100_80g", *two])
+    with pytest.raises(TrainConfigError, match=r"it is NVIDIA A10G \(not in the catalog\)"):
+        app._check_launch(a100, plan_inputs(a100, None, None))
+    dev = "cluster.nodes.0.devices.0"
+    figures = typed_cfg(["cluster=1x8_a100_80g", *two, f"{dev}.kind=a10g_24g", f"{dev}.hbm_gb=24",
+                         f"{dev}.hbm_gbps=600", f"{dev}.speed=0.4"])  # fmt: skip
+    app._check_launch(figures, plan_inputs(figures, None, None))
 
 
 def test_a_rehearsal_needs_no_gpu_but_a_gpu_cluster_and_the_memory(typed_cfg, monkeypatch) -> None:

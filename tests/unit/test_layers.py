@@ -29,6 +29,7 @@ LAYERS = [
 # these holds only a docstring and `if __name__ == "__main__":` calling into recsys.app.
 ENTRY_MODULES = {
     "recsys.train": "recsys.app.train",
+    "recsys.evaluate": "recsys.app.train",
     "sharding.plan": "recsys.app.plan",
     "sharding.predict": "recsys.app.predict",
     "sharding.profile": "recsys.app.profile",

@@ -58,3 +58,33 @@ def test_replicated_tables_get_the_row_wise_adagrad_of_the_fused_ones() -> None:
     before = w.data.clone()
     sgd.step()
     assert torch.allclose(w.data, before - 0.5 * w.grad)
+
+
+def test_replicated_fp16_rows_update_as_fbgemm_does() -> None:
+    """Replicated tables' row-wise Adagrad: on fp32 rows TorchRec's own arithmetic, bit for
+    bit; on fp16 rows the same update computed in fp32 and rounded (TorchRec's computes in
+    fp16, where eps is 0 and an untouched row's update is 0 / 0)."""
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    from recsys.trainer.build import ReplicatedRowWiseAdagrad
+
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.randn(6, 4, generator=gen)
+    grads = [torch.randn(6, 4, generator=gen) for _ in range(3)]
+    for g in grads:
+        g[2] = 0.0  # a row no sample touched
+    runs = {}
+    for name, cls, dtype in (("torchrec", RowWiseAdagrad, torch.float32),
+                             ("ours", ReplicatedRowWiseAdagrad, torch.float32),
+                             ("ours16", ReplicatedRowWiseAdagrad, torch.float16),
+                             ("torchrec16", RowWiseAdagrad, torch.float16)):  # fmt: skip
+        p = torch.nn.Parameter(weights.clone().to(dtype))
+        opt = cls([p], lr=0.1, eps=1e-8)
+        for g in grads:
+            p.grad = g.to(dtype)
+            opt.step()
+        runs[name] = p.detach()
+    assert torch.equal(runs["ours"], runs["torchrec"])
+    assert runs["ours16"].dtype == torch.float16 and torch.isfinite(runs["ours16"]).all()
+    assert torch.allclose(runs["ours16"].float(), runs["torchrec"], atol=2e-3)
+    assert not torch.isfinite(runs["torchrec16"]).all()  # what this class exists for

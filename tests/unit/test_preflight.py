@@ -35,7 +35,7 @@ def test_data_errors_are_found_before_any_rank(criteo, tmp_path: Path, no_ranks)
          r"the train split has 1,714 rows, fewer than one batch for each rank .*smaller "
          r"trainer.batch_size"),
         ([f"dataset.path={prepared}", "dataset.holdout_fraction=0"], CriteoDataError,
-         r"the eval split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
+         r"the val split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
          r"dataset.eval_batches=0"),
         ([f"dataset.path={prepared}", "dataset.hotness=mlperf"], HotnessError,
          r"_sparse_multi_hot.npz' does not exist; prepare the text again into a new directory"),

@@ -28,6 +28,8 @@ from recsys.config import TrainConfigError, check_train_config, register_configs
         ("trainer.dist_timeout_s=0", "trainer.dist_timeout_s must be a finite number > 0"),
         ("trainer.job_timeout_s=-5", "trainer.job_timeout_s must be a finite number > 0"),
         ("dataset.eval_batches=-1", "dataset.eval_batches must be >= 0"),
+        ("dataset.eval_batches=null", "needs prepared files: synthetic data has no end"),
+        ("trainer.mode=evaluate", "trainer.mode=evaluate needs trainer.resume_from=<a checkpoint"),
         ("trainer.log_level=verbose", "trainer.log_level must be info or debug, got 'verbose'"),
     ],
 )

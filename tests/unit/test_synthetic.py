@@ -40,7 +40,7 @@ def test_batches_are_a_pure_function_of_split_index_rank() -> None:
     assert torch.equal(x.sparse_features.values(), y.sparse_features.values())
     assert torch.equal(x.labels, y.labels)
     other_rank = a.batch("train", 7, 0)
-    held_out = a.batch("eval", 7, 1)
+    held_out = a.batch("val", 7, 1)
     assert not torch.equal(x.sparse_features.values(), other_rank.sparse_features.values())
     assert not torch.equal(x.sparse_features.values(), held_out.sparse_features.values())
 
