@@ -41,7 +41,8 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
         for _ in range(group.count):
             devices = [dev for dev in group.devices for _ in range(dev.count)]
             for local, dev in enumerate(devices):
-                kind = DEVICE_CATALOG.get(dev.kind) or DeviceKind(0.0, 0.0, 0.0, "figures")
+                # a kind the catalog lacks has all its figures given (_check_device)
+                kind = DEVICE_CATALOG.get(dev.kind) or DeviceKind(0.0, 0.0, 0.0, "its figures")
                 ranks.append(RankDevice(
                     rank=len(ranks), node=node, local_rank=local, kind=dev.kind,
                     hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
