@@ -188,6 +188,8 @@ class TrainerConfig:
     resume_from: str | None = None  # a checkpoint dir, or a dir of step_* checkpoints
     # a plan.json (python -m sharding.plan, or a run's) trained as it is, not planned again
     plan: str | None = None
+    # [first, last]: those steps (1-based) traced by torch.profiler, <run dir>/traces/rank<r>.json
+    profile_steps: list[int] | None = None
     dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
@@ -234,6 +236,12 @@ def check_train_config(cfg: TrainConfig) -> None:
         value = getattr(t, key)
         if not (math.isfinite(value) and value > 0):
             raise TrainConfigError(f"trainer.{key} must be a finite number > 0, got {value}")
+    steps = t.profile_steps
+    if steps is not None and (len(steps) != 2 or not 1 <= steps[0] <= steps[1] <= t.max_steps):
+        raise TrainConfigError(
+            f"trainer.profile_steps is [first, last], 1 <= first <= last <= trainer.max_steps "
+            f"({t.max_steps}), got {list(steps)}"
+        )
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
     if not cfg.pipeline.micro_batches >= 1:

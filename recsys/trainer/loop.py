@@ -152,6 +152,31 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
         raise
 
 
+class StepTrace:
+    """`trainer.profile_steps=[first, last]`: those steps (1-based, inclusive) traced by
+    torch.profiler into `path`, a Chrome trace (Perfetto, chrome://tracing, TensorBoard),
+    one per rank: every op of the steps, the exchanges' waits among them."""
+
+    def __init__(self, steps: list[int] | None, path: Path, device: torch.device) -> None:
+        self.steps, self.path, self.device, self.profiler = steps, path, device, None
+        self.written: str | None = None  # the trace file, once written
+
+    def before(self, step: int) -> None:
+        if self.steps and step == self.steps[0]:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":  # the rank's device, not whether CUDA exists
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+
+    def after(self, step: int) -> None:
+        if self.profiler is not None and step == self.steps[1]:
+            self.profiler.stop()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.profiler.export_chrome_trace(str(self.path))
+            self.profiler, self.written = None, str(self.path)
+
+
 def held_out_metrics(cfg: TrainConfig, job: Training, device: torch.device) -> dict:
     """AUC, log loss and NE of the model now on `dataset.eval_split`: `dataset.eval_batches`
     of it per rank, or the whole split (null)."""
@@ -199,7 +224,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
             save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run)
 
     evals: list[dict] = []
-    samples_per_s = _steps(cfg, job, start, watch, between_steps)
+    trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
+                      device)  # fmt: skip
+    samples_per_s = _steps(cfg, job, start, watch, between_steps, trace)
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run))
@@ -232,6 +259,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "cluster": cfg.cluster.name,
         "rehearsed_on_cpu": tcfg.rehearse_on_cpu,
         "checkpoint": saved,
+        "trace": trace.written,  # this rank's torch.profiler trace (trainer.profile_steps)
         "step_losses": step_losses.tolist(),
         "versions": versions(),
     }
@@ -241,10 +269,10 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
 
 def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
-           between_steps: Callable[[int], None]) -> float | None:  # fmt: skip
+           between_steps: Callable[[int], None], trace: StepTrace) -> float | None:  # fmt: skip
     """The train steps from `start`, each loss recorded in `watch`; `between_steps(done)`
-    after each. Returns the samples per second after the warm-up, the time spent in
-    `between_steps` left out (None: no timed steps)."""
+    after each; `trainer.profile_steps` traced. Returns the samples per second after the
+    warm-up, the time spent in `between_steps` left out (None: no timed steps)."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
@@ -252,6 +280,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     t_start, timed_from = time.perf_counter(), start
     paused_s = 0.0
     for step in range(start, tcfg.max_steps):
+        trace.before(step + 1)
         try:
             loss, _, _ = job.pipeline.progress(train_iter)
         except RuntimeError as e:
@@ -265,6 +294,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
             ) from e
         watch.losses.append(loss.detach())
         done = step + 1
+        trace.after(done)
         if done == start + tcfg.warmup_steps:
             t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:

@@ -329,3 +329,18 @@ def test_torchrun_launch_runs_the_same_code(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6
+
+
+def test_profiled_steps_leave_a_trace_per_rank(tmp_path: Path) -> None:
+    """`trainer.profile_steps=[2,3]`: each rank writes a Chrome trace of those steps, in
+    which the nested pipeline's exchanges (gloo's all-to-all) and the dense matmuls both
+    show; a range outside the run is refused before any rank starts."""
+    summary = train(compose_config(TINY + ["pipeline=nested", "trainer.profile_steps=[2,3]"]),
+                    tmp_path / "run")  # fmt: skip
+    for rank in (0, 1):
+        path = tmp_path / "run" / "traces" / f"rank{rank}.json"
+        names = {e.get("name", "") for e in json.loads(path.read_text())["traceEvents"]}
+        assert any("all_to_all" in n for n in names) and "aten::addmm" in names, rank
+    assert summary["trace"] == str(tmp_path / "run" / "traces" / "rank0.json")
+    with pytest.raises(TrainConfigError, match=r"trainer.profile_steps is \[first, last\]"):
+        train(compose_config(TINY + ["trainer.profile_steps=[4,9]"]), tmp_path / "bad")
