@@ -121,13 +121,7 @@ def _median_time(fn, repeats: int = 15, window_s: float = 0.0) -> float:
 
 def measure_embedding(repeats: int = 15, window_s: float = 0.0) -> dict:
     """FBGEMM CPU TBE with fused EXACT_ROWWISE_ADAGRAD, one thread, power-law ids."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
+    from benchmarks.tbe_cpu import tbe_steps
     from recsys.data.planted import power_law_ranks
 
     rng = np.random.default_rng(0)
@@ -135,22 +129,8 @@ def measure_embedding(repeats: int = 15, window_s: float = 0.0) -> dict:
     for tables, rows, dim, batch in [(8, 20000, 16, 1024), (8, 20000, 16, 4096),
                                      (26, 20000, 16, 2048), (8, 20000, 64, 2048),
                                      (26, 20000, 64, 4096)]:  # fmt: skip
-        tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            learning_rate=0.01,
-        )
         ids = torch.from_numpy(power_law_ranks(rng.random(tables * batch), rows, 1.1))
-        offsets = torch.arange(tables * batch + 1)
-
-        def fwd(tbe=tbe, ids=ids, offsets=offsets) -> None:
-            with torch.no_grad():
-                tbe(ids, offsets)
-
-        def fwd_bwd(tbe=tbe, ids=ids, offsets=offsets) -> None:
-            out = tbe(ids, offsets)
-            out.backward(torch.ones_like(out))
-
+        fwd, fwd_bwd = tbe_steps(tables, rows, dim, ids)
         f, fb = _median_time(fwd, repeats, window_s), _median_time(fwd_bwd, repeats, window_s)
         points.append({"tables": tables, "dim": dim, "batch": batch,
                        "bytes": tables * batch * dim * 4, "fwd_s": f, "fwd_bwd_s": fb})  # fmt: skip

@@ -21,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,9 +32,10 @@ RESULTS = Path(__file__).resolve().parent / "results" / "tbe_cpu"
 SHAPES = ((8, 20_000, 16, 4096), (26, 20_000, 64, 4096))
 
 
-def measure(shapes=SHAPES, repeats: int = 15) -> list[dict]:
-    """Median ms of the forward and of forward + backward (the update fused in), uniform
-    ids, one bag per sample and table."""
+def tbe_steps(tables: int, rows: int, dim: int, ids: torch.Tensor) -> tuple[Callable, Callable]:
+    """FBGEMM's CPU TBE over `tables` tables of `rows` x `dim` with the row-wise Adagrad
+    update fused in, `ids` one bag each: its forward, and its forward + backward (the
+    update). What this benchmark and the calibration (`benchmarks.calibrate`) time."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -41,24 +43,31 @@ def measure(shapes=SHAPES, repeats: int = 15) -> list[dict]:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01,
+    )  # fmt: skip
+    offsets = torch.arange(len(ids) + 1)
+
+    def forward() -> None:
+        with torch.no_grad():
+            tbe(ids, offsets)
+
+    def forward_backward() -> None:
+        out = tbe(ids, offsets)
+        out.backward(torch.ones_like(out))
+
+    return forward, forward_backward
+
+
+def measure(shapes=SHAPES, repeats: int = 15) -> list[dict]:
+    """Median ms of the forward and of forward + backward (the update fused in), uniform
+    ids, one bag per sample and table."""
     rows_out = []
     for tables, rows, dim, batch in shapes:
-        tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01,
-        )  # fmt: skip
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, rows, (tables * batch,), generator=gen)
-        offsets = torch.arange(tables * batch + 1)
-
-        def forward(tbe=tbe, ids=ids, offsets=offsets) -> None:
-            with torch.no_grad():
-                tbe(ids, offsets)
-
-        def forward_backward(tbe=tbe, ids=ids, offsets=offsets) -> None:
-            out = tbe(ids, offsets)
-            out.backward(torch.ones_like(out))
-
+        forward, forward_backward = tbe_steps(tables, rows, dim, ids)
         fwd, both = _median_ms(forward, repeats), _median_ms(forward_backward, repeats)
         rows_out.append({"tables": tables, "rows": rows, "dim": dim, "batch": batch,
                          "forward_ms": fwd, "forward_backward_ms": both,
