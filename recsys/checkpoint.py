@@ -10,8 +10,11 @@ otherwise, but a table that turns from data-parallel (trained by the dense optim
 sharded (the fused row-wise optimizer), or the other way, or a split table (hybrid's hot
 and cold parts) that is not split the same way, has optimizer state that cannot carry
 over; `check_resumable` refuses those before anything is loaded, naming the table. Beside
-DCP's files rank 0 writes `run.json`: the model config and the plan layout it was saved
-under (`sharding.plan_shards.plan_layout` rows).
+DCP's files rank 0 writes `run.json`: the model and dataset configs and the plan layout it
+was saved under (`sharding.plan_shards.plan_layout` rows), and for split tables `split.npz`:
+each split feature's hot ids (which row of the hot table each id is) and its number of cold
+row parts. A resumed run takes the split from there rather than counting ids again (another
+world size reads other first batches), and `recsys.export` merges the parts back with it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -29,6 +33,10 @@ from sharding.errors import UserError
 
 STEP_PREFIX = "step_"
 RUN_FILE = "run.json"
+SPLIT_FILE = "split.npz"  # per split feature: "<feature>" hot ids, "<feature>.parts" cold parts
+
+
+Split = tuple[dict[str, np.ndarray], dict[str, int]]  # hot ids, cold parts; by feature
 
 
 class CheckpointNotFoundError(UserError, FileNotFoundError):
@@ -79,14 +87,34 @@ def save_checkpoint(
     optimizer: KeyedOptimizer,
     step: int,
     run: dict | None = None,
+    split: Split | None = None,
 ) -> Path:
     """Collective: every rank writes its shards to `root/step_<step>`; rank 0 also writes
-    `run` (`{"model": ..., "plan_layout": [...]}`) as run.json."""
+    `run` (`{"model": ..., "dataset": ..., "plan_layout": [...]}`) as run.json and `split`
+    (the split tables' hot ids and cold parts) as split.npz."""
     path = checkpoint_path(root, step)
     dcp.save(_state(model, optimizer, step), checkpoint_id=str(path))
-    if run is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-        (path / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        if run is not None:
+            (path / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+        if split is not None:
+            hot_ids, parts = split
+            arrays = {f: np.asarray(ids, dtype=np.int64) for f, ids in hot_ids.items()}
+            arrays |= {f"{f}.parts": np.asarray(k, dtype=np.int64) for f, k in parts.items()}
+            np.savez(path / SPLIT_FILE, **arrays)
     return path
+
+
+def saved_split(path: str | Path) -> Split | None:
+    """The split.npz of a checkpoint (or the newest in a directory): per split feature its
+    sorted hot ids and its cold parts; None if the checkpoint has no split tables."""
+    f = latest_checkpoint(path) / SPLIT_FILE
+    if not f.exists():
+        return None
+    with np.load(f) as z:
+        hot = {k: z[k] for k in z.files if not k.endswith(".parts")}
+        parts = {k[: -len(".parts")]: int(z[k]) for k in z.files if k.endswith(".parts")}
+    return hot, parts
 
 
 def saved_run(path: str | Path) -> dict | None:

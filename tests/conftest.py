@@ -61,6 +61,7 @@ def _composed(overrides: tuple[str, ...]) -> DictConfig:
 # The function each entry module calls (the entry modules of sharding/ call into the app)
 _ENTRY = {"recsys.train": ("recsys.app.train", "cli"),
           "recsys.evaluate": ("recsys.app.train", "evaluate_cli"),
+          "recsys.score": ("recsys.export", "score_main"),
           "sharding.plan": ("recsys.app.plan", "main"),
           "sharding.predict": ("recsys.app.predict", "main"),
           "sharding.profile": ("recsys.app.profile", "main")}  # fmt: skip

@@ -230,3 +230,32 @@ def counted_rank_main(ctx, run_dir: str) -> dict:
     counts = count_calls()
     summary = rank_main(ctx, run_dir)
     return summary | {"calls": dict(counts)}
+
+
+def sharded_scores(cfg, plan, run_dir: str, batches: int) -> dict:
+    """This rank's first `batches` batches of the eval split scored by the sharded model
+    loaded from `cfg.trainer.resume_from` under `plan` (and its split): each batch as the data
+    gives it (before the split tables' id remap) and the logits of the sharded model."""
+    from recsys.app.planning import run_context
+    from recsys.app.train import quiet_library_noise
+    from recsys.checkpoint import load_checkpoint
+    from recsys.trainer.build import build_training, rank_device
+
+    quiet_library_noise()
+    ctx = run_context(cfg, plan)
+    rank, _ = launch.init_distributed(cfg.trainer.dist_timeout_s)
+    device = rank_device(ctx.ranks[rank], False)
+    job = build_training(ctx, run_dir, rank, device)
+    load_checkpoint(cfg.trainer.resume_from, job.model, job.optimizer, job.dense_opt, job.layout)
+    job.model.eval()
+    out = []
+    with torch.no_grad():
+        for i, batch in enumerate(job.batches(cfg.dataset.eval_split, 0, batches)):
+            raw = job.source.batch(cfg.dataset.eval_split, i, rank)
+            _, (_, logits, _) = job.model(batch)
+            kjt = raw.sparse_features  # numpy: tensors would go by file descriptors
+            out.append({"dense": raw.dense_features.numpy(), "labels": raw.labels.numpy(),
+                        "keys": kjt.keys(), "values": kjt.values().numpy(),
+                        "lengths": kjt.lengths().numpy(), "logits": logits.numpy()})  # fmt: skip
+    hot_ids = {f: ids.numpy() for f, ids in job.remap.hot_ids.items()} if job.remap else {}
+    return {"rank": rank, "batches": out, "hot_ids": hot_ids}

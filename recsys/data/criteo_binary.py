@@ -173,27 +173,46 @@ class CriteoBinary:
         size = self.batch_per_rank[rank]
         a = self._first_row(split, rank) + self._position(split, index) * size
         b = a + size
-        dense = np.array(self._rows(a, b, self.dense), dtype=np.float32)
-        labels = self._rows(a, b, self.labels)[:, 0].astype(np.float32)
+        bags = None
         if self.multi_hot is not None:
-            bags = [self._rows(a, b, arrays) % self.hashes_C[t]
-                    for t, arrays in enumerate(self.multi_hot)]  # fmt: skip
-            values, lengths = bags_to_jagged(bags)
-            kjt = KeyedJaggedTensor(keys=self.keys, values=torch.from_numpy(values),
-                                    lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
-            return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
-        ids_CB = self._rows(a, b, self.sparse).T % self.hashes_C
-        kjt = KeyedJaggedTensor(
-            keys=self.keys,
-            values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),
-            lengths=self._lengths[size],
-            stride=size,
-            length_per_key=[size] * CAT_FEATURES,
-        )
-        return Batch(torch.from_numpy(dense), kjt, torch.from_numpy(labels))
+            bags = [self._rows(a, b, arrays) for arrays in self.multi_hot]
+        return assemble_batch(self._rows(a, b, self.dense), self._rows(a, b, self.labels),
+                              self._rows(a, b, self.sparse), self.hashes_C, self.keys, bags,
+                              self._lengths.get(size))  # fmt: skip
 
     def batches(self, split: str, start: int, stop: int, rank: int) -> Iterator[Batch]:
         if split != "train":
             stop = min(stop, self.num_batches(split))
         for index in range(start, stop):
             yield self.batch(split, index, rank)
+
+
+def assemble_batch(
+    dense_BI: np.ndarray,
+    labels_B1: np.ndarray,
+    ids_BC: np.ndarray,
+    hashes_C1: np.ndarray,
+    keys: list[str],
+    bags: list[np.ndarray] | None = None,
+    ones: torch.Tensor | None = None,
+) -> Batch:
+    """A Batch of prepared rows: ids modulo the tables' sizes (`hashes_C1`, [C, 1]); with
+    `bags` (per table [B, bag size], multi-hot) those instead of the one-hot `ids_BC`.
+    `ones`: a reusable tensor of B * C one-hot lengths."""
+    size = len(ids_BC)
+    dense = torch.from_numpy(np.array(dense_BI, dtype=np.float32))
+    labels = torch.from_numpy(labels_B1[:, 0].astype(np.float32))
+    if bags is not None:
+        values, lengths = bags_to_jagged([b % hashes_C1[t] for t, b in enumerate(bags)])
+        kjt = KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
+                                lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
+        return Batch(dense, kjt, labels)
+    ids_CB = ids_BC.T % hashes_C1
+    kjt = KeyedJaggedTensor(
+        keys=keys,
+        values=torch.from_numpy(np.ascontiguousarray(ids_CB).reshape(-1)),
+        lengths=ones if ones is not None else torch.ones(ids_CB.size, dtype=torch.int32),
+        stride=size,
+        length_per_key=[size] * len(keys),
+    )
+    return Batch(dense, kjt, labels)

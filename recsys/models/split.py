@@ -220,3 +220,27 @@ def split_weights(
     is_hot[hot] = True
     cold = weight[~is_hot]
     return weight[hot].clone(), [cold[j::cold_parts].clone() for j in range(cold_parts)]
+
+
+def merge_weights(
+    hot: torch.Tensor | None, hot_ids: torch.Tensor, cold: list[torch.Tensor], rows: int
+) -> torch.Tensor:
+    """The unsplit table from its hot rows and cold parts: the inverse of `split_weights`
+    (hot row k is id `hot_ids[k]`; cold row c, in part c mod k at row c // k, is the c-th id
+    that is not hot)."""
+    hot_ids = torch.as_tensor(hot_ids, dtype=torch.int64).sort().values
+    parts = len(cold)
+    cold_rows = sum(len(c) for c in cold)
+    if len(hot_ids) + cold_rows != rows:
+        raise ValueError(f"{len(hot_ids)} hot and {cold_rows} cold rows do not make {rows}")
+    dim = cold[0].shape[1]
+    out = torch.empty(rows, dim, dtype=torch.float32)
+    is_hot = torch.zeros(rows, dtype=torch.bool)
+    is_hot[hot_ids] = True
+    merged_cold = torch.empty(cold_rows, dim, dtype=torch.float32)
+    for j, part in enumerate(cold):
+        merged_cold[j::parts] = part.float()
+    out[~is_hot] = merged_cold
+    if len(hot_ids):
+        out[hot_ids] = hot.float()
+    return out

@@ -26,6 +26,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_step import per_tensor_comm_hook
 from recsys import launch
+from recsys.checkpoint import CheckpointMismatchError, saved_split
 from recsys.collectives import all_reduce_sum
 from recsys.config import (
     DenseAllreduce,
@@ -170,6 +171,18 @@ def _hot_ids(
     return out
 
 
+def _check_saved_split(checkpoint: str, hot_ids: dict[str, torch.Tensor],
+                       hot_rows: dict[str, int]) -> None:  # fmt: skip
+    """The checkpoint's hot ids must fill this plan's hot tables, table for table."""
+    for table, h in sorted(hot_rows.items()):
+        have = len(hot_ids.get(table[len("t_") :], ()))
+        if have != h:
+            raise CheckpointMismatchError(
+                f"checkpoint '{checkpoint}' holds {have} hot rows of {table}, this plan {h}: "
+                f"resume under the plan it was saved with (its plan.json: trainer.plan=...)"
+            )
+
+
 def _model_and_plan(ctx: RunContext, source, rank: int, device):
     """The train module (with its fused embedding optimizer), its TorchRec plan, the
     sharders, and the id remap its batches need (None unless tables are split)."""
@@ -190,10 +203,15 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
     }
     remap = None
     if cold_parts:
-        rows = {t.name: t.rows for t in our_plan.tables}
-        hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank, device)
-        hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
-                    for t in cold_parts if t not in hot_rows}  # fmt: skip
+        saved = saved_split(cfg.trainer.resume_from) if cfg.trainer.resume_from else None
+        if saved is not None:  # the ids the checkpoint's hot rows hold
+            hot_ids = {f: torch.from_numpy(ids) for f, ids in saved[0].items()}
+            _check_saved_split(cfg.trainer.resume_from, hot_ids, hot_rows)
+        else:
+            rows = {t.name: t.rows for t in our_plan.tables}
+            hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank, device)
+            hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
+                        for t in cold_parts if t not in hot_rows}  # fmt: skip
         remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
     sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
     model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold,

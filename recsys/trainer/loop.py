@@ -214,14 +214,17 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
                 ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
     """`run_rank`'s steps, evaluations, checkpoints and results."""
     tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
-    saved_run = {"model": asdict(cfg.model), "plan_layout": job.layout}  # beside each checkpoint
+    # beside each checkpoint: what it is (recsys.export reads it) and how its tables split
+    saved_run = {"model": asdict(cfg.model), "dataset": asdict(cfg.dataset),
+                 "plan_layout": job.layout}  # fmt: skip
+    split = (job.remap.hot_ids, job.remap.cold_parts) if job.remap is not None else None
 
     def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
             evals.append({"step": done, **held_out_metrics(cfg, job, device)})
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
-            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run)
+            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run, split)
 
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
@@ -229,7 +232,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     samples_per_s = _steps(cfg, job, start, watch, between_steps, trace)
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
-        saved = str(save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run))
+        saved = str(
+            save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run, split)
+        )
     final = held_out_metrics(cfg, job, device)
     world = len(job.shares)
     losses = watch.losses

@@ -56,3 +56,61 @@ def test_a_checkpoint_evaluates_on_the_whole_val_or_test_split(kaggle_files, tmp
                         f"hydra.run.dir={tmp_path / 'again'}")  # fmt: skip
     assert again.returncode == 1
     assert "python -m recsys.evaluate trainer.resume_from=" in again.stderr
+
+
+@pytest.mark.slow
+def test_an_exported_model_scores_prepared_files_and_text(tmp_path: Path) -> None:
+    """Train on files `prepare` wrote, export the checkpoint, score the prepared directory
+    and the text it came from: the same scores as the exported model gives those rows, the
+    same from text as from the prepared rows, labels kept (-1 for the unlabeled test file)."""
+    from recsys.data.prepare import PrepareConfig, prepare
+    from recsys.data.synthetic_files import SynthConfig, synthesize
+    from recsys.export import load_exported, model_config_of, prepared_batches, score_batches
+
+    synthesize(SynthConfig(output=str(tmp_path / "tsv"), rows=2000, test_rows=100, scale=1000))
+    prepare(PrepareConfig(input=str(tmp_path / "tsv"), output=str(tmp_path / "bin"),
+                          progress=False))  # fmt: skip
+    run = train(compose_config(["dataset=synthetic_criteo", f"dataset.path={tmp_path / 'bin'}",
+                                "debug=tiny", "trainer.batch_size=32",
+                                "trainer.save_checkpoint=true"]), tmp_path / "run")  # fmt: skip
+    exported = tmp_path / "export"
+    out = run_command("recsys.export", f"checkpoint={run['checkpoint']}", f"output={exported}",
+                      f"hydra.run.dir={tmp_path / 'e'}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"score a file with: python -m recsys.score export={exported}" in out.stdout
+
+    scored = tmp_path / "scores.csv"
+    out = run_command("recsys.score", f"export={exported}", f"input={tmp_path / 'bin'}",
+                      f"output={scored}", f"hydra.run.dir={tmp_path / 's'}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2,100 samples scored" in out.stdout and "AUC 0." in out.stdout
+    table = np.loadtxt(scored, delimiter=",", skiprows=1)
+    assert table.shape == (2100, 2) and set(table[:, 0]) == {-1, 0, 1}
+    model, meta = load_exported(exported)
+    assert meta["step"] == 6 and meta["prepared"]["dense"]["transform"] == "torchrec"
+    batches = prepared_batches(tmp_path / "bin", model_config_of(meta["model"]), None, 512)
+    scores, labels = score_batches(model, batches)
+    np.testing.assert_allclose(table[:, 1], scores, rtol=1e-6)
+    np.testing.assert_array_equal(table[:, 0], labels)
+
+    (text,) = [p for p in (tmp_path / "tsv").iterdir() if p.name.startswith("train")]
+    npy = tmp_path / "text.npy"
+    out = run_command("recsys.score", f"export={exported}", f"input={text}", f"output={npy}",
+                      f"hydra.run.dir={tmp_path / 't'}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    from_text = np.load(npy)
+    train_rows = table[table[:, 0] >= 0]  # the prepared train file's rows, in order
+    np.testing.assert_allclose(from_text, train_rows, rtol=1e-6)
+
+    again = run_command("recsys.score", f"export={exported}", f"input={text}", f"output={npy}",
+                        f"hydra.run.dir={tmp_path / 't2'}")  # fmt: skip
+    assert again.returncode == 1
+    assert "exists; choose a new file or pass overwrite=true" in again.stderr
+    wrong = run_command(
+        "recsys.score",
+        f"export={tmp_path / 'bin'}",
+        f"input={text}",
+        f"output={tmp_path / 'x.csv'}",
+        f"hydra.run.dir={tmp_path / 't3'}",
+    )
+    assert wrong.returncode == 1 and "is not an exported model" in wrong.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import rank_jobs
+import torch
 from conftest import CONF_DIR, compose_config, plan_with_splits
 
 from recsys.app.train import to_typed, train
@@ -239,6 +240,65 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     cold_names = [f"{t.name}_cold"] if cold_parts == 1 else [f"{t.name}_cold{j}" for j in (0, 1)]
     assert all(name in torchrec_plan for name in [f"{t.name}_hot", *cold_names])
     assert summary["eval_auc"] > 0.6 and math.isfinite(summary["train_loss"])
+
+
+def test_exported_split_model_scores_as_the_sharded_one(tmp_path: Path) -> None:
+    """A checkpoint of a plan with split tables (hot rows, sequence cold parts), exported
+    to one unsharded model, scores every sample as the sharded model does on 2 ranks; a run
+    resumed from that checkpoint under another world size keeps the saved hot ids."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from recsys.app.planning import plan_json
+    from recsys.checkpoint import saved_split
+    from recsys.export import export_checkpoint, load_exported
+
+    cfg = compose_config(TINY + ["planner=hybrid"])
+    split = plan_with_splits(to_typed(cfg))
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(plan_json(split)))
+    common = TINY + [f"trainer.plan={saved}", "planner.cold_only_exchange=true"]
+    train(compose_config(common + ["trainer.save_checkpoint=true"]), tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints"
+    hot_ids, parts = saved_split(ckpt)
+    assert hot_ids and all(len(ids) for ids in hot_ids.values())
+    meta = export_checkpoint(ckpt, tmp_path / "export")
+    assert meta["step"] == 6 and meta["model"]["table_dtype"] == "fp32"
+    model, _ = load_exported(tmp_path / "export")
+    names = set(model.state_dict())
+    assert not any("_hot" in n or "_cold" in n for n in names)  # whole tables only
+
+    scored = to_typed(compose_config(common + [f"trainer.resume_from={ckpt}"]))
+    (tmp_path / "s").mkdir()
+    job = spawn_ranks(rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 2),
+                      timeout_s=300)  # fmt: skip
+    results = raise_on_failure(job, "sharded scores")
+    compared = 0
+    with torch.no_grad():
+        for r in results:
+            for b in r["batches"]:
+                t = {k: torch.from_numpy(v) for k, v in b.items() if k != "keys"}
+                kjt = KeyedJaggedTensor(keys=b["keys"], values=t["values"], lengths=t["lengths"])
+                _, (_, logits, _) = model(Batch(t["dense"], kjt, t["labels"]))
+                torch.testing.assert_close(logits, t["logits"], rtol=1e-5, atol=1e-5)
+                compared += len(logits)
+    assert compared == 2 * 2 * 64
+
+    # a resumed run takes the checkpoint's hot ids, not ids it counts again
+    import numpy as np
+
+    from recsys.checkpoint import SPLIT_FILE, latest_checkpoint
+
+    rows = {t.name[len("t_") :]: t.rows for t in split.tables}
+    other = {f: np.sort((ids + 1) % rows[f]) for f, ids in hot_ids.items()}  # other hot ids
+    np.savez(latest_checkpoint(ckpt) / SPLIT_FILE, **other,
+             **{f"{f}.parts": np.asarray(k) for f, k in parts.items()})  # fmt: skip
+    job = spawn_ranks(rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 1),
+                      timeout_s=300)  # fmt: skip
+    for r in raise_on_failure(job, "resumed split"):
+        assert {f: list(v) for f, v in r["hot_ids"].items()} == {
+            f: list(v) for f, v in other.items()
+        }
 
 
 def test_speed_aware_shares_train_on_the_skewed_cluster(tmp_path: Path) -> None:
