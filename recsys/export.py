@@ -17,15 +17,19 @@ computes what the sharded one does: the same scores within float rounding.
 scores every sample of the input with the exported model on this process: a prepared
 directory (every `<name>_dense.npy` in it, in name order), or Criteo TSV text (a file or a
 directory, prepared first into a temporary directory with the training data's dense
-settings). It writes `score` (the click probability) and `label` per sample, as CSV or
-`.npy` (a [N, 2] float32 array: label, score; label -1 where the input has none) by the
-output's suffix, and prints AUC, log loss and NE where the input has labels.
+settings), or for a model trained on `recsys.data.tabular` output, CSV/TSV/parquet files,
+converted with its schema and vocabularies (copied into the export: `schema.json`,
+`vocab/`; values the vocabulary never saw go to row 0). It writes `score` (the click
+probability) and `label` per sample, as CSV or `.npy` (a [N, 2] float32 array: label,
+score; label -1 where the input has none) by the output's suffix, and prints AUC, log loss
+and NE where the input has labels.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
@@ -43,6 +47,9 @@ from recsys import CONF_DIR
 from recsys.checkpoint import checkpoint_step, latest_checkpoint, saved_run, saved_split
 from recsys.config import ModelConfig, TableDtype
 from recsys.data.atomic import atomic_dir, check_not_input, run_cli
+from recsys.data.multi_hot import SCHEMA_FILE, variable_bags
+from recsys.data.tabular import SUFFIXES as TABLE_SUFFIXES
+from recsys.data.tabular import VOCAB_DIR
 from sharding.errors import UserError
 
 FORMAT = "recsys.export/1"
@@ -174,9 +181,14 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, overwrite: boo
         "prepared": _prepare_settings(run.get("dataset")),
         "versions": versions(),
     }
+    data = Path((run.get("dataset") or {}).get("path") or "")
     with atomic_dir(output, overwrite, inputs=[path]) as out:
         torch.save(model.state_dict(), out / MODEL_FILE)
         (out / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        if (data / SCHEMA_FILE).exists():  # own data: how to convert new files for scoring
+            shutil.copy(data / SCHEMA_FILE, out / SCHEMA_FILE)
+            if (data / VOCAB_DIR).is_dir():
+                shutil.copytree(data / VOCAB_DIR, out / VOCAB_DIR)
     return meta
 
 
@@ -239,13 +251,28 @@ def prepared_batches(root: Path, model_cfg: ModelConfig, hotness: list[int] | No
                 f"categorical features; the model takes {model_cfg.dense_in_features} and "
                 f"{len(keys)}"
             )
-        bags = read_multi_hot(root, n, len(sparse), hotness) if hotness else None
+        bags = None
+        if hotness or variable_bags(root):
+            bags = read_multi_hot(root, n, len(sparse), hotness, len(keys))
         for a in range(0, len(dense), batch_size):
             b = min(a + batch_size, len(dense))
             yield assemble_batch(dense[a:b], labels[a:b], sparse[a:b], hashes, keys,
                                  None if bags is None else [x[a:b] for x in bags])  # fmt: skip
             bar.update(b - a)
     bar.close()
+
+
+def _table_to_prepared(source: Path, tmp: Path, export: Path) -> Path:
+    """CSV/TSV/parquet converted with the training data's schema and vocabularies."""
+    from recsys.data.tabular import TabularConfig, convert_tabular
+
+    if source.is_file() and not source.name.lower().endswith(TABLE_SUFFIXES):
+        raise ExportError(f"input '{source}': the model was trained on tabular data; give "
+                          f"{', '.join(TABLE_SUFFIXES)} files or a prepared directory")  # fmt: skip
+    out = tmp / "prepared"
+    convert_tabular(TabularConfig(input=str(source), output=str(out), vocab_from=str(export),
+                                  progress=False))  # fmt: skip
+    return out
 
 
 def _text_to_prepared(source: str, tmp: Path, meta: dict) -> Path:
@@ -290,7 +317,9 @@ def score(cfg: ScoreConfig) -> dict:
     hotness = (meta.get("prepared") or {}).get("hotness")
     with tempfile.TemporaryDirectory(prefix=".score-", dir=out.parent) as tmp:
         root = source
-        if not (source.is_dir() and any(source.glob("*_dense.npy"))):
+        if (Path(cfg.export) / SCHEMA_FILE).exists() and not any(source.glob("*_dense.npy")):
+            root = _table_to_prepared(source, Path(tmp), Path(cfg.export))
+        elif not (source.is_dir() and any(source.glob("*_dense.npy"))):
             root = _text_to_prepared(str(source), Path(tmp), meta)
         batches = prepared_batches(root, model_cfg, hotness, cfg.batch_size, cfg.progress)
         scores, labels = score_batches(model, batches)
@@ -312,7 +341,8 @@ def score(cfg: ScoreConfig) -> dict:
 def _metrics(scores: np.ndarray, labels: np.ndarray) -> dict:
     """AUC, log loss and NE of probabilities `scores` (the trainer's metrics, one process)."""
     from torchmetrics.functional.classification import binary_auroc
-    from torchrec.metrics.ne import compute_ne
+
+    from recsys.metrics import normalized_entropy
 
     p = torch.from_numpy(scores).double().clamp(1e-12, 1 - 1e-12)
     y = torch.from_numpy(labels).double()
@@ -321,7 +351,7 @@ def _metrics(scores: np.ndarray, labels: np.ndarray) -> dict:
     return {
         "auc": float(binary_auroc(p, y.int())),
         "logloss": float(bce / n),
-        "ne": float(compute_ne(bce, n, pos, n - pos, eta=1e-12)),
+        "ne": normalized_entropy(bce, n, pos),
     }
 
 

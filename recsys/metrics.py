@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -36,11 +37,19 @@ def evaluate(model: torch.nn.Module, batches: Iterable[Batch], device: torch.dev
     model.train(was_training)
     bce_sum, count = all_reduce_sum(bce_sum, device), all_reduce_sum(count, device)
     positives = all_reduce_sum(positives, device)
-    # NE: the log loss over the entropy of the split's base rate (TorchRec's RecMetrics NE)
-    ne = compute_ne(bce_sum, count, positives, count - positives, eta=1e-12)
     return {
         "eval_auc": float(auroc.compute()),
         "eval_logloss": float(bce_sum / count),
-        "eval_ne": float(ne),
+        "eval_ne": normalized_entropy(bce_sum, count, positives),
         "eval_samples": int(count),
     }
+
+
+def normalized_entropy(
+    bce_sum: torch.Tensor, count: torch.Tensor, positives: torch.Tensor
+) -> float:
+    """NE: the log loss over the entropy of the base rate (TorchRec's RecMetrics NE, its
+    `compute_ne`, which takes the summed cross entropy in bits: `bce_sum` is in nats, as
+    torch's BCE gives it). 1 predicts no better than the click rate; lower is better."""
+    bits = bce_sum / math.log(2)
+    return float(compute_ne(bits, count, positives, count - positives, eta=1e-12))

@@ -22,11 +22,11 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys.data.criteo_tsv import CAT_FEATURES, INT_FEATURES
-from recsys.data.multi_hot import bags_to_jagged, read_multi_hot
+from recsys.data.multi_hot import bags_to_jagged, read_multi_hot, variable_bags
 from recsys.data.prepared import (
     CriteoDataError,
     check_prepared_dir,
+    model_advice,
     open_npy,
     prepare_advice,
     prepared_names,
@@ -49,32 +49,30 @@ class CriteoBinary:
         batch_per_rank: list[int] | None = None,
         hotness: list[int] | None = None,
         held_out: str | None = "val",
+        dense_features: int = 13,
     ) -> None:
         """`batch_size` and `world_size`: equal shares; `batch_per_rank`, if given, each
         rank's own batch size instead (a speed-aware split). `hotness`: bag sizes per table,
         read from each file's `_sparse_multi_hot.npz` (`recsys.data.multi_hot`).
         `held_out`: the split evaluations read ("val" or "test"), which must hold a batch
         (None: no evaluation is asked for)."""
-        if len(num_embeddings_per_feature) != CAT_FEATURES:
-            raise CriteoDataError(
-                f"Criteo has {CAT_FEATURES} categorical features; the model has "
-                f"{len(num_embeddings_per_feature)} tables"
-            )
         root = Path(path)
         if not root.is_dir():
             raise CriteoDataError(f"dataset.path '{root}' is not a directory. "
                                   f"{prepare_advice(root)}")  # fmt: skip
-        self._open_files(root)
+        self._open_files(root, dense_features, len(num_embeddings_per_feature))
         self.hotness = hotness
-        # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does)
+        # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does);
+        # bags of a multi-valued column (recsys.data.tabular) are padded with -1
         self.multi_hot = None
-        if hotness is not None:
-            files = [read_multi_hot(root, n, len(s), hotness)
+        bags = variable_bags(root)
+        if hotness is not None or bags:
+            files = [read_multi_hot(root, n, len(s), hotness, len(num_embeddings_per_feature))
                      for n, s in zip(self.names, self.sparse, strict=True)]  # fmt: skip
-            self.multi_hot = [[f[t] for f in files] for t in range(CAT_FEATURES)]
+            self.multi_hot = [[f[t] for f in files] for t in range(len(feature_names))]
         self.batch_per_rank = list(batch_per_rank or [batch_size] * world_size)
         self.world_size = len(self.batch_per_rank)
-        self._lengths = {b: torch.ones(CAT_FEATURES * b, dtype=torch.int32)
+        self._lengths = {b: torch.ones(len(feature_names) * b, dtype=torch.int32)
                          for b in self.batch_per_rank}  # fmt: skip
         self.keys = list(feature_names)
         self.hashes_C = np.asarray(num_embeddings_per_feature, dtype=np.int64)[:, None]
@@ -85,20 +83,23 @@ class CriteoBinary:
         for split in ("train", held_out) if held_out else ("train",):
             self._check_split(root, split, holdout_fraction)
 
-    def _open_files(self, root: Path) -> None:
-        """Memory-map each prepared file's arrays; refuse inconsistent shapes and a directory
-        its summary does not describe."""
+    def _open_files(self, root: Path, dense: int, tables: int) -> None:
+        """Memory-map each prepared file's arrays; refuse shapes that do not fit the model
+        (`dense` features, `tables` categorical ones) and a directory its summary does not
+        describe."""
         self.names = prepared_names(root)
         self.dense = [open_npy(root / f"{n}_dense.npy") for n in self.names]
         self.sparse = [open_npy(root / f"{n}_sparse.npy") for n in self.names]
         self.labels = [open_npy(root / f"{n}_labels.npy") for n in self.names]
         for n, d, s, lab in zip(self.names, self.dense, self.sparse, self.labels, strict=True):
-            if (
-                d.shape != (len(s), INT_FEATURES)
-                or s.shape[1:] != (CAT_FEATURES,)
-                or len(lab) != len(s)
-            ):
+            if d.ndim != 2 or s.ndim != 2 or len(d) != len(s) or len(lab) != len(s):
                 raise CriteoDataError(f"'{root}/{n}_*.npy' have inconsistent shapes")
+            if d.shape[1] != dense or s.shape[1] != tables:
+                raise CriteoDataError(
+                    f"'{root}/{n}_*.npy' hold {d.shape[1]} dense and {s.shape[1]} categorical "
+                    f"features; the model takes {dense} and {tables}. Size the model to the "
+                    f"data: {model_advice(root)}"
+                )
         every = {p.name[: -len("_dense.npy")]: 0 for p in root.glob("*_dense.npy")}
         for n in every:  # the test file too: the summary lists it
             every[n] = len(open_npy(root / f"{n}_dense.npy"))
@@ -197,13 +198,15 @@ def assemble_batch(
     ones: torch.Tensor | None = None,
 ) -> Batch:
     """A Batch of prepared rows: ids modulo the tables' sizes (`hashes_C1`, [C, 1]); with
-    `bags` (per table [B, bag size], multi-hot) those instead of the one-hot `ids_BC`.
+    `bags` (per table [B, bag size], multi-hot; -1 pads shorter bags) those instead of the
+    one-hot `ids_BC`.
     `ones`: a reusable tensor of B * C one-hot lengths."""
     size = len(ids_BC)
     dense = torch.from_numpy(np.array(dense_BI, dtype=np.float32))
     labels = torch.from_numpy(labels_B1[:, 0].astype(np.float32))
     if bags is not None:
-        values, lengths = bags_to_jagged([b % hashes_C1[t] for t, b in enumerate(bags)])
+        hashed = [np.where(b >= 0, b % hashes_C1[t], -1) for t, b in enumerate(bags)]
+        values, lengths = bags_to_jagged(hashed)  # -1: a multi-valued column's padding
         kjt = KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
                                 lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
         return Batch(dense, kjt, labels)

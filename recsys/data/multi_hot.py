@@ -28,6 +28,7 @@ MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 1
                   1, 1]  # fmt: skip
 _ID_SPACE = 1 << 31  # drawn ids stay in the raw id range; tables hash them to their rows
 MULTI_HOT_SUFFIX = "_sparse_multi_hot.npz"
+SCHEMA_FILE = "schema.json"  # a tabular conversion's columns (recsys.data.tabular)
 
 
 class HotnessError(UserError, ValueError):
@@ -99,18 +100,37 @@ def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int],
     return written
 
 
-def read_multi_hot(root: Path, name: str, rows: int, hotness: list[int]) -> list[np.ndarray]:
+def variable_bags(root: Path) -> bool:
+    """Whether a prepared directory holds bags of a multi-valued column (its schema.json,
+    written by `recsys.data.tabular`, says so): read whatever their width, -1 padding."""
+    schema = root / SCHEMA_FILE
+    return schema.exists() and bool(json.loads(schema.read_text()).get("bags"))
+
+
+def read_multi_hot(
+    root: Path, name: str, rows: int, hotness: list[int] | None, tables: int | None = None
+) -> list[np.ndarray]:
     """The per-table [rows, bag size] arrays of one prepared file, checked against
-    `hotness`; a clear error names the command that writes them."""
+    `hotness` (None: bags of any width, -1 padded, one array for each of `tables`); a clear
+    error names the command that writes them."""
     path = root / f"{name}{MULTI_HOT_SUFFIX}"
     fix = ("prepare the text again into a new directory with `python -m recsys.data.prepare "
            "input=<tsv> output=<new dir> hotness=<the same list>` and pass it as "
            "dataset.path")  # fmt: skip
+    if hotness is None:
+        fix = "convert the data again into a new directory (recsys.data.tabular)"
     if not path.exists():
-        raise HotnessError(f"dataset.hotness is set but '{path}' does not exist; {fix}")
+        raise HotnessError(f"dataset.hotness is set but '{path}' does not exist; {fix}"
+                           if hotness is not None else f"'{path}' is missing; {fix}")  # fmt: skip
+    count = len(hotness) if hotness is not None else tables
     with np.load(path) as npz:
-        arrays = [npz[str(t)] for t in range(len(hotness)) if str(t) in npz]
+        arrays = [npz[str(t)] for t in range(count) if str(t) in npz]
     shapes = [a.shape for a in arrays]
+    if hotness is None:
+        if len(arrays) != count or any(len(s) != 2 or s[0] != rows for s in shapes):
+            raise HotnessError(f"'{path}' holds {len(arrays)} tables' bags of shapes {shapes}, "
+                               f"not {count} of {rows} rows; {fix}")  # fmt: skip
+        return arrays
     if shapes != [(rows, h) for h in hotness]:
         raise HotnessError(
             f"'{path}' holds bags of sizes {[s[1] for s in shapes]} for {len(shapes)} tables "
@@ -121,7 +141,14 @@ def read_multi_hot(root: Path, name: str, rows: int, hotness: list[int]) -> list
 
 
 def bags_to_jagged(bags: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature [B, h] id arrays -> KJT values and lengths (feature-major, as TorchRec)."""
-    values = np.concatenate([b.reshape(-1) for b in bags]) if bags else np.zeros(0, np.int64)
-    lengths = np.concatenate([np.full(len(b), b.shape[1], dtype=np.int32) for b in bags])
+    """Per-feature [B, h] id arrays -> KJT values and lengths (feature-major, as TorchRec);
+    negative ids are padding (bags of a multi-valued column), left out."""
+    if not bags:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    if all(b.size == 0 or b.min() >= 0 for b in bags):  # fixed-size bags: no padding
+        values = np.concatenate([b.reshape(-1) for b in bags])
+        lengths = np.concatenate([np.full(len(b), b.shape[1], dtype=np.int32) for b in bags])
+        return values, lengths
+    values = np.concatenate([b[b >= 0] for b in bags])  # row-major: each bag in order
+    lengths = np.concatenate([(b >= 0).sum(axis=1, dtype=np.int32) for b in bags])
     return values, lengths

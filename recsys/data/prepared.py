@@ -84,3 +84,11 @@ def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:
                 f"{said}: files of two runs are mixed. Prepare again into an empty directory "
                 f"(or with overwrite=true)"
             )
+
+
+def model_advice(root: Path) -> str:
+    """How to give the model the data's shapes."""
+    override = root / "model_override.txt"
+    if override.exists():
+        return f"pass $(cat {override}) (the shapes its converter wrote there)"
+    return "set model.dense_in_features and model.num_embeddings_per_feature (one per column)"

@@ -35,9 +35,6 @@ def build_source(
             f"dataset '{cfg.name}' needs dataset.path: the output directory of "
             f"`python -m recsys.data.prepare input=<tsv> output=<a new directory>`"
         )
-    if model.dense_in_features != 13:
-        raise CriteoDataError(f"Criteo has 13 dense features; model '{model.name}' expects "
-                              f"{model.dense_in_features}")  # fmt: skip
     return CriteoBinary(
         cfg.path,
         list(model.num_embeddings_per_feature),
@@ -50,4 +47,5 @@ def build_source(
         batch_per_rank=batch_per_rank,
         hotness=resolve_hotness(cfg.hotness, len(model.num_embeddings_per_feature)),
         held_out=EvalSplit(cfg.eval_split).value if cfg.eval_batches != 0 else None,
+        dense_features=model.dense_in_features,
     )

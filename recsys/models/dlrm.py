@@ -1,14 +1,14 @@
 """DLRM and DLRM-DCNv2 built from TorchRec's modules (their config: `recsys.config.ModelConfig`).
 
 The embedding tables are one EmbeddingBagCollection, one table per categorical feature
-(`t_cat_<i>` serves feature `cat_<i>`, TorchRec's Criteo names).
+(`t_cat_<i>` serves feature `cat_<i>`: TorchRec's Criteo names, `cat_0` .. `cat_25`, and on
+for data sets with more features).
 """
 
 from __future__ import annotations
 
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 from torchrec.modules.embedding_configs import DataType
 
@@ -18,7 +18,7 @@ DATA_TYPES = {TableDtype.fp32: DataType.FP32, TableDtype.fp16: DataType.FP16}
 
 
 def feature_names(cfg: ModelConfig) -> list[str]:
-    return list(DEFAULT_CAT_NAMES[: len(cfg.num_embeddings_per_feature)])
+    return [f"cat_{i}" for i in range(len(cfg.num_embeddings_per_feature))]
 
 
 def table_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:

@@ -144,3 +144,17 @@ def test_split_model_trains_the_same_with_sgd(sequence_cold: bool, parts) -> Non
         loss_s.backward()
         opt_s.step()
         assert torch.allclose(loss_p, loss_s, rtol=1e-5), index
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("hot", [0, 5])
+def test_merge_weights_undoes_split_weights(parts: int, hot: int) -> None:
+    """recsys.export's merge: the hot rows and cold parts give back the whole table."""
+    from recsys.models.split import merge_weights
+
+    weight = torch.randn(23, 4)
+    hot_ids = torch.randperm(23)[:hot]
+    hot_rows, cold = split_weights(weight, hot_ids, parts)
+    assert torch.equal(merge_weights(hot_rows, hot_ids, cold, 23), weight)
+    with pytest.raises(ValueError, match="do not make 24"):
+        merge_weights(hot_rows, hot_ids, cold, 24)
