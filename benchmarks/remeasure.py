@@ -60,6 +60,12 @@ PUBLISHED = [
      ["benchmarks.scale", "families=[homogeneous]", "workers=[8,64,512,1536]",
       "planners=[hybrid]", "profile=benchmarks/results/scale/profile_mlperf_multihot.json",
       "validation=false"]),
+    ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
+    ("pipeline_movielens100k", "summary.json",
+     ["benchmarks.pipeline", *_SHAPED, "link_rate=100mbit", f"probe_chunk_bytes={2048 * 3 * 64 // 4}",
+      "pipelines=[plain,sparse_dist,nested4,nested4+cluster,nested4+dedup,"
+      "nested4+dedup+cluster,nested8,nested8+cluster]",
+      f"overrides=['dataset=movielens100k',{_SGD}]"]),
     ("planners", "summary.json", ["benchmarks.planners"]),  # about 70 min: planning at scale
 
 ]  # fmt: skip

@@ -66,6 +66,7 @@ class DatasetConfig(SyntheticConfig):
     path: str | None = None  # kind=criteo: the directory `recsys.data.prepare` wrote
     holdout_fraction: float = 1 / 7  # one-file datasets: rows held out for val + test
     shuffle_chunk_batches: int = 16  # train batches are shuffled in chunks of this many
+    make: str | None = None  # the command that makes the files at {path}, said when missing
 
 
 class Arch(str, Enum):

@@ -334,11 +334,11 @@ def score(cfg: ScoreConfig) -> dict:
     summary = {"samples": len(scores), "output": str(out.resolve()), "export": str(cfg.export)}
     known = labels >= 0
     if known.any():
-        summary |= _metrics(scores[known], labels[known])
+        summary |= binary_metrics(scores[known], labels[known])
     return summary
 
 
-def _metrics(scores: np.ndarray, labels: np.ndarray) -> dict:
+def binary_metrics(scores: np.ndarray, labels: np.ndarray) -> dict:
     """AUC, log loss and NE of probabilities `scores` (the trainer's metrics, one process)."""
     from torchmetrics.functional.classification import binary_auroc
 

@@ -7,6 +7,8 @@ A source gives deterministic batches: `batches(split, start, stop, rank)` with s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from recsys.config import DataKind, DatasetConfig, EvalSplit, ModelConfig
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
 from recsys.data.multi_hot import resolve_hotness
@@ -35,6 +37,9 @@ def build_source(
             f"dataset '{cfg.name}' needs dataset.path: the output directory of "
             f"`python -m recsys.data.prepare input=<tsv> output=<a new directory>`"
         )
+    if cfg.make and not Path(cfg.path).is_dir():
+        raise CriteoDataError(f"dataset '{cfg.name}': '{cfg.path}' does not exist; make it with "
+                              f"`{cfg.make.format(path=cfg.path)}`")  # fmt: skip
     return CriteoBinary(
         cfg.path,
         list(model.num_embeddings_per_feature),
