@@ -62,7 +62,7 @@ PUBLISHED = [
       "validation=false"]),
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
     ("pipeline_movielens100k", "summary.json",
-     ["benchmarks.pipeline", *_SHAPED, "link_rate=100mbit",
+     ["benchmarks.pipeline", *_SHAPED,
       f"probe_chunk_bytes={2048 * 3 * 64 // 4}",  # nested4's share: 3 tables x 16 floats
       "pipelines=[plain,sparse_dist,nested4,nested4+cluster,nested4+dedup,"
       "nested4+dedup+cluster,nested8,nested8+cluster]",
