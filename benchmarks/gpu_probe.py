@@ -580,7 +580,7 @@ def constants(result: dict) -> dict:
     }
     measured = {k: v for k, v in measured.items() if v is not None}
     k = DEVICE_CATALOG[kind] if kind else None
-    sheet = datasheet_rates(k.hbm_gbps, k.speed, HOST_TO_DEVICE_GBPS) if k else None
+    sheet = datasheet_rates(k.hbm_gbyte_s, k.speed, HOST_TO_DEVICE_GBPS) if k else None
     base = sheet or datasheet_rates(1.0, 1.0, HOST_TO_DEVICE_GBPS)  # only its assumed fields
     link = {c: fit_link(result.get("links", []), c) for c in ("alltoall", "allreduce")}
     return {
@@ -626,7 +626,7 @@ def run(
     else:
         info = {"name": platform.processor() or platform.machine(), "memory_gib": None}
     peak = DEVICE_CATALOG[kind].speed * A100_BF16_FLOPS if kind else None
-    hbm = DEVICE_CATALOG[kind].hbm_gbps * 1e9 if kind else None
+    hbm = DEVICE_CATALOG[kind].hbm_gbyte_s * 1e9 if kind else None
     # each section gets its share of the budget and stops measuring new shapes past it
     sections = (("tbe", 0.2, lambda t: tbe(sizes, device, t)),
                 ("embedding", 0.15, lambda t: embedding(sizes, device, t)),

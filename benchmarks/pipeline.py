@@ -124,7 +124,7 @@ def _emulated_overrides(rate: str | None, burst: str) -> list[str]:
     """The emulated cluster at `rate` (None: its own) with tbf burst `burst`."""
     where = [f"cluster.emulation.burst={burst}"]
     if rate is not None:
-        where.append(f"cluster.network.inter_node_gbps={netns.rate_bits(rate) / 1e9:g}")
+        where.append(f"cluster.network.inter_node_gbit_s={netns.rate_bits(rate) / 1e9:g}")
     return where
 
 

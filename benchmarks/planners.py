@@ -171,8 +171,8 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
     spec = ClusterSpec(
         name=f"{cfg.scale_devices}_mixed",
         nodes=[
-            NodeGroup(count=nodes // 2, host_memory_gb=2048, devices=[DeviceGroup("h100_80g", 8)]),
-            NodeGroup(count=nodes - nodes // 2, host_memory_gb=1024,
+            NodeGroup(count=nodes // 2, host_memory_gib=2048, devices=[DeviceGroup("h100_80g", 8)]),
+            NodeGroup(count=nodes - nodes // 2, host_memory_gib=1024,
                       devices=[DeviceGroup("a100_40g", 4), DeviceGroup("v100_32g", 4)]),
         ],
     )  # fmt: skip

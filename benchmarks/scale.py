@@ -107,7 +107,7 @@ def cluster_at(name: str, family: Family, workers: int, oversubscription: float,
     if workers % family.step:
         return None
     nodes = [replace(n, count=n.count * workers // total) for n in base.nodes]
-    net = replace(base.network, inter_node_gbps=base.network.inter_node_gbps / oversubscription,
+    net = replace(base.network, inter_node_gbit_s=base.network.inter_node_gbit_s / oversubscription,
                   allreduce=allreduce)  # fmt: skip
     return replace(base, name=f"{name}_{workers}", nodes=nodes, network=net)
 

@@ -3,7 +3,7 @@
 A cluster layout with `emulation.enabled=true` runs as follows (tag T, nodes 0..n-1):
 - each node is a network namespace `rx-T-n<i>` holding one end of a veth pair
   (`rx<k>n<i>`, address 10.232.0.<i+1>); the other end (`rx<k>s<i>`) sits on a bridge in a
-  switch namespace `rx-T-sw`. tbf shapes both ends at `network.inter_node_gbps` with a burst
+  switch namespace `rx-T-sw`. tbf shapes both ends at `network.inter_node_gbit_s` with a burst
   too small to give chunked traffic credit (`emulation.burst`), so each node's NIC sends and
   receives at the nominal rate. Ranks of one node talk over that node's loopback (the
   kernel routes traffic to a local address through `lo`), unshaped;
@@ -57,7 +57,7 @@ class EmulationError(UserError, RuntimeError):
 
 def link_rate(spec: ClusterSpec) -> str:
     """tc's rate for the layout's inter-node link: 0.2 Gbit/s -> '200mbit'."""
-    return f"{spec.network.inter_node_gbps * 1000:g}mbit"
+    return f"{spec.network.inter_node_gbit_s * 1000:g}mbit"
 
 
 def _cgroup_root() -> tuple[Path, int] | None:

@@ -6,7 +6,7 @@ beside this file; the cost model loads it for every `cpu` rank (scaled by the ra
 `speed` relative to the catalog's `cpu` speed, so a rank sharing a core is slower).
 `python -m benchmarks.gpu_probe` on a GPU writes `<kind>.json`; copied into
 `calibration/gpu/`, its measured constants replace the datasheet assumptions for that kind
-(scaled by a cluster config's own `hbm_gbps` / `speed` for the device, if it sets them).
+(scaled by a cluster config's own `hbm_gbyte_s` / `speed` for the device, if it sets them).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
     if probe is None:
         return sheet
     kind = DEVICE_CATALOG.get(r.kind)  # None: a device described by its figures
-    mem, compute = (r.hbm_gbps / kind.hbm_gbps, r.speed / kind.speed) if kind else (1.0, 1.0)
+    mem, compute = (r.hbm_gbyte_s / kind.hbm_gbyte_s, r.speed / kind.speed) if kind else (1.0, 1.0)
     scale = {"emb_read_bytes_per_s": mem, "dense_flops_per_s": compute,
              "sequence_s_per_lookup": 1 / mem, "sequence_s_per_byte": 1 / mem}  # fmt: skip
     measured = dict(probe["device"])
@@ -167,7 +167,8 @@ def network_cost(
     """Calibrated link for local CPU clusters (`link`: loopback, veth_1gbit, ...; an emulated
     cluster's own by default, measured across its nodes); else from
     the spec. All-to-all: each device sends its own data over its share of the network:
-    NVLink (`intra_node_gbps`) to ranks of its node, its NIC share across nodes. All-reduce
+    NVLink (`intra_node_gbit_s`, the slowest node group's) to ranks of its node, its NIC
+    share across nodes. All-reduce
     across nodes: NCCL's rings enter and leave each node once per channel, one channel per
     device and NIC, so a node's devices together carry the ring at (devices per node) x
     their NIC share, capped by the intra-node link (NVIDIA/nccl#687, #569: multi-node
@@ -191,10 +192,13 @@ def network_cost(
     per_node: dict[int, int] = {}
     for r in ranks:
         per_node[r.node] = per_node.get(r.node, 0) + 1
+    # node groups with their own link (NVLink nodes beside PCIe ones): a step waits for the
+    # slowest node's exchange, so the slowest intra-node link prices every node's
+    intra_gbit_s = min(g.intra_node_gbit_s or net.intra_node_gbit_s for g in spec.nodes)
     if len(per_node) == 1:
-        return replace(spec_network_cost(net.intra_node_gbps, net.latency_us), tree_allreduce=tree)
-    a2a = spec_network_cost(net.inter_node_gbps, net.latency_us).alltoall
-    intra = spec_network_cost(net.intra_node_gbps, net.latency_us).alltoall
-    ring_gbps = min(net.intra_node_gbps, net.inter_node_gbps * min(per_node.values()))
+        return replace(spec_network_cost(intra_gbit_s, net.latency_us), tree_allreduce=tree)
+    a2a = spec_network_cost(net.inter_node_gbit_s, net.latency_us).alltoall
+    intra = spec_network_cost(intra_gbit_s, net.latency_us).alltoall
+    ring_gbps = min(intra_gbit_s, net.inter_node_gbit_s * min(per_node.values()))
     ring = spec_network_cost(ring_gbps, net.latency_us).allreduce
     return NetworkCost(a2a, ring, intra, tree_allreduce=tree)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from sharding.constants import DEVICE_CATALOG, GIB, DeviceKind
+from sharding.constants import A100_DENSE_FLOPS_PER_S, DEVICE_CATALOG, GIB, DeviceKind
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, DeviceGroup, RankDevice
 
-FIGURES = ("hbm_gb", "hbm_gbps", "speed")  # what a device the catalog lacks must give
+# what a device the catalog lacks must give (dense_tflops, or speed in its place)
+FIGURES = ("hbm_gib", "hbm_gbyte_s", "dense_tflops")
 
 
 class ClusterConfigError(UserError, ValueError):
@@ -28,8 +29,8 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
     for g, group in enumerate(spec.nodes):
         where = f"nodes[{g}]"
         _positive(group.count, f"{where}.count", spec.name)
-        _positive(group.host_memory_gb, f"{where}.host_memory_gb", spec.name)
-        _positive(group.host_to_device_gbps, f"{where}.host_to_device_gbps", spec.name)
+        _positive(group.host_memory_gib, f"{where}.host_memory_gib", spec.name)
+        _positive(group.host_to_device_gbyte_s, f"{where}.host_to_device_gbyte_s", spec.name)
         if not group.devices:
             raise ClusterConfigError(f"cluster '{spec.name}': {where} has no devices")
         for d, dev in enumerate(group.devices):
@@ -45,11 +46,11 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
                 kind = DEVICE_CATALOG.get(dev.kind) or DeviceKind(0.0, 0.0, 0.0, "its figures")
                 ranks.append(RankDevice(
                     rank=len(ranks), node=node, local_rank=local, kind=dev.kind,
-                    hbm_bytes=int((dev.hbm_gb or kind.hbm_gb) * GIB),
-                    hbm_gbps=dev.hbm_gbps or kind.hbm_gbps,
-                    speed=dev.speed or kind.speed * (dev.share or 1.0),
-                    host_bytes=int(group.host_memory_gb * GIB / per_node),
-                    host_to_device_gbps=group.host_to_device_gbps,
+                    hbm_bytes=int((dev.hbm_gib or kind.hbm_gib) * GIB),
+                    hbm_gbyte_s=dev.hbm_gbyte_s or kind.hbm_gbyte_s,
+                    speed=device_speed(dev, kind),
+                    host_bytes=int(group.host_memory_gib * GIB / per_node),
+                    host_to_device_gbyte_s=group.host_to_device_gbyte_s,
                     cores=tuple(dev.cores) if dev.cores is not None else None,
                     share=dev.share,
                 ))  # fmt: skip
@@ -57,11 +58,40 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
     return ranks
 
 
+def device_speed(dev: DeviceGroup, kind: DeviceKind) -> float:
+    """Dense speed relative to an A100's bf16: `speed`, else `dense_tflops` / 312, else the
+    catalog's (times the rank's core share, emulated CPU ranks)."""
+    if dev.speed is not None:
+        return dev.speed
+    if dev.dense_tflops is not None:
+        return dev.dense_tflops * 1e12 / A100_DENSE_FLOPS_PER_S
+    return kind.speed * (dev.share or 1.0)
+
+
 def _check_network(spec: ClusterSpec) -> None:
     if not spec.nodes:
         raise ClusterConfigError(f"cluster '{spec.name}' has no nodes")
-    _positive(spec.network.intra_node_gbps, "network.intra_node_gbps", spec.name)
-    _positive(spec.network.inter_node_gbps, "network.inter_node_gbps", spec.name)
+    net = spec.network
+    gpus = any(d.kind != "cpu" for g in spec.nodes for d in g.devices)
+    nodes = sum(g.count for g in spec.nodes)
+    needed = {"intra_node_gbit_s": gpus and any(g.intra_node_gbit_s is None for g in spec.nodes),
+              "inter_node_gbit_s": (gpus and nodes > 1) or spec.emulation.enabled}  # fmt: skip
+    for key, required in needed.items():
+        value = getattr(net, key)
+        if value is None and required:
+            what = ("NVLink or PCIe between the devices of a node; or per node group, "
+                    "nodes[..].intra_node_gbit_s" if key.startswith("intra")
+                    else "each device's share of its node's NIC")  # fmt: skip
+            raise ClusterConfigError(
+                f"cluster '{spec.name}': network.{key} is required (Gbit/s, bits, per device "
+                f"one way: {what}); a cluster is never planned on made-up links. Give it in "
+                f"conf/cluster/{spec.name}.yaml"
+            )
+        if value is not None:
+            _positive(value, f"network.{key}", spec.name)
+    for g, group in enumerate(spec.nodes):
+        if group.intra_node_gbit_s is not None:
+            _positive(group.intra_node_gbit_s, f"nodes[{g}].intra_node_gbit_s", spec.name)
     if not spec.network.latency_us >= 0:
         raise ClusterConfigError(
             f"cluster '{spec.name}': network.latency_us must be >= 0, got "
@@ -82,16 +112,18 @@ def _check_network(spec: ClusterSpec) -> None:
 
 def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:
     """One device group's kind, counts and figures; its share and cores where they apply."""
-    figures = [n for n in FIGURES if getattr(dev, n) is None]
+    figures = [n for n in FIGURES if getattr(dev, n) is None
+               and not (n == "dense_tflops" and dev.speed is not None)]  # fmt: skip
     if dev.kind not in DEVICE_CATALOG and (figures or dev.kind == ""):
         raise ClusterConfigError(
             f"cluster '{spec.name}': {where}.kind '{dev.kind}' is not in the catalog "
             f"({', '.join(sorted(DEVICE_CATALOG))}); describe such a GPU by its figures: "
-            f"{where}.hbm_gb (GiB), hbm_gbps (GB/s of memory bandwidth) and speed (dense "
-            f"bf16 TFLOP/s / 312, an A100's); missing: {', '.join(figures)}"
+            f"{where}.hbm_gib (memory, GiB), hbm_gbyte_s (memory bandwidth, GB/s) and "
+            f"dense_tflops (dense bf16 TFLOP/s, fp32 where it has no bf16 tensor cores); "
+            f"missing: {', '.join(figures)}"
         )
     _positive(dev.count, f"{where}.count", spec.name)
-    for name in FIGURES:
+    for name in (*FIGURES, "speed"):
         value = getattr(dev, name)
         if value is not None:
             _positive(value, f"{where}.{name}", spec.name)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DeviceKind:
-    hbm_gb: float  # memory of one device, GiB (for `cpu`: the rank's share of host RAM)
-    hbm_gbps: float  # memory bandwidth, GB/s
+    hbm_gib: float  # memory of one device, GiB (for `cpu`: the rank's share of host RAM)
+    hbm_gbyte_s: float  # memory bandwidth, GB/s
     speed: float  # dense compute relative to an A100
     source: str
 
@@ -92,14 +92,16 @@ def precision_factor(kind: str, precision: str) -> float:
     return rate / (DEVICE_CATALOG[kind].speed * A100_DENSE_FLOPS_PER_S / 1e12)
 
 
-def datasheet_rates(hbm_gbps: float, speed: float, host_to_device_gbps: float) -> dict[str, float]:
+def datasheet_rates(
+    hbm_gbyte_s: float, speed: float, host_to_device_gbyte_s: float
+) -> dict[str, float]:
     """`sharding.types.DeviceCost` fields of a GPU from its datasheet figures and the
     assumptions above (what `benchmarks.gpu_probe` measures instead, where it has run);
     `speed` is the dense speed at the run's precision, relative to an A100's bf16 peak."""
-    hbm_bytes_per_s = hbm_gbps * 1e9 * GPU_EMB_EFFICIENCY
+    hbm_bytes_per_s = hbm_gbyte_s * 1e9 * GPU_EMB_EFFICIENCY
     return {
         "emb_read_bytes_per_s": hbm_bytes_per_s,
-        "host_read_bytes_per_s": host_to_device_gbps * 1e9,
+        "host_read_bytes_per_s": host_to_device_gbyte_s * 1e9,
         "emb_bwd_factor": GPU_BWD_FACTOR,
         "dense_flops_per_s": speed * A100_DENSE_FLOPS_PER_S * GPU_DENSE_MFU,
         "step_overhead_s": GPU_STEP_OVERHEAD_S,
@@ -122,4 +124,4 @@ def gpu_kind(name: str, memory_gib: float) -> str | None:
     memory; None for a GPU the catalog lacks."""
     words = set(_tokens(name))
     family = [k for k in DEVICE_CATALOG if k != "cpu" and k.split("_")[0] in words]
-    return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gb - memory_gib), default=None)
+    return min(family, key=lambda k: abs(DEVICE_CATALOG[k].hbm_gib - memory_gib), default=None)

@@ -378,7 +378,7 @@ def datasheet_device_cost(device: RankDevice, precision: str = "fp32") -> Device
     """A GPU's constants from its datasheet and the assumed efficiencies (sharding.constants),
     its dense part at `precision`."""
     speed = device.speed * precision_factor(device.kind, precision)
-    return DeviceCost(**datasheet_rates(device.hbm_gbps, speed, device.host_to_device_gbps))
+    return DeviceCost(**datasheet_rates(device.hbm_gbyte_s, speed, device.host_to_device_gbyte_s))
 
 
 def spec_network_cost(gbps: float, latency_us: float) -> NetworkCost:

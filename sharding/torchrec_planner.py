@@ -83,14 +83,14 @@ def torchrec_topology(inputs: PlanInputs) -> Topology:
     net = inputs.network
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
     hbm = mean([d.emb_read_bytes_per_s for d in inputs.devices]) if inputs.cpu else mean(
-        [r.hbm_gbps * 1e9 for r in ranks]
+        [r.hbm_gbyte_s * 1e9 for r in ranks]
     )  # fmt: skip
     hardware = HardwareConfig(
         intra_host_bw=net.intra_alltoall.bytes_per_s * per_ms,
         inter_host_bw=min(net.alltoall.bytes_per_s, net.intra_alltoall.bytes_per_s) * per_ms,
         hbm_mem_bw=hbm * per_ms,
         ddr_mem_bw=hbm * per_ms if inputs.cpu else None,  # CPU ranks: their own memory
-        hbm_to_ddr_mem_bw=mean([r.host_to_device_gbps * 1e9 for r in ranks]) * per_ms,
+        hbm_to_ddr_mem_bw=mean([r.host_to_device_gbyte_s * 1e9 for r in ranks]) * per_ms,
     )
     return TopologyFactory.create_topology(
         trainer_config=TrainerConfig(
@@ -258,7 +258,7 @@ def _does_not_fit(e: PlannerError, inputs: PlanInputs) -> PlanDoesNotFitError:
     return PlanDoesNotFitError(
         f"TorchRec's planner found no plan that fits: {e.error_type.name}. Per-rank memory: "
         f"{budget}. Fix: a cluster with more memory (cluster=..., or "
-        f"cluster.nodes.0.devices.0.hbm_gb=...), fewer or smaller tables (model=...), or a "
+        f"cluster.nodes.0.devices.0.hbm_gib=...), fewer or smaller tables (model=...), or a "
         f"smaller planner.storage_reservation. TorchRec said: {str(e).splitlines()[0]}"
     )
 

@@ -19,13 +19,15 @@ from sharding.errors import UserError
 @dataclass
 class DeviceGroup:
     """`count` devices of one kind on a node; unset fields come from the catalog. `kind` is
-    required (a cluster file without it is refused, not planned as CPU ranks)."""
+    required (a cluster file without it is refused, not planned as CPU ranks). Each field
+    carries its unit in its name: GiB, GB/s (bytes), TFLOP/s."""
 
     kind: str
     count: int = 1
-    hbm_gb: float | None = None
-    hbm_gbps: float | None = None
-    speed: float | None = None
+    hbm_gib: float | None = None  # memory of one device
+    hbm_gbyte_s: float | None = None  # its memory bandwidth
+    dense_tflops: float | None = None  # dense tensor-core TFLOP/s, bf16 (fp32 if it has none)
+    speed: float | None = None  # instead of dense_tflops: relative to an A100's bf16 (312)
     # local CPU ranks only: the cores these ranks are pinned to (taskset), e.g. [0]
     cores: list[int] | None = None
     # emulated clusters only: the fraction of one core each of these ranks may use (a CFS
@@ -38,17 +40,22 @@ class NodeGroup:
     """`count` identical nodes."""
 
     count: int = 1
-    host_memory_gb: float = 16.0
-    host_to_device_gbps: float = 12.0
+    host_memory_gib: float = 16.0
+    host_to_device_gbyte_s: float = 12.0  # GB/s (bytes), PCIe or equivalent, per device
     devices: list[DeviceGroup] = field(default_factory=lambda: [DeviceGroup("cpu")])
+    # these nodes' own link between their devices (NVLink, or PCIe), Gbit/s per device one
+    # way; None: network.intra_node_gbit_s
+    intra_node_gbit_s: float | None = None
 
 
 @dataclass
 class NetworkSpec:
-    """Per-device link bandwidth, Gbit/s one way (NVLink / NIC share), and one-way latency."""
+    """Per-device link bandwidth, Gbit/s (bits) one way (NVLink / NIC share), and one-way
+    latency. Required for GPU clusters (and inter_node_gbit_s for emulated ones): a
+    cluster file without them is refused, not planned on made-up links."""
 
-    intra_node_gbps: float = 100.0
-    inter_node_gbps: float = 25.0
+    intra_node_gbit_s: float | None = None  # between devices of one node (NVLink, PCIe)
+    inter_node_gbit_s: float | None = None  # each device's share of its node's NIC
     latency_us: float = 10.0
     # ring: the all-reduce is a ring, 2(W-1) latency hops (what gloo does, and what the
     # presets' published plans assumed); nccl: NCCL's choice, a ring or a double binary
@@ -60,7 +67,7 @@ class NetworkSpec:
 class EmulationSpec:
     """Run a layout of CPU ranks on this one machine as a mixed, multi-node cluster (root):
     each node in its own network namespace, joined to the others through a bridge by a veth
-    pair shaped by tbf at `network.inter_node_gbps` (both directions); each rank in its own
+    pair shaped by tbf at `network.inter_node_gbit_s` (both directions); each rank in its own
     cpu cgroup with a CFS quota of its device entry's `share`. See recsys/emulation.py."""
 
     enabled: bool = False
@@ -92,10 +99,10 @@ class RankDevice:
     local_rank: int
     kind: str
     hbm_bytes: int
-    hbm_gbps: float
+    hbm_gbyte_s: float
     speed: float
     host_bytes: int  # this rank's share of its node's host memory
-    host_to_device_gbps: float = 12.0  # GB/s, PCIe or equivalent
+    host_to_device_gbyte_s: float = 12.0  # GB/s, PCIe or equivalent
     cores: tuple[int, ...] | None = None  # pinned CPU cores (local CPU ranks)
     share: float | None = None  # emulated CPU rank: its fraction of one core
 

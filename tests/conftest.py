@@ -64,7 +64,8 @@ _ENTRY = {"recsys.train": ("recsys.app.train", "cli"),
           "recsys.score": ("recsys.export", "score_main"),
           "sharding.plan": ("recsys.app.plan", "main"),
           "sharding.predict": ("recsys.app.predict", "main"),
-          "sharding.profile": ("recsys.app.profile", "main")}  # fmt: skip
+          "sharding.profile": ("recsys.app.profile", "main"),
+          "sharding.describe": ("recsys.app.describe", "main")}  # fmt: skip
 
 
 def run_command(module: str, *args: str) -> subprocess.CompletedProcess:

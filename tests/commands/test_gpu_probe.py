@@ -17,7 +17,7 @@ from sharding import calibration
 from sharding.calibration import constants_source, device_costs, load_calibration
 from sharding.cluster import resolve_cluster
 from sharding.cost_model import datasheet_device_cost
-from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup
 
 SECTIONS = ("tbe", "embedding", "dense", "copies", "host_gather", "sequence", "links")
 
@@ -90,8 +90,8 @@ def test_its_constants_load_as_a_calibration_and_name_what_is_assumed(probe: Pat
 
 
 def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path, monkeypatch):
-    spec = ClusterSpec(name="two_kinds", nodes=[NodeGroup(count=1, devices=[
-        DeviceGroup("a100_40g", 1), DeviceGroup("a100_40g", 1, hbm_gbps=777.5),
+    spec = ClusterSpec(name="two_kinds", network=NetworkSpec(300), nodes=[NodeGroup(devices=[
+        DeviceGroup("a100_40g", 1), DeviceGroup("a100_40g", 1, hbm_gbyte_s=777.5),
         DeviceGroup("t4_16g", 1)])])  # fmt: skip
     ranks = resolve_cluster(spec)
     monkeypatch.setattr(calibration, "GPU_DIR", tmp_path)

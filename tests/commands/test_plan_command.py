@@ -35,9 +35,9 @@ def test_a_users_cluster_file_plans_and_one_without_kinds_is_refused(tmp_path: P
     text = """name: my_a10g
 nodes:
   - count: 1
-    host_memory_gb: 128
-    devices: [{kind: a10g_24g, count: 4, hbm_gb: 24, hbm_gbps: 600, speed: 0.4}]
-network: {intra_node_gbps: 64, inter_node_gbps: 25, latency_us: 10}
+    host_memory_gib: 128
+    devices: [{kind: a10g_24g, count: 4, hbm_gib: 24, hbm_gbyte_s: 600, dense_tflops: 125}]
+network: {intra_node_gbit_s: 64, inter_node_gbit_s: 25, latency_us: 10}
 """
     (mine / "my_a10g.yaml").write_text(text)
     (mine / "no_kind.yaml").write_text(text.replace("kind: a10g_24g, ", ""))
@@ -86,3 +86,63 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
     assert "model.sparse_arch.embedding_bag_collection" in text  # a real TorchRec plan
     assert all(t["name"] in text for t in plan["tables"])  # every table (or its parts)
     assert "lower bound" in proc.stdout
+
+
+def test_describe_writes_this_machine_as_a_cluster_file(tmp_path: Path, monkeypatch) -> None:
+    """CPU ranks: one per usable core, pinned, the host's memory; it trains-plans as written.
+    A GPU the catalog lacks (a mocked A10G): its figures from the GPU probe's output, or
+    `???` where nothing measured them, which planning refuses naming the first such key."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from recsys.app.describe import host_memory_gib
+
+    out = tmp_path / "conf" / "cluster" / "here.yaml"
+    proc = run_command("sharding.describe", f"output={out}", f"hydra.run.dir={tmp_path / 'd'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"use it with: --config-dir {tmp_path / 'conf'} cluster=here" in proc.stdout
+    conf = ["--config-dir", str(tmp_path / "conf")]
+    plan = run_command("sharding.plan", *conf, "cluster=here", f"hydra.run.dir={tmp_path / 'p'}")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    devices = json.loads((tmp_path / "p" / "plan.json").read_text())["devices"]
+    cores = len(os.sched_getaffinity(0))
+    assert [d["kind"] for d in devices] == ["cpu"] * cores
+    assert f"host_memory_gib: {host_memory_gib()}" in out.read_text()
+    again = run_command("sharding.describe", f"output={out}", f"hydra.run.dir={tmp_path / 'd2'}")
+    assert (
+        again.returncode == 1 and "exists; choose a new file or pass overwrite=true" in again.stderr
+    )
+
+    a10g = SimpleNamespace(name="NVIDIA A10G", total_memory=24 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: a10g)
+    gpu = tmp_path / "conf" / "cluster" / "gpu.yaml"
+    proc = run_command("sharding.describe", f"output={gpu}", f"hydra.run.dir={tmp_path / 'g'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = gpu.read_text()
+    assert "kind: nvidia_a10g" in text and "count: 2" in text and "hbm_gbyte_s: ???" in text
+    refused = run_command("sharding.plan", *conf, "cluster=gpu", f"hydra.run.dir={tmp_path / 'x'}")
+    assert refused.returncode == 1 and "network.intra_node_gbit_s is required" in refused.stderr
+    probe = tmp_path / "a10g.json"
+    link = {"intra_node": {"alltoall": {"bytes_per_s": 8e9}}}
+    probe.write_text(
+        json.dumps(
+            {
+                "device": {"emb_read_bytes_per_s": 300e9},
+                "links": link,
+                "dense_flops_per_s_by_precision": {"bf16": 0.35 * 125e12},
+            }
+        )
+    )
+    proc = run_command("sharding.describe", f"output={gpu}", f"probe={probe}", "overwrite=true",
+                       f"hydra.run.dir={tmp_path / 'g2'}")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = gpu.read_text()
+    assert "hbm_gbyte_s: 600.0" in text and "dense_tflops: 125.0" in text
+    assert "intra_node_gbit_s: 64.0" in text
+    ok = run_command("sharding.plan", *conf, "cluster=gpu", "model=dcnv2_small",
+                     f"hydra.run.dir={tmp_path / 'y'}")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr[-2000:]

@@ -35,6 +35,7 @@ from sharding.types import (
     DeviceGroup,
     LinkCost,
     NetworkCost,
+    NetworkSpec,
     NodeGroup,
     OptimizerState,
     Schedule,
@@ -53,6 +54,8 @@ DEV = DeviceCost(
 )
 
 
+# the links a GPU layout here is planned on (a cluster must give its own)
+GPU_NET = NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=25.0)
 NET = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9))
 
 
@@ -203,7 +206,7 @@ def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
     assert cal.device.emb_read_bytes_per_s > 0 and cal.device.dense_flops_per_s > 0
     assert "loopback" in cal.links
     pinned = [DeviceGroup("cpu", 1, speed=0.005, cores=[0]), DeviceGroup("cpu", 1, cores=[1])]
-    skewed = ClusterSpec(nodes=[NodeGroup(devices=pinned)])
+    skewed = ClusterSpec(network=GPU_NET, nodes=[NodeGroup(devices=pinned)])
     slow, fast = device_costs(resolve_cluster(skewed), cal)
     assert slow.dense_flops_per_s == pytest.approx(fast.dense_flops_per_s / 2)
     assert slow.step_overhead_s == pytest.approx(2 * fast.step_overhead_s)
@@ -311,7 +314,9 @@ def test_table_row_wise_reduces_within_its_node_before_crossing() -> None:
 def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> None:
     from sharding.constants import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
 
-    h100 = resolve_cluster(ClusterSpec(nodes=[NodeGroup(devices=[DeviceGroup("h100_80g")])]))
+    h100 = resolve_cluster(
+        ClusterSpec(network=GPU_NET, nodes=[NodeGroup(devices=[DeviceGroup("h100_80g")])])
+    )
     cost = datasheet_device_cost(h100[0])
     per_byte = GPU_SEQUENCE_PASSES / (3350e9 * GPU_EMB_EFFICIENCY)
     assert cost.sequence_s_per_byte == pytest.approx(per_byte) and cost.sequence_s_fixed > 0

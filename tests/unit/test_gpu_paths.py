@@ -106,8 +106,8 @@ def test_gpus_of_another_kind_than_the_cluster_names_are_refused(typed_cfg, monk
     with pytest.raises(TrainConfigError, match=r"it is NVIDIA A10G \(not in the catalog\)"):
         app._check_launch(a100, plan_inputs(a100, None, None))
     dev = "cluster.nodes.0.devices.0"
-    figures = typed_cfg(["cluster=1x8_a100_80g", *two, f"{dev}.kind=a10g_24g", f"{dev}.hbm_gb=24",
-                         f"{dev}.hbm_gbps=600", f"{dev}.speed=0.4"])  # fmt: skip
+    figures = typed_cfg(["cluster=1x8_a100_80g", *two, f"{dev}.kind=a10g_24g", f"{dev}.hbm_gib=24",
+                         f"{dev}.hbm_gbyte_s=600", f"{dev}.speed=0.4"])  # fmt: skip
     app._check_launch(figures, plan_inputs(figures, None, None))
 
 

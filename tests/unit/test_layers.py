@@ -33,6 +33,7 @@ ENTRY_MODULES = {
     "sharding.plan": "recsys.app.plan",
     "sharding.predict": "recsys.app.predict",
     "sharding.profile": "recsys.app.profile",
+    "sharding.describe": "recsys.app.describe",
 }
 
 

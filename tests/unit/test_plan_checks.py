@@ -19,6 +19,7 @@ from sharding.types import (
     DeviceGroup,
     LinkCost,
     NetworkCost,
+    NetworkSpec,
     NodeGroup,
     Plan,
     Shard,
@@ -26,7 +27,10 @@ from sharding.types import (
     TableStats,
 )
 
-SPEC = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])])
+# the links every GPU layout here is planned on (a cluster must give its own)
+NET = NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=25.0)
+
+SPEC = ClusterSpec(network=NET, name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])])
 
 
 TABLES = [TableStats("a", 1000, 8), TableStats("b", 500, 8)]

@@ -34,6 +34,9 @@ from sharding.types import (
     Tier,
 )
 
+# the links every GPU layout here is planned on (a cluster must give its own)
+NET = NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=25.0)
+
 KINDS = ["h100_80g", "a100_40g", "v100_16g", "t4_16g", "l4_24g"]
 
 
@@ -58,10 +61,10 @@ clusters = st.builds(
     lambda groups, gbps: ClusterSpec(
         name="random",
         nodes=[
-            NodeGroup(count=c, host_memory_gb=h, devices=[DeviceGroup(k, n, hbm_gb=m)])
+            NodeGroup(count=c, host_memory_gib=h, devices=[DeviceGroup(k, n, hbm_gib=m)])
             for c, h, k, n, m in groups
         ],
-        network=NetworkSpec(inter_node_gbps=gbps),
+        network=NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=gbps),
     ),  # fmt: skip
     st.lists(
         st.tuples(
@@ -206,7 +209,7 @@ def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> 
     them receive most of the exchange; capped shares plan faster."""
     from sharding.hybrid import HybridOptions, _hybrid
 
-    spec = ClusterSpec(name="mix", network=NetworkSpec(intra_node_gbps=5), nodes=[
+    spec = ClusterSpec(name="mix", network=NetworkSpec(5, 25.0), nodes=[
         NodeGroup(devices=[DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)])])  # fmt: skip
     inputs = inputs_for(spec, [TableStats(f"t{i}", 100_000, 128) for i in range(26)])
     speed = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
@@ -218,7 +221,7 @@ def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> 
 def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
-                       network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
+                       network=NetworkSpec(25, 25.0))  # fmt: skip
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)] + [TableStats("tiny", 10, 64)]
     inputs = inputs_for(spec, tables)
     inputs.cold_only_exchange = False
@@ -243,7 +246,7 @@ def test_hybrid_replicates_no_hot_rows_of_a_table_never_looked_up() -> None:
 
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
-                       network=NetworkSpec(intra_node_gbps=25))  # fmt: skip
+                       network=NetworkSpec(25, 25.0))  # fmt: skip
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)]
     inputs = inputs_for(spec, tables)
     split = {t.name for t in PLANNERS["hybrid"](inputs).tables if 0 < t.replicated_rows < t.rows}
@@ -259,7 +262,7 @@ def test_hybrid_cuts_a_lone_tables_cold_part_in_row_parts_over_the_ranks() -> No
     """One big table: whole on one rank its cold part would unbalance the exchange; in row
     parts on both ranks it beats keeping the table whole (column-split over both)."""
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
-                       network=NetworkSpec(intra_node_gbps=5))  # fmt: skip
+                       network=NetworkSpec(5, 25.0))  # fmt: skip
     inputs = inputs_for(spec, [TableStats("t0", 2_000_000, 64)], batch=8192)
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
     t0 = plan.tables[0]
@@ -282,7 +285,7 @@ def test_hybrid_splits_tables_only_where_the_sequence_work_pays() -> None:
     from dataclasses import replace
 
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 2)])],
-                       network=NetworkSpec(intra_node_gbps=5))  # fmt: skip
+                       network=NetworkSpec(5, 25.0))  # fmt: skip
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(4)]
     inputs = inputs_for(spec, tables, batch=8192)
     cheap = PLANNERS["hybrid"](inputs)
@@ -294,8 +297,8 @@ def test_hybrid_splits_tables_only_where_the_sequence_work_pays() -> None:
 
 
 def test_too_big_names_devices_shortfall_and_largest_tables() -> None:
-    node = NodeGroup(host_memory_gb=1, devices=[DeviceGroup("t4_16g", 2)])
-    spec = ClusterSpec(name="small", nodes=[node])
+    node = NodeGroup(host_memory_gib=1, devices=[DeviceGroup("t4_16g", 2)])
+    spec = ClusterSpec(network=NET, name="small", nodes=[node])
     tables = [TableStats("huge", 400_000_000, 128), TableStats("small", 100, 8)]
     with pytest.raises(PlanDoesNotFitError) as e:
         PLANNERS["hybrid"](inputs_for(spec, tables))
@@ -306,8 +309,8 @@ def test_too_big_names_devices_shortfall_and_largest_tables() -> None:
 
 
 def test_optimizer_state_counts_against_capacity() -> None:
-    node = NodeGroup(host_memory_gb=0.001, devices=[DeviceGroup("t4_16g", 1, hbm_gb=1)])
-    spec = ClusterSpec(name="one", nodes=[node])
+    node = NodeGroup(host_memory_gib=0.001, devices=[DeviceGroup("t4_16g", 1, hbm_gib=1)])
+    spec = ClusterSpec(network=NET, name="one", nodes=[node])
     rows = int(0.85 * 2**30 / (64 * 4 + 4)) - 10  # weights + row-wise Adagrad just fit
     inputs = inputs_for(spec, [TableStats("t", rows, 64)])
     PLANNERS["round_robin"](inputs)
@@ -318,7 +321,7 @@ def test_optimizer_state_counts_against_capacity() -> None:
 
 def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
-                       network=NetworkSpec(intra_node_gbps=5))  # fmt: skip
+                       network=NetworkSpec(5, 25.0))  # fmt: skip
     # four big tables: their cold parts balance over the ranks, so splitting pays (one
     # alone would sit whole on one rank, and the planner keeps the table whole instead)
     tables = [TableStats(f"t_cat_{i}", 2_000_000, 64) for i in range(4)]
@@ -363,9 +366,10 @@ def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
 # memory binds: small devices, little host memory, tables up to several GiB, narrow ones too
 tight_clusters = st.builds(
     lambda groups, host: ClusterSpec(
+        network=NET,
         name="tight",
         nodes=[
-            NodeGroup(count=c, host_memory_gb=host, devices=[DeviceGroup(k, n, hbm_gb=m)])
+            NodeGroup(count=c, host_memory_gib=host, devices=[DeviceGroup(k, n, hbm_gib=m)])
             for c, k, n, m in groups
         ],
     ),  # fmt: skip
@@ -425,8 +429,8 @@ def test_hybrid_finds_a_plan_wherever_torchrec_does(spec, tables) -> None:
 def test_a_table_larger_than_any_device_is_cut_in_row_parts_when_columns_run_out() -> None:
     """4-wide rows cannot be cut by columns: the table goes in row parts, each its own
     table on a rank with room, and the TorchRec plan places each part table-wise."""
-    node = NodeGroup(host_memory_gb=0.001, devices=[DeviceGroup("t4_16g", 4, hbm_gb=0.05)])
-    spec = ClusterSpec(name="small", nodes=[node])
+    node = NodeGroup(host_memory_gib=0.001, devices=[DeviceGroup("t4_16g", 4, hbm_gib=0.05)])
+    spec = ClusterSpec(network=NET, name="small", nodes=[node])
     inputs = inputs_for(spec, [TableStats("wide", 4_000_000, 4), TableStats("t1", 1000, 4)])
     inputs.cpu = True
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
@@ -445,7 +449,7 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
     ranks of one node, emitted as TorchRec's own table_row_wise sharding."""
     from sharding.hybrid import HybridOptions, _hybrid
 
-    spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
+    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
     tables = [TableStats(f"t{i}", 1_000_003, 64, 40.0) for i in range(3)]  # ids outweigh vectors
     inputs = inputs_for(spec, tables)
@@ -480,7 +484,7 @@ def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> Non
 
     from sharding.hybrid import EACH_GROUP, NO_GROUPS, WORTH_GROUPS, HybridOptions, _hybrid
 
-    spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
+    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
     inputs = inputs_for(spec, _mixed_tables(2, 30), 2048)
     plans = {g: evaluate(_hybrid(inputs, [2048] * 8, HybridOptions(True, False, False), groups=g),
@@ -502,7 +506,7 @@ def test_the_shape_search_finds_a_faster_plan_than_the_placement_it_starts_from(
     (measured: 4.66 ms against 6.22 ms without it) and the plan still fits."""
     import sharding.hybrid as hybrid_module
 
-    spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
+    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
     inputs = inputs_for(spec, _mixed_tables(3, 20), 2048)
     searched = evaluate(PLANNERS["hybrid"](inputs), inputs)
@@ -518,7 +522,7 @@ def test_the_placer_takes_a_table_back_exactly() -> None:
     from sharding.hybrid import _put
     from sharding.placer import Piece, Placer
 
-    spec = ClusterSpec(name="two_nodes", nodes=[NodeGroup(count=2, devices=[
+    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
     tables = _mixed_tables(1, 4)
     inputs = inputs_for(spec, tables, 2048)
@@ -553,8 +557,8 @@ def test_a_group_that_finds_no_node_falls_back_to_its_memory_sized_pieces() -> N
     """Found by the TorchRec property test: a 4-wide table too large for any device was
     offered as a table-row-wise group, and when no node held the group it was placed whole
     (and failed); it must fall back to the row parts its size asks for."""
-    node = NodeGroup(host_memory_gb=0.001, devices=[DeviceGroup("h100_80g", 3, hbm_gb=0.4288)])
-    spec = ClusterSpec(name="tight", nodes=[node])
+    node = NodeGroup(host_memory_gib=0.001, devices=[DeviceGroup("h100_80g", 3, hbm_gib=0.4288)])
+    spec = ClusterSpec(network=NET, name="tight", nodes=[node])
     sizes = [(2408, 64), (387470, 64), (3463769, 16), (21253109, 4)]
     inputs = inputs_for(spec, [TableStats(f"t{i}", r, d) for i, (r, d) in enumerate(sizes)])
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
@@ -568,7 +572,7 @@ def test_the_placer_puts_each_piece_where_the_step_ends_soonest() -> None:
     cluster of two nodes with unequal batches and several pieces already placed."""
     from sharding.placer import Piece, Placer
 
-    spec = ClusterSpec(name="mixed", nodes=[
+    spec = ClusterSpec(network=NET, name="mixed", nodes=[
         NodeGroup(devices=[DeviceGroup("h100_80g", 3)]),
         NodeGroup(devices=[DeviceGroup("a100_80g", 2), DeviceGroup("t4_16g", 2)])])  # fmt: skip
     gen = np.random.default_rng(0)

@@ -22,7 +22,7 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
         assert list(families) == ["homogeneous", "mixed"]
         h = cluster_at("homogeneous", families["homogeneous"], 64, 2.0)
         assert sum(n.count * sum(d.count for d in n.devices) for n in h.nodes) == 64
-        assert h.network.inter_node_gbps == 200  # 2x8_h100's 400, oversubscribed 2:1
+        assert h.network.inter_node_gbit_s == 200  # 2x8_h100's 400, oversubscribed 2:1
         m = cluster_at("mixed", families["mixed"], 128, 1.0)
         assert [n.count for n in m.nodes] == [4, 4, 4, 4]  # hetero_64's 2 of each, twice
         assert cluster_at("mixed", families["mixed"], 96, 1.0) is None  # not a multiple of 64

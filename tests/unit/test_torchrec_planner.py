@@ -31,9 +31,9 @@ from sharding.types import (
 
 TWO_NODES = ClusterSpec(
     name="two_nodes",
-    nodes=[NodeGroup(count=2, host_memory_gb=64, devices=[DeviceGroup("a100_40g", 2),
-                                                           DeviceGroup("t4_16g", 2, hbm_gb=8)])],
-    network=NetworkSpec(intra_node_gbps=300, inter_node_gbps=50, latency_us=5),
+    nodes=[NodeGroup(count=2, host_memory_gib=64, devices=[DeviceGroup("a100_40g", 2),
+                                                           DeviceGroup("t4_16g", 2, hbm_gib=8)])],
+    network=NetworkSpec(intra_node_gbit_s=300, inter_node_gbit_s=50, latency_us=5),
 )  # fmt: skip
 
 
@@ -46,7 +46,7 @@ def test_topology_gets_capacities_bandwidths_and_ranks_per_node() -> None:
     # bytes per millisecond, the cluster's own: 300 and 50 Gbit/s, not TorchRec's defaults
     assert topo.intra_host_bw == pytest.approx(300e9 / 8 / 1000)
     assert topo.inter_host_bw == pytest.approx(50e9 / 8 / 1000)
-    mean_hbm = sum(r.hbm_gbps for r in inputs.ranks) / inputs.world
+    mean_hbm = sum(r.hbm_gbyte_s for r in inputs.ranks) / inputs.world
     assert topo.hbm_mem_bw == pytest.approx(mean_hbm * 1e9 / 1000)
 
 
