@@ -515,7 +515,12 @@ if __name__ == "__main__":
 
 
 def evaluate_cli() -> None:
-    """`python -m recsys.evaluate`: the command with `trainer.mode=evaluate` (later
-    arguments may not set another mode)."""
-    sys.argv.insert(1, "trainer.mode=evaluate")
+    """`python -m recsys.evaluate`: the command with `trainer.mode=evaluate`, placed after
+    Hydra's own options (`--config-dir <dir>`, ...; later arguments may not set another
+    mode)."""
+    flags = {"-m", "--multirun", "-r", "--run", "--resolve", "-h", "--help", "--hydra-help"}
+    args, i = sys.argv, 1
+    while i < len(args) and args[i].startswith("-"):  # an option, with its value if separate
+        i += 1 if "=" in args[i] or args[i] in flags else 2
+    args.insert(i, "trainer.mode=evaluate")
     cli()

