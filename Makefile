@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install data demo test test-fast lint bench-data gpu-probe clean
+.PHONY: help install local-slurm data demo test test-fast lint bench-data gpu-probe clean
 
 # fbgemm-gpu-cpu by default; `make install KERNELS=cuda` takes the CUDA fbgemm-gpu instead.
 KERNELS ?= cpu
@@ -19,6 +19,7 @@ help:
 	@echo "make test-fast   the tests not marked slow (about 2 min)"
 	@echo "make lint        ruff check and format check"
 	@echo "make install     the virtual environment (.venv); KERNELS=cuda for the CUDA fbgemm-gpu"
+	@echo "make local-slurm Slurm's daemons for the suite's one-machine Slurm cluster (root, Debian)"
 	@echo "make data        the demo data only (synthetic Criteo text, then binary)"
 	@echo "make bench-data  the data path benchmark"
 	@echo "make gpu-probe   how to measure a GPU's cost-model constants"
@@ -34,6 +35,16 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Slurm's daemons for the suite's one-machine Slurm cluster (tests/slurm.py): Debian's
+# packages, installed as root where missing; elsewhere the Slurm tests skip, saying why.
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge
+local-slurm:
+	@if command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(SLURM_PACKAGES) for the Slurm tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null; \
+	else echo "no Slurm here and no root apt-get to install it: the Slurm tests will skip"; fi
 
 # Demo data: synthetic files in the real Criteo text format, then TorchRec's binary layout.
 DEMO_DATA := outputs/data/synthetic_criteo
@@ -55,7 +66,7 @@ bench-data: $(STAMP)
 # computes; tests that share the machine's network namespaces run in one worker (xdist_group
 # "link"); the few that measure the machine's own speed run after, alone (marker "alone").
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
-test: $(STAMP)
+test: $(STAMP) local-slurm
 	$(PYTEST) -m "not alone"
 	$(BIN)/python -m pytest -m alone tests/ranks
 

@@ -107,8 +107,13 @@ def command(interrupted: Callable[[], str] = lambda: "nothing was written") -> I
             print(f"error: {e}", file=sys.stderr)
             sys.exit(1)
         except KeyboardInterrupt as e:
+            said = f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}"
             if not getattr(e, "reported", False):  # atomic_dir already said what it removed
-                print(f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}",
-                      file=sys.stderr)  # fmt: skip
+                print(said, file=sys.stderr)
             clear()  # handled: a later command in this process starts afresh
+            if os.environ.get("SUBMITIT_EXECUTOR"):
+                # a Slurm task under submitit (scancel sends SIGTERM): an error it records as
+                # the task's result, so the launcher learns the job ended even on a cluster
+                # without accounting (no sacct), where an exit alone leaves it waiting
+                raise RuntimeError(said) from None
             sys.exit(exit_code(e))

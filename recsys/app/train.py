@@ -204,7 +204,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         check_tables_fit(tcfg, inputs)
     run_dir = Path(run_dir or os.getcwd())
     preflight.check_outputs(tcfg, run_dir)
-    if launch.launched_externally() and os.environ.get("RANK", "0") != "0":
+    if launch.launched_externally() and launch.external_rank_and_world()[0] != 0:
         lock = contextlib.nullcontext()  # rank 0 holds the run directory for the job
     else:
         lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))

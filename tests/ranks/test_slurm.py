@@ -1,0 +1,85 @@
+"""Slurm for real: a one-machine cluster (tests/slurm.py) runs `recsys.train` through Hydra's
+submitit launcher (`hydra/launcher=slurm_local`) to the local launcher's losses, and
+`scancel` of a running job leaves no rank behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import slurm as local
+from conftest import REPO, compose_config
+
+from recsys.app.train import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    why = local.why_not()
+    if why:
+        pytest.skip(why)
+    with local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield dict(env, OMP_NUM_THREADS="1")
+
+
+def _launch(env: dict, sweep: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "recsys.train", "-m", "hydra/launcher=slurm_local",
+            "debug=tiny", f"hydra.sweep.dir={sweep}", *args]  # fmt: skip
+
+
+def test_a_slurm_job_trains_as_the_local_launcher_does(slurm: dict, tmp_path: Path) -> None:
+    here = train(compose_config(["debug=tiny"]), tmp_path / "local")
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(_launch(slurm, sweep), cwd=REPO, env=slurm, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = json.loads((sweep / "0" / "summary.json").read_text())
+    assert ran["world_size"] == 2 and ran["eval_auc"] == here["eval_auc"]
+    losses = (sweep / "0" / "train_losses.csv").read_text()
+    assert losses == (tmp_path / "local" / "train_losses.csv").read_text()
+
+
+def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    marker = str(sweep / ".submitit")  # in every rank's command line (submitit's folder)
+    launcher = subprocess.Popen(_launch(slurm, sweep, "trainer.max_steps=1000000"), cwd=REPO,
+                                env=slurm, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(local.processes_with(marker)) < 2 or not (sweep / "0" / "train.log").exists():
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the job's ranks never started"
+            time.sleep(1)
+        time.sleep(5)  # the ranks in their steps
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm, capture_output=True,
+                              text=True, check=True).stdout.split()  # fmt: skip
+        assert len(jobs) == 1
+        subprocess.run(["scancel", jobs[0]], env=slurm, check=True)
+        deadline = time.monotonic() + 60
+        while local.processes_with(marker):
+            assert time.monotonic() < deadline, "ranks still running after scancel:\n" + "\n".join(
+                local.processes_with(marker)
+            )
+            time.sleep(1)
+        # the ranks record the cancel as their result (recsys.console), so the launcher ends
+        # even without accounting, reporting the failed job
+        launcher.wait(timeout=120)
+        assert launcher.returncode != 0
+        (err,) = sweep.glob(".submitit/*/*_0_log.err")
+        assert "interrupted (SIGTERM): every rank stopped" in err.read_text()
+        assert json.loads((sweep / "0" / "summary.json").read_text())["interrupted"]
+        deadline = time.monotonic() + 60  # the job leaves the queue (COMPLETING, then gone)
+        while subprocess.run(["squeue", "-h"], env=slurm, capture_output=True,
+                             text=True).stdout.strip():  # fmt: skip
+            assert time.monotonic() < deadline, "the cancelled job never left the queue"
+            time.sleep(1)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
