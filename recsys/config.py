@@ -184,6 +184,9 @@ class TrainerConfig:
     plan: str | None = None
     # [first, last]: those steps (1-based) traced by torch.profiler, <run dir>/traces/rank<r>.json
     profile_steps: list[int] | None = None
+    # TensorBoard scalars (loss, samples/s, eval AUC/NE/log loss) in <run dir>/tensorboard as
+    # the run goes; None: where the tensorboard package is installed (the `tensorboard` extra)
+    tensorboard: bool | None = None
     dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
@@ -208,6 +211,12 @@ class TrainConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def tensorboard_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
 
 
 class TrainConfigError(UserError, ValueError):
@@ -236,6 +245,10 @@ def check_train_config(cfg: TrainConfig) -> None:
             f"trainer.profile_steps is [first, last], 1 <= first <= last <= trainer.max_steps "
             f"({t.max_steps}), got {list(steps)}"
         )
+    if t.tensorboard and not tensorboard_installed():
+        raise TrainConfigError("trainer.tensorboard=true needs the tensorboard package: pip "
+                               "install -e '.[tensorboard]' (or leave it unset: written where "
+                               "installed)")  # fmt: skip
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
     if not cfg.pipeline.micro_batches >= 1:

@@ -19,7 +19,7 @@ from pipelines.build import detach_for_eval
 from recsys import interrupts, launch
 from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.collectives import all_reduce_sum
-from recsys.config import EvalSplit, Mode, TrainConfigError
+from recsys.config import EvalSplit, Mode, TrainConfigError, tensorboard_installed
 from recsys.context import RunContext
 from recsys.interrupts import interruptible
 from recsys.metrics import evaluate
@@ -30,7 +30,13 @@ if TYPE_CHECKING:
     from recsys.config import TrainConfig
 
 from recsys.trainer.build import Training, backend_for, build_training, place_rank, rank_device
-from recsys.trainer.outputs import per_step_stats, versions, write_interrupted, write_losses
+from recsys.trainer.outputs import (
+    Scalars,
+    per_step_stats,
+    versions,
+    write_interrupted,
+    write_losses,
+)
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +225,13 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
                  "plan_layout": job.layout}  # fmt: skip
     split = (job.remap.hot_ids, job.remap.cold_parts) if job.remap is not None else None
 
+    tensorboard = tensorboard_installed() if tcfg.tensorboard is None else tcfg.tensorboard
+    scalars = Scalars(Path(run_dir), job.rank == 0 and tensorboard, sum(job.shares), start)
+
     def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
             evals.append({"step": done, **held_out_metrics(cfg, job, device)})
+            scalars.evaluation(evals[-1], done)
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
             save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run, split)
@@ -229,13 +239,15 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
                       device)  # fmt: skip
-    samples_per_s = _steps(cfg, job, start, watch, between_steps, trace)
+    samples_per_s = _steps(cfg, job, start, watch, between_steps, trace, scalars)
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
             save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run, split)
         )
     final = held_out_metrics(cfg, job, device)
+    scalars.evaluation(final, tcfg.max_steps)
+    scalars.close()
     world = len(job.shares)
     losses = watch.losses
     step_losses = torch.stack(losses).double() if losses else torch.zeros(0, dtype=torch.float64)
@@ -274,9 +286,11 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
 
 def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
-           between_steps: Callable[[int], None], trace: StepTrace) -> float | None:  # fmt: skip
-    """The train steps from `start`, each loss recorded in `watch`; `between_steps(done)`
-    after each; `trainer.profile_steps` traced. Returns the samples per second after the
+           between_steps: Callable[[int], None], trace: StepTrace, scalars: Scalars
+           ) -> float | None:  # fmt: skip
+    """The train steps from `start`, each loss recorded in `watch` (and, checked, in
+    `scalars`); `between_steps(done)` after each; `trainer.profile_steps` traced. Returns
+    the samples per second after the
     warm-up, the time spent in `between_steps` left out (None: no timed steps)."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
@@ -304,6 +318,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
             t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
+            scalars.losses(watch.reduced)
         bar.update(1)
         pause = time.perf_counter()
         between_steps(done)

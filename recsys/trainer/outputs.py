@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -62,3 +63,42 @@ def write_summary(run_dir: Path, summary: dict) -> Path:
     kept = {k: v for k, v in summary.items() if k != "step_losses"}
     path.write_text(json.dumps(kept, indent=2) + "\n")
     return path
+
+
+class Scalars:
+    """TensorBoard scalars of a run, written by rank 0 as it goes (`trainer.tensorboard`):
+    `train/loss` at every step (the global mean over ranks, as the losses are checked each
+    `log_every` steps), `train/samples_per_s` per checked window, and `eval/auc`,
+    `eval/logloss`, `eval/ne` at each evaluation; in `<run dir>/tensorboard/`
+    (`tensorboard --logdir <run dir>`). Does nothing when off."""
+
+    def __init__(self, run_dir: Path, enabled: bool, global_batch: int, start: int) -> None:
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self.global_batch, self.start, self.written = global_batch, start, 0
+        self.last = (start, time.perf_counter())
+
+    def losses(self, reduced: list[float]) -> None:
+        """The checked losses not written yet (`LossWatch.reduced`), and the window's rate."""
+        if self.writer is None:
+            return
+        for i in range(self.written, len(reduced)):
+            self.writer.add_scalar("train/loss", reduced[i], self.start + i + 1)
+        step, now = self.start + len(reduced), time.perf_counter()
+        if step > self.last[0]:
+            rate = (step - self.last[0]) * self.global_batch / max(now - self.last[1], 1e-9)
+            self.writer.add_scalar("train/samples_per_s", rate, step)
+        self.written, self.last = len(reduced), (step, now)
+
+    def evaluation(self, metrics: dict, step: int) -> None:
+        if self.writer is None or metrics.get("eval_auc") is None:
+            return
+        for key in ("auc", "logloss", "ne"):
+            self.writer.add_scalar(f"eval/{key}", metrics[f"eval_{key}"], step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -404,3 +404,28 @@ def test_profiled_steps_leave_a_trace_per_rank(tmp_path: Path) -> None:
     assert summary["trace"] == str(tmp_path / "run" / "traces" / "rank0.json")
     with pytest.raises(TrainConfigError, match=r"trainer.profile_steps is \[first, last\]"):
         train(compose_config(TINY + ["trainer.profile_steps=[4,9]"]), tmp_path / "bad")
+
+
+def test_tensorboard_scalars_are_the_runs_own_figures(tmp_path: Path, monkeypatch) -> None:
+    """`trainer.tensorboard`: rank 0's event file holds every step's global mean loss (the
+    figures train_losses.csv holds), samples/s per window and each evaluation's AUC, log
+    loss and NE; asked for where tensorboard is missing, the run is refused naming the fix."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    summary = train(compose_config(TINY + ["trainer.eval_every=2", "trainer.tensorboard=true"]),
+                    tmp_path / "run")  # fmt: skip
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    csv = (tmp_path / "run" / "train_losses.csv").read_text().splitlines()[1:]
+    assert [s for s, _ in loss] == list(range(1, 7))
+    assert [v for _, v in loss] == pytest.approx([float(r.split(",")[1]) for r in csv], rel=1e-6)
+    auc = {e.step: e.value for e in events.Scalars("eval/auc")}
+    assert auc[6] == pytest.approx(summary["eval_auc"], rel=1e-6)
+    assert sorted(auc) == [2, 4, 6] and len(events.Scalars("eval/ne")) == 3
+    assert all(e.value > 0 for e in events.Scalars("train/samples_per_s"))
+    import recsys.config
+
+    monkeypatch.setattr(recsys.config, "tensorboard_installed", lambda: False)
+    with pytest.raises(TrainConfigError, match=r"tensorboard=true needs the tensorboard package"):
+        train(compose_config(TINY + ["trainer.tensorboard=true"]), tmp_path / "none")
