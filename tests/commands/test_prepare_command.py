@@ -67,3 +67,20 @@ def test_the_cli_refuses_overwriting_its_input_in_one_line(tmp_path: Path) -> No
         f"or mix with what is read. Name an output directory outside the input, e.g. "
         f"output={src.parent}_out"]  # fmt: skip
     assert src.read_bytes() == before
+
+
+def test_paths_with_spaces_and_accents_work_quoted_as_docs_data_md_says(tmp_path: Path) -> None:
+    """Hydra's override grammar takes unquoted values of ASCII letters, digits and a few
+    signs: a path with a space or an accent is quoted inside the override (docs/data.md)."""
+    where = tmp_path / "données brutes"
+    bare = run_command("recsys.data.synth", f"output={where}", "rows=100",
+                       f"hydra.run.dir={tmp_path / 'a'}")  # fmt: skip
+    assert bare.returncode != 0 and not where.exists()
+    quoted = run_command("recsys.data.synth", f"output='{where}'", "rows=100",
+                         f"hydra.run.dir={tmp_path / 'b'}")  # fmt: skip
+    assert quoted.returncode == 0, quoted.stderr[-2000:]
+    out = tmp_path / "préparé"
+    prepared = run_command("recsys.data.prepare", f"input='{where}'", f"output='{out}'",
+                           f"hydra.run.dir={tmp_path / 'c'}")  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    assert (out / "train_dense.npy").exists()

@@ -142,3 +142,22 @@ def test_ne_is_one_for_the_base_rate_and_lower_for_a_better_predictor() -> None:
 
     assert ne(torch.full((8,), 5 / 8)) == pytest.approx(1.0, rel=1e-6)
     assert ne(torch.where(labels > 0, 0.9, 0.1)) < 0.5
+
+
+@pytest.mark.parametrize("config", ["config", "plan", "predict", "profile"])
+def test_the_movielens_preset_brings_its_model_to_every_command(config: str) -> None:
+    """`dataset=movielens100k` picks the model sized to the conversion (the sizes its
+    model_override.txt holds: tests/commands/test_workflow.py) in every command's config."""
+    from conftest import CONF_DIR
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+
+    from recsys.app.predict import PredictConfig
+    from recsys.app.profile import ProfileAppConfig
+
+    for name, node in (("base_predict", PredictConfig), ("base_profile", ProfileAppConfig)):
+        ConfigStore.instance().store(name=name, node=node)  # as their modules do on import
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=config, overrides=["dataset=movielens100k"])
+    assert list(cfg.model.num_embeddings_per_feature) == [944, 1683, 3, 22, 796, 20]
+    assert cfg.model.dense_in_features == 2 and cfg.dataset.name == "movielens100k"
