@@ -105,15 +105,20 @@ def command(interrupted: Callable[[], str] = lambda: "nothing was written") -> I
                 yield
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
+            _exit(1, f"error: {e}")
         except KeyboardInterrupt as e:
             said = f"interrupted ({getattr(e, 'name', 'SIGINT')}): {interrupted()}"
             if not getattr(e, "reported", False):  # atomic_dir already said what it removed
                 print(said, file=sys.stderr)
             clear()  # handled: a later command in this process starts afresh
-            if os.environ.get("SUBMITIT_EXECUTOR"):
-                # a Slurm task under submitit (scancel sends SIGTERM): an error it records as
-                # the task's result, so the launcher learns the job ended even on a cluster
-                # without accounting (no sacct), where an exit alone leaves it waiting
-                raise RuntimeError(said) from None
-            sys.exit(exit_code(e))
+            _exit(exit_code(e), said)
+
+
+def _exit(code: int, said: str) -> None:
+    """Exit with `code`; in a Slurm task under submitit (scancel sends SIGTERM) raise
+    instead: an error submitit records as the task's result, so its launcher learns the job
+    ended even on a cluster without accounting (no sacct), where an exit alone leaves it
+    waiting for ever."""
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        raise RuntimeError(said) from None
+    sys.exit(code)

@@ -71,7 +71,9 @@ def init_distributed(timeout_s: float, backend: str = "gloo") -> tuple[int, int]
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         from submitit.helpers import TorchDistributedEnvironment
 
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # MASTER_PORT from the job's environment where set (submitit's default is drawn
+        # from the job id), the rest from Slurm's
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     missing = [k for k in _ENV_KEYS if k not in os.environ]
     if missing:
         raise RuntimeError(f"cannot join the process group: environment lacks {missing}")

@@ -460,6 +460,8 @@ def _main(cfg: DictConfig) -> float | None:
     except _user_errors() as e:  # a clear message, not a traceback from deep inside
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
+            if os.environ.get("SUBMITIT_EXECUTOR"):
+                raise  # a Slurm job: its launcher learns of it from submitit, and fails too
             return None
         if not launch.launched_externally() or launch.external_rank_and_world()[0] == 0:
             print(f"error: {e}", file=sys.stderr)  # under torchrun: once, not once per rank
@@ -468,6 +470,8 @@ def _main(cfg: DictConfig) -> float | None:
         if hydra_cfg.mode != RunMode.MULTIRUN:
             raise
         _record_failed_job(Path(hydra_cfg.runtime.output_dir), e)
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            raise  # a Slurm job: its launcher learns of it from submitit, and fails too
         return None
     if summary.get("rank", 0) != 0:
         return None  # under torchrun / Slurm, rank 0 reports

@@ -28,6 +28,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         yield dict(env, OMP_NUM_THREADS="1")
 
 
+def _env(slurm: dict) -> dict:
+    """The launcher's environment, which the job's tasks inherit: a port of its own for the
+    process group (submitit's default is drawn from the job id, the same for every job 1 of
+    a fresh cluster, so another test's socket may hold it)."""
+    return dict(slurm, MASTER_PORT=str(local.free_port()))
+
+
 def _launch(env: dict, sweep: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "recsys.train", "-m", "hydra/launcher=slurm_local",
             "debug=tiny", f"hydra.sweep.dir={sweep}", *args]  # fmt: skip
@@ -36,20 +43,26 @@ def _launch(env: dict, sweep: Path, *args: str) -> list[str]:
 def test_a_slurm_job_trains_as_the_local_launcher_does(slurm: dict, tmp_path: Path) -> None:
     here = train(compose_config(["debug=tiny"]), tmp_path / "local")
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(_launch(slurm, sweep), cwd=REPO, env=slurm, capture_output=True,
+    proc = subprocess.run(_launch(slurm, sweep), cwd=REPO, env=_env(slurm), capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = json.loads((sweep / "0" / "summary.json").read_text())
     assert ran["world_size"] == 2 and ran["eval_auc"] == here["eval_auc"]
     losses = (sweep / "0" / "train_losses.csv").read_text()
     assert losses == (tmp_path / "local" / "train_losses.csv").read_text()
+    # a job that fails in its tasks fails its launcher too (its error recorded beside it)
+    bad = tmp_path / "bad"
+    proc = subprocess.run(_launch(slurm, bad, "trainer.batch_size=0"), cwd=REPO,
+                          env=_env(slurm), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode != 0
+    assert "trainer.batch_size must be >= 1" in (bad / "0" / "failed.txt").read_text()
 
 
 def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     marker = str(sweep / ".submitit")  # in every rank's command line (submitit's folder)
     launcher = subprocess.Popen(_launch(slurm, sweep, "trainer.max_steps=1000000"), cwd=REPO,
-                                env=slurm, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=_env(slurm), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 180
