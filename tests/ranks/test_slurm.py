@@ -16,7 +16,10 @@ from conftest import REPO, compose_config
 
 from recsys.app.train import train
 
-pytestmark = pytest.mark.slow
+# beside the tests that make network namespaces (xdist group "link"), one at a time: run at
+# once with the emulated cluster's interrupt test, that test's ranks once found their
+# namespace gone (tests/ranks/test_emulation.py; not understood yet, not seen apart)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("link")]
 
 
 @pytest.fixture(scope="module")
