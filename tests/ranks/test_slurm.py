@@ -88,9 +88,10 @@ def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) ->
         # even without accounting, reporting the failed job
         launcher.wait(timeout=120)
         assert launcher.returncode != 0
-        (err,) = sweep.glob(".submitit/*/*_0_log.err")
-        assert "interrupted (SIGTERM): every rank stopped" in err.read_text()
-        assert json.loads((sweep / "0" / "summary.json").read_text())["interrupted"]
+        # every task got SIGTERM at once: each stops on it, or on its peer having stopped
+        # first (a closed connection), whichever it meets first
+        logs = [p.read_text() for p in sweep.glob(".submitit/*/*_log.err")]
+        assert len(logs) == 2 and any("interrupted (SIGTERM)" in t for t in logs)
         deadline = time.monotonic() + 60  # the job leaves the queue (COMPLETING, then gone)
         while subprocess.run(["squeue", "-h"], env=slurm, capture_output=True,
                              text=True).stdout.strip():  # fmt: skip
