@@ -8,6 +8,7 @@ training config and the model; `sharding` stays free of both.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -71,6 +72,12 @@ def check_plan_config(cfg: TrainConfig) -> None:
         raise PlanConfigError(
             f"planner.storage_reservation is the share of each device's memory kept free; it "
             f"must lie in [0, 1), got {reserve}"
+        )
+    zipf = cfg.dataset.zipf_exponent  # the access skew planned without a measured profile
+    if not (math.isfinite(zipf) and zipf > 0):
+        raise PlanConfigError(
+            f"dataset.zipf_exponent must be a finite number > 0 (p(k-th hottest row) ~ "
+            f"k^-exponent; 1.1 by default), got {zipf}"
         )
     if cfg.planner.torchrec_min_partition < 4:
         raise PlanConfigError(

@@ -44,6 +44,8 @@ TABLES = [TableStats("a", 1000, 8), TableStats("b", 500, 8)]
         ("planner.storage_reservation=-1", "planner.storage_reservation"),
         ("planner.storage_reservation=1.0", "must lie in [0, 1)"),
         ("planner.torchrec_min_partition=2", "torchrec_min_partition"),
+        ("dataset.zipf_exponent=-1", "dataset.zipf_exponent must be a finite number > 0"),
+        ("dataset.zipf_exponent=0", "dataset.zipf_exponent must be a finite number > 0"),
     ],
 )
 def test_config_keys_the_planner_cannot_use_are_named(typed_cfg, override, needle) -> None:
