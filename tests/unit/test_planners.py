@@ -58,13 +58,20 @@ def inputs_for(spec: ClusterSpec, tables: list[TableStats], batch: int = 1024) -
 
 
 clusters = st.builds(
-    lambda groups, gbps: ClusterSpec(
+    lambda groups, gbps, allreduce, latency: ClusterSpec(
         name="random",
         nodes=[
-            NodeGroup(count=c, host_memory_gib=h, devices=[DeviceGroup(k, n, hbm_gib=m)])
-            for c, h, k, n, m in groups
+            NodeGroup(
+                count=c,
+                host_memory_gib=h,
+                devices=[DeviceGroup(k, n, hbm_gib=m)],
+                intra_node_gbit_s=link,
+            )
+            for c, h, k, n, m, link in groups
         ],
-        network=NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=gbps),
+        network=NetworkSpec(
+            intra_node_gbit_s=100.0, inter_node_gbit_s=gbps, latency_us=latency, allreduce=allreduce
+        ),
     ),  # fmt: skip
     st.lists(
         st.tuples(
@@ -73,11 +80,14 @@ clusters = st.builds(
             st.sampled_from(KINDS),
             st.integers(1, 4),
             st.floats(0.05, 2.0),
+            st.one_of(st.none(), st.floats(16, 3600)),  # the group's own link (PCIe, NVLink)
         ),  # fmt: skip
         min_size=1,
         max_size=3,
     ),
     st.floats(10, 400),
+    st.sampled_from(["ring", "nccl"]),  # every all-reduce the cost model knows
+    st.floats(1, 50),
 )
 
 
