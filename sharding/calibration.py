@@ -111,6 +111,49 @@ def constants_source(kind: str) -> str:
             f"(calibration/gpu/{kind}.json; {', '.join(m['assumed'])} assumed)")  # fmt: skip
 
 
+# where each DeviceCost field of a GPU comes from without a probe (the datasheet model,
+# sharding.constants.datasheet_rates)
+_GPU_FIELDS = {
+    "emb_read_bytes_per_s": "derived: HBM GB/s (datasheet, or the cluster's hbm_gbyte_s) x "
+                            "assumed embedding efficiency (GPU_EMB_EFFICIENCY)",
+    "host_read_bytes_per_s": "cluster config: host_to_device_gbyte_s",
+    "emb_bwd_factor": "assumed (GPU_BWD_FACTOR)",
+    "dense_flops_per_s": "derived: dense TFLOP/s at the run's precision (datasheet, or the "
+                         "cluster's dense_tflops) x assumed MFU (GPU_DENSE_MFU)",
+    "step_overhead_s": "assumed (GPU_STEP_OVERHEAD_S)",
+    "input_s_per_sample": "assumed 0: batches built ahead on a worker thread",
+    "interaction_flops_per_s": "assumed: the dense rate",
+    "sample_overhead_s": "assumed 0",
+    "sequence_s_per_lookup": "derived: HBM GB/s x assumed bytes a lookup "
+                             "(GPU_SEQUENCE_INDEX_BYTES)",
+    "sequence_s_fixed": "assumed (GPU_SEQUENCE_FIXED_S)",
+    "sequence_s_per_byte": "derived: HBM GB/s x assumed passes (GPU_SEQUENCE_PASSES)",
+    "core_speed": "not used for GPUs",
+}  # fmt: skip
+
+
+def constants_provenance(kind: str) -> dict:
+    """Where each cost-model constant of a device kind comes from: `source` (in a few
+    words, `constants_source`) and per `DeviceCost` field one of measured (the GPU probe),
+    calibrated (CPU ranks: this machine), derived (a datasheet or cluster figure times an
+    assumed efficiency), cluster config, or assumed, naming the figure and constant."""
+    if kind == "cpu":
+        fields = {f: f"calibrated ({DEFAULT_PATH.name})" for f in _GPU_FIELDS}
+        return {"source": constants_source(kind), "fields": fields}
+    fields = dict(_GPU_FIELDS)
+    probe = measured_gpu(kind)
+    if probe is not None:
+        m = probe["measured"]
+        by = f"measured by benchmarks.gpu_probe on {m['device_name']}, {m['date'][:10]}"
+        for f in probe["device"]:
+            if f not in m.get("assumed", []):
+                fields[f] = by
+        if probe.get("dense_flops_per_s_by_precision"):
+            done = ", ".join(sorted(probe["dense_flops_per_s_by_precision"]))
+            fields["dense_flops_per_s"] = f"{by} ({done}; other precisions: the datasheet's)"
+    return {"source": constants_source(kind), "fields": fields}
+
+
 def device_costs(
     ranks: list[RankDevice], cal: Calibration | None, precision: str = "fp32"
 ) -> list[DeviceCost]:

@@ -23,7 +23,7 @@ from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
 from sharding.calibration import (
     Calibration,
-    constants_source,
+    constants_provenance,
     device_costs,
     load_calibration,
     network_cost,
@@ -211,8 +211,10 @@ def plan_json(plan: Plan) -> dict:
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
         "step_parts_ms": plan.step_parts_ms,  # est_step_ms split: slowest rank per stage, ...
         "devices": plan.devices,
-        # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions
-        "constants": {k: constants_source(k) for k in sorted({d["kind"] for d in plan.devices})},
+        # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions,
+        # and where each constant comes from
+        "constants": {k: constants_provenance(k)
+                      for k in sorted({d["kind"] for d in plan.devices})},  # fmt: skip
         "tables": [
             {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
              "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,

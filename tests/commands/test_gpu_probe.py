@@ -14,7 +14,12 @@ import pytest
 from conftest import REPO
 
 from sharding import calibration
-from sharding.calibration import constants_source, device_costs, load_calibration
+from sharding.calibration import (
+    constants_provenance,
+    constants_source,
+    device_costs,
+    load_calibration,
+)
 from sharding.cluster import resolve_cluster
 from sharding.cost_model import datasheet_device_cost
 from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup
@@ -112,6 +117,13 @@ def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path,
     assert half.emb_read_bytes_per_s == pytest.approx(measured["emb_read_bytes_per_s"] / 2)
     assert t4 == datasheet_device_cost(ranks[2])  # no probe for that kind
     assert constants_source("a100_40g").startswith("measured by benchmarks.gpu_probe")
+    fields = constants_provenance("a100_40g")["fields"]  # plan.json's, field by field
+    assumed = set(saved["measured"]["assumed"])
+    for f, said in fields.items():
+        assert said.startswith("measured by benchmarks.gpu_probe") == (
+            f in saved["device"] and f not in assumed or f == "dense_flops_per_s"
+        ), f
+    assert not constants_provenance("t4_16g")["fields"]["emb_read_bytes_per_s"].startswith("meas")
 
 
 def test_without_cuda_the_probe_says_how_to_check_it() -> None:

@@ -79,8 +79,13 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
                           "exchange left exposed"}  # fmt: skip
     assert sum(parts.values()) == pytest.approx(plan["est_step_ms"])
     assert all(v >= -1e-9 for v in parts.values())
-    assert plan["constants"] == {k: "datasheet with assumed efficiencies (not measured)"
-                                 for k in ("h100_80g", "t4_16g", "v100_16g")}  # fmt: skip
+    # where every constant the margins rest on comes from, per device kind
+    assert sorted(plan["constants"]) == ["h100_80g", "t4_16g", "v100_16g"]
+    h100 = plan["constants"]["h100_80g"]
+    assert h100["source"] == "datasheet with assumed efficiencies (not measured)"
+    assert h100["fields"]["dense_flops_per_s"].startswith("derived: dense TFLOP/s")
+    assert h100["fields"]["emb_bwd_factor"] == "assumed (GPU_BWD_FACTOR)"
+    assert h100["fields"]["host_read_bytes_per_s"] == "cluster config: host_to_device_gbyte_s"
     assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
     text = (tmp_path / "plan_torchrec.txt").read_text()
     assert "model.sparse_arch.embedding_bag_collection" in text  # a real TorchRec plan
