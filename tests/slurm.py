@@ -98,8 +98,10 @@ def local_slurm(root: Path, timeout_s: float = 60) -> Iterator[dict[str, str]]:
     try:
         for daemon in ("slurmctld", "slurmd"):
             log = open(root / f"{daemon}.out", "w")  # noqa: SIM115 - the daemon's for its life
+            # a session of their own: nothing they signal reaches the tests' processes
             procs.append(subprocess.Popen([_binary(daemon), "-D", "-f", str(conf)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+                                          stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while True:
             out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
