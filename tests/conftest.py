@@ -40,10 +40,23 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (`make test` ru
     torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow (multi-process) tests first, in their order: under `make test`'s two workers
-    the long ones start early and short ones fill the gaps at the end."""
+    the long ones start early and short ones fill the gaps at the end. And `--dist
+    loadgroup`'s groups (`xdist_group`: the tests that share the machine's network namespaces
+    and Slurm run one at a time, in one worker): pytest-xdist 3.8 names a test's group in its
+    node id by setting `item._nodeid`, which pytest 9 no longer reads (its id is `item._id`),
+    so the groups were silently ignored and those tests ran side by side."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})  # fmt: skip
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
