@@ -251,13 +251,14 @@ def prepared_batches(root: Path, model_cfg: ModelConfig, hotness: list[int] | No
                 f"categorical features; the model takes {model_cfg.dense_in_features} and "
                 f"{len(keys)}"
             )
-        bags = None
-        if hotness or variable_bags(root):
+        bags, padded = None, variable_bags(root)
+        if hotness or padded:
             bags = read_multi_hot(root, n, len(sparse), hotness, len(keys))
         for a in range(0, len(dense), batch_size):
             b = min(a + batch_size, len(dense))
             yield assemble_batch(dense[a:b], labels[a:b], sparse[a:b], hashes, keys,
-                                 None if bags is None else [x[a:b] for x in bags])  # fmt: skip
+                                 None if bags is None else [x[a:b] for x in bags],
+                                 padded=padded)  # fmt: skip
             bar.update(b - a)
     bar.close()
 

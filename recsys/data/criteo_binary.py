@@ -65,8 +65,8 @@ class CriteoBinary:
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does);
         # bags of a multi-valued column (recsys.data.tabular) are padded with -1
         self.multi_hot = None
-        bags = variable_bags(root)
-        if hotness is not None or bags:
+        self.padded = variable_bags(root)
+        if hotness is not None or self.padded:
             files = [read_multi_hot(root, n, len(s), hotness, len(num_embeddings_per_feature))
                      for n, s in zip(self.names, self.sparse, strict=True)]  # fmt: skip
             self.multi_hot = [[f[t] for f in files] for t in range(len(feature_names))]
@@ -179,7 +179,7 @@ class CriteoBinary:
             bags = [self._rows(a, b, arrays) for arrays in self.multi_hot]
         return assemble_batch(self._rows(a, b, self.dense), self._rows(a, b, self.labels),
                               self._rows(a, b, self.sparse), self.hashes_C, self.keys, bags,
-                              self._lengths.get(size))  # fmt: skip
+                              self._lengths.get(size), self.padded)  # fmt: skip
 
     def batches(self, split: str, start: int, stop: int, rank: int) -> Iterator[Batch]:
         if split != "train":
@@ -196,17 +196,22 @@ def assemble_batch(
     keys: list[str],
     bags: list[np.ndarray] | None = None,
     ones: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> Batch:
     """A Batch of prepared rows: ids modulo the tables' sizes (`hashes_C1`, [C, 1]); with
     `bags` (per table [B, bag size], multi-hot; -1 pads shorter bags) those instead of the
     one-hot `ids_BC`.
-    `ones`: a reusable tensor of B * C one-hot lengths."""
+    `ones`: a reusable tensor of B * C one-hot lengths; `padded`: the bags may hold -1
+    (a multi-valued column's), else they are fixed-size (MLPerf's) and no pass looks for it."""
     size = len(ids_BC)
     dense = torch.from_numpy(np.array(dense_BI, dtype=np.float32))
     labels = torch.from_numpy(labels_B1[:, 0].astype(np.float32))
     if bags is not None:
-        hashed = [np.where(b >= 0, b % hashes_C1[t], -1) for t, b in enumerate(bags)]
-        values, lengths = bags_to_jagged(hashed)  # -1: a multi-valued column's padding
+        if padded:  # -1 stays padding, not the table's last row
+            hashed = [np.where(b >= 0, b % hashes_C1[t], -1) for t, b in enumerate(bags)]
+        else:
+            hashed = [b % hashes_C1[t] for t, b in enumerate(bags)]
+        values, lengths = bags_to_jagged(hashed, padded)
         kjt = KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
                                 lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
         return Batch(dense, kjt, labels)

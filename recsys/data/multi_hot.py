@@ -140,12 +140,12 @@ def read_multi_hot(
     return arrays
 
 
-def bags_to_jagged(bags: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def bags_to_jagged(bags: list[np.ndarray], padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature [B, h] id arrays -> KJT values and lengths (feature-major, as TorchRec);
-    negative ids are padding (bags of a multi-valued column), left out."""
+    with `padded`, negative ids are padding (bags of a multi-valued column), left out."""
     if not bags:
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
-    if all(b.size == 0 or b.min() >= 0 for b in bags):  # fixed-size bags: no padding
+    if not padded:  # fixed-size bags
         values = np.concatenate([b.reshape(-1) for b in bags])
         lengths = np.concatenate([np.full(len(b), b.shape[1], dtype=np.int32) for b in bags])
         return values, lengths
