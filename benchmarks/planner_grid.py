@@ -55,7 +55,8 @@ _TIMEOUT: list[float] = [30.0]
 
 def workload_for(inputs: PlanInputs, w: Workload) -> PlanInputs:
     return replace(inputs, tables=w.tables, coverage=w.coverage, dense_params=w.dense_params,
-                   interaction_flops_per_sample=w.interaction_flops_per_sample)  # fmt: skip
+                   interaction_flops_per_sample=w.interaction_flops_per_sample,
+                   activation_bytes_per_sample=w.activation_bytes_per_sample)  # fmt: skip
 
 
 def _plan_cell(index: tuple[int, str]) -> list[dict]:

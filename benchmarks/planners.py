@@ -145,7 +145,7 @@ def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
 
     inputs = cli.plan_inputs(_compose(_base(cfg, "1x8_a100_80g")), None, None)
     return Workload("mlperf_dcnv2", inputs.tables, inputs.coverage, inputs.dense_params,
-                    inputs.interaction_flops_per_sample,
+                    inputs.interaction_flops_per_sample, inputs.activation_bytes_per_sample,
                     {"model": cfg.model, "profile": "power law, exponent 1.1"})  # fmt: skip
 
 

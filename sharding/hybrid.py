@@ -43,6 +43,7 @@ from sharding.batch_split import (
 )
 from sharding.bound import BoundGuide, bound_guides
 from sharding.cost_model import exposed_exchange_passes, ring_bytes, vectors_per_sample
+from sharding.memory import batch_bytes_per_sample, dense_bytes
 from sharding.placer import Piece, Placer
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import check_fits, evaluate, finish_table, plan_cost
@@ -63,6 +64,7 @@ from sharding.types import (
 MIN_COLS = 4  # TorchRec's column-wise shards keep dims that are multiples of 4
 MAX_REPLICATED_SHARE = 0.85  # of the smallest rank's fast memory, for all hot rows together
 MAX_FIT_TRIES = 24  # memory retries, each with pieces half as large
+MAX_ROW_PARTS_PER_RANK = 8  # a piece cut for memory: at most this many row parts a rank
 BALANCE_PIECES = 4  # pieces are cut to about 1 / (this x ranks) of all pieces' cost
 # which pooled tables `_place` offers as table-row-wise groups: none; those whose column
 # pieces' ids outweigh a vector (`_group_worth`); those and every other whole one, each
@@ -99,10 +101,10 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs, False)
     ranked = sorted(
         other_batches(inputs, guides, best),
-        key=lambda batch: (
+        key=lambda batch: _step_ms(
             evaluate(
                 replace(best, batch_per_rank=batch, devices=[]), inputs, False, check_tables=False
-            ).est_step_ms
+            )
         ),
     )
     for batch in ranked[:BATCHES_PLACED]:
@@ -112,7 +114,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
         recipe = _Recipe(best.batch_per_rank, options, hot=guides[0].hot_rows())
         finals.append((recipe.plan(inputs), recipe))
-    plan, recipe = min(finals, key=lambda x: x[0].est_step_ms)
+    plan, recipe = min(finals, key=lambda x: _step_ms(x[0]))
     plan, recipe = _tune_replication(inputs, plan, recipe)
     plan = _reshape(inputs, plan, recipe)
     # the final placement with whichever batch split suits it best
@@ -167,11 +169,11 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     for move in moves:
         trial = replace(recipe, hot=hot | move)
         candidate = trial.plan(inputs, polish=False)
-        if candidate.est_step_ms < current.est_step_ms * (1 - 1e-9):
+        if _step_ms(candidate) < _step_ms(current) * (1 - 1e-9):
             current, kept, hot = candidate, trial, trial.hot
     if kept is not None:
         polished = kept.plan(inputs)
-        if polished.est_step_ms < plan.est_step_ms:
+        if _step_ms(polished) < _step_ms(plan):
             return polished, kept
     return plan, recipe
 
@@ -206,7 +208,7 @@ def _reshape(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
             again = recipe.plan(inputs)
         except PlanDoesNotFitError:  # placed in another order, the shapes find no room
             break
-        if again.est_step_ms >= best.est_step_ms:
+        if _step_ms(again) >= _step_ms(best):
             break
         best = again
     return best
@@ -271,7 +273,7 @@ def _put(placer: Placer, p: Piece, shape, inputs: PlanInputs) -> bool:
         return placer.place_group(replace(p, group=True, either=False)) is not None
     for _ in range(shape):
         piece = replace(p, cols=p.table.dim // shape)
-        if not (placer.free_hbm >= piece.rows * inputs.row_bytes(piece.cols)).any():
+        if not (placer.free_hbm >= placer.hbm_need(piece)).any():
             return False
         placer.place(piece, inputs.coverage[p.table.name])
     return True
@@ -345,7 +347,7 @@ def _variants(
     if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in tables):
         tries.append(replace(recipe, options=replace(options, hot_rows=False, row_parts=False)))
     for trial in tries:
-        best = min(best, (trial.plan(inputs), trial), key=lambda x: x[0].est_step_ms)
+        best = min(best, (trial.plan(inputs), trial), key=lambda x: _step_ms(x[0]))
     lean = replace(recipe, options=best_options(best[0], options))
     others = [replace(lean, uncut=True)]
     if group_ready(inputs):  # large pooled tables TorchRec's table-row-wise way instead
@@ -357,7 +359,7 @@ def _variants(
         if guides is not None:
             plan = with_speed_aware_batch(plan, inputs, guides)
             trial = replace(trial, batch=plan.batch_per_rank)
-        best = min(best, (plan, trial), key=lambda x: x[0].est_step_ms)
+        best = min(best, (plan, trial), key=lambda x: _step_ms(x[0]))
     return best
 
 
@@ -392,7 +394,9 @@ def best_options(plan: Plan, options: HybridOptions) -> HybridOptions:
 
 
 def _step_ms(plan: Plan) -> float:
-    return plan.est_step_ms
+    """What candidates are ranked by: the predicted step, a plan that does not fit last (a
+    batch split can overflow a rank's memory: `sharding.memory`)."""
+    return plan.est_step_ms if plan.feasible else math.inf
 
 
 def exchange_s_per_byte(inputs: PlanInputs, batch: list[int]) -> float:
@@ -484,7 +488,7 @@ def _replicate(
     """The replicated hot rows of every table, within `share` of the smallest device's memory
     (hottest-per-byte tables first; `hot`: the rows asked for), taken from `placer`'s room;
     each table's plan so far, and its cold part as one piece with its cost, to be cut."""
-    budget = share * min(inputs.hbm_budget())
+    budget = share * float(placer.free_hbm.min())  # the room its batch leaves
     plans: dict[str, TablePlan] = {}
     pieces: list[tuple[float, int, Piece]] = []
     order = sorted(inputs.tables, key=lambda t: -inputs.coverage[t.name](1) / t.dim)
@@ -556,11 +560,27 @@ def _place(
             push(*cuts[p.table.name])  # no node holds it (or it is better alone): its pieces
             continue
         if not placer.fits_somewhere(p):
+            if not (placer.free_hbm >= p.buffer_bytes(placer.total)).any():
+                raise PlanDoesNotFitError(no_room_for_buffers(inputs, p, placer))
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
         placer.place(p, inputs.coverage[p.table.name])
     if polish:
         placer.improve(max_moves=2 * len(placer.placed))
     return _Placement(inputs, batch, placer, plans, {p.table.name: p for _, _, p in pieces})
+
+
+def no_room_for_buffers(inputs: PlanInputs, p: Piece, placer: Placer) -> str:
+    """Why a piece fits nowhere however it is cut: its buffers alone exceed every rank's
+    room (cutting it further only adds buffers)."""
+    gib = 2**30
+    return (
+        f"cluster '{inputs.cluster}': table {p.table.name}'s input and output buffers for "
+        f"{placer.total:,.0f} samples ({p.buffer_bytes(placer.total) / gib:.3f} GiB) fit no "
+        f"device's room left (largest: {placer.free_hbm.max() / gib:.3f} GiB, after the dense "
+        f"part's {dense_bytes(inputs) / gib:.3f} GiB and {batch_bytes_per_sample(inputs):,.0f} "
+        f"bytes per sample of each rank's batch; sharding.memory). Fix: a smaller batch "
+        f"(trainer.batch_size), devices with more memory, or fewer tables."
+    )
 
 
 @dataclass
@@ -656,7 +676,8 @@ def _cut(
         return rows * inputs.row_bytes(cols)
 
     def rows_cut(k: int) -> list[Piece]:
-        while need(math.ceil(p.rows / k), p.cols) > limit and 2 * k <= p.rows:
+        most = min(p.rows, MAX_ROW_PARTS_PER_RANK * world)  # each part adds its buffers
+        while need(math.ceil(p.rows / k), p.cols) > limit and 2 * k <= most:
             k *= 2
         rows = cold_part_rows(p.rows, k)
         return [Piece(t, rows[j], p.cols, p.lookup_share * rows[j] / p.rows, p.sparse_exchange,

@@ -8,9 +8,10 @@ Each piece goes where the step then ends soonest as the cost model adds it up: t
 rank's lookups plus the slowest rank's exchange (collectives make every rank wait for the
 slowest at each stage, so a rank slow at lookups and another slow at sending both count;
 ties go to the placement with the smaller sum of squares of both stages over all ranks),
-never over a rank's memory: device memory first; on GPU clusters host memory with an HBM
-cache of the piece's hottest rows (hit rate from the coverage curve) where no device has
-room.
+never over a rank's memory (`sharding.memory`: its room for tables at its batch, each
+piece with its input and output buffers): device memory first; on GPU clusters host memory
+with an HBM cache of the piece's hottest rows (hit rate from the coverage curve) where no
+device has room.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sharding.batch_split import dense_s_per_sample
-from sharding.types import FLOAT_BYTES, PlanDoesNotFitError, PlanInputs, Shard, TableStats, Tier
+from sharding.memory import piece_buffer_bytes, table_room
+from sharding.types import (
+    FLOAT_BYTES,
+    ID_BYTES,
+    LENGTH_BYTES,
+    PlanDoesNotFitError,
+    PlanInputs,
+    Shard,
+    TableStats,
+    Tier,
+)
 
 
 @dataclass
@@ -52,6 +63,11 @@ class Piece:
         vectors = t.lookups_per_sample * self.lookup_share if self.sparse_exchange else 1.0
         return vectors * self.cols * FLOAT_BYTES
 
+    def buffer_bytes(self, samples: float) -> float:
+        """Its input and output buffers in device memory for `samples` (`sharding.memory`)."""
+        return piece_buffer_bytes(self.table, self.cols, self.lookup_share, self.sparse_exchange,
+                                  samples)  # fmt: skip
+
     def looked_up_bytes(self, samples: float) -> float:
         t = self.table
         return samples * t.lookups_per_sample * self.lookup_share * self.cols * t.weight_bytes
@@ -62,7 +78,7 @@ class Placer:
 
     def __init__(self, inputs: PlanInputs, batch: list[int], speed_aware: bool) -> None:
         self.inputs = inputs
-        self.free_hbm = np.array(inputs.hbm_budget(), dtype=np.float64)
+        self.free_hbm = table_room(inputs, batch)
         self.free_host = np.array(inputs.host_budget(), dtype=np.float64)
         devs = inputs.devices
         # seconds per byte looked up (forward + backward) on each rank, fast and host memory
@@ -100,11 +116,13 @@ class Placer:
         self.sent_intra, self.sent_inter = np.zeros(w), np.zeros(w)
         self.recv_intra, self.recv_inter = np.zeros(w), np.zeros(w)
         self.placed: list[tuple[Piece, Shard]] = []  # in placement order (`improve` moves)
+        self.pending_buffers = 0.0  # buffers of the expected pieces not yet placed
 
     def expect(self, pieces: list[Piece]) -> None:
         """Pieces still to place: until placed, every rank receives their vectors (counted
         as if from other nodes; placing moves a node's share to the intra-node link)."""
         self.recv_inter = self.b * sum(p.volume() for p in pieces)
+        self.pending_buffers = sum(p.buffer_bytes(self.total) for p in pieces)
 
     def cost(self, p: Piece) -> np.ndarray:
         """Seconds the piece adds to each rank if placed there (fast memory), its sending
@@ -190,9 +208,18 @@ class Placer:
         outside = self._outside(now)[self.node]
         return np.maximum(np.maximum(own, mate_max), outside)
 
+    def table_bytes(self, p: Piece) -> float:
+        """The piece's weights and optimizer state."""
+        return p.rows * self.inputs.row_bytes(p.cols)
+
+    def hbm_need(self, p: Piece) -> float:
+        """Device bytes the piece takes in fast memory: its rows and its buffers."""
+        return self.table_bytes(p) + p.buffer_bytes(self.total)
+
     def fits_somewhere(self, p: Piece) -> bool:
-        need = p.rows * self.inputs.row_bytes(p.cols)
-        return bool((self.free_hbm >= need).any() or (self.free_host >= need).any())
+        buffers = p.buffer_bytes(self.total)
+        host = (self.free_host >= self.table_bytes(p)) & (self.free_hbm >= buffers)
+        return bool((self.free_hbm >= self.hbm_need(p)).any() or host.any())
 
     def _sequence_s(self, p: Piece) -> np.ndarray:
         """The owner's sequence work for a cold part on each rank (0 for pooled pieces)."""
@@ -207,7 +234,9 @@ class Placer:
         return p.looked_up_bytes(self.total) * self.per_byte + self._sequence_s(p)
 
     def place(self, p: Piece, coverage: Callable[[int], float]) -> Shard:
-        need = p.rows * self.inputs.row_bytes(p.cols)
+        buffers = p.buffer_bytes(self.total)
+        self.pending_buffers = max(0.0, self.pending_buffers - buffers)
+        need = self.hbm_need(p)
         lookup_s = self._lookup_s(p)
         fits = self.free_hbm >= need
         if fits.any():
@@ -220,17 +249,21 @@ class Placer:
             )  # fmt: skip
             self.placed.append((p, shard))
             return shard
-        host_fits = self.free_host >= need
+        need = self.table_bytes(p)
+        host_fits = (self.free_host >= need) & (self.free_hbm >= buffers)
         if self.inputs.cpu or not host_fits.any():
             where = "any rank's memory" if self.inputs.cpu else "device or host memory anywhere"
             raise PlanDoesNotFitError(
                 f"table {p.table.name}: a piece of {p.rows:,} x {p.cols} "
-                f"({need / 2**30:.2f} GiB) fits no {where} (largest free: device "
+                f"({need / 2**30:.2f} GiB, and {buffers / 2**30:.2f} GiB of buffers in device "
+                f"memory) fits no {where} (largest free: device "
                 f"{self.free_hbm.max() / 2**30:.2f} GiB, host "
                 f"{self.free_host.max() / 2**30:.2f} GiB)"
             )
         row_bytes = p.cols * p.table.weight_bytes  # an HBM cache holds weights alone
-        cache_rows = np.minimum(p.rows, np.maximum(0, self.free_hbm // row_bytes)).astype(int)
+        # a cache leaves room for the buffers of the pieces still to come
+        room = self.free_hbm - buffers - self.pending_buffers
+        cache_rows = np.minimum(p.rows, np.maximum(0, room // row_bytes)).astype(int)
         hit = np.array([p.cache_hit(coverage, int(c)) for c in cache_rows])
         # misses read at host bandwidth, hits at HBM bandwidth
         looked = p.looked_up_bytes(self.total)
@@ -238,7 +271,7 @@ class Placer:
         lookup_s += self._sequence_s(p)
         r, _ = self._best(p, lookup_s, host_fits)
         self.free_host[r] -= need
-        self.free_hbm[r] -= cache_rows[r] * row_bytes
+        self.free_hbm[r] -= cache_rows[r] * row_bytes + buffers
         self._commit(r, p, lookup_s[r])
         tier = Tier.cached if cache_rows[r] > 0 else Tier.host
         shard = Shard(p.table.name, r, p.rows, p.cols, tier, hit_rate=float(hit[r]),
@@ -250,7 +283,7 @@ class Placer:
     def _alone_s(self, p: Piece) -> float:
         """The step's `score` with the piece whole on the best rank with room in device
         memory (inf if none has)."""
-        fits = self.free_hbm >= p.rows * self.inputs.row_bytes(p.cols)
+        fits = self.free_hbm >= self.hbm_need(p)
         if not fits.any():
             return float("inf")
         return self._best(p, self._lookup_s(p), fits)[1]
@@ -297,6 +330,7 @@ class Placer:
         if best is None or (p.either and self._alone_s(p) <= best_key[0] * (1 + 1e-12)):
             return None
         members, rows, need, lookup_s, scatter, remote = best
+        self.pending_buffers = max(0.0, self.pending_buffers - p.buffer_bytes(self.total))
         self._commit_group(members, need, lookup_s, scatter, remote, v)
         shards = []
         for r, n_rows in zip(members, rows, strict=True):
@@ -314,7 +348,12 @@ class Placer:
         lookup_s = p.looked_up_bytes(self.total) * rows / p.rows * self.per_byte[members]
         scatter = v * self.total * (size - 1) / size
         remote = (self.total - self.node_batch[members]) * v / size
-        return rows * self.inputs.row_bytes(p.cols), lookup_s, scatter, remote
+        # each member's buffers: its ids, and its partial sums for every sample both ways
+        share = rows / p.rows
+        lookups = p.table.lookups_per_sample * p.lookup_share * share
+        ids = self.total * (lookups * ID_BYTES + LENGTH_BYTES)
+        buffers = ids + 2 * self.total * p.cols * FLOAT_BYTES
+        return rows * self.inputs.row_bytes(p.cols) + buffers, lookup_s, scatter, remote
 
     def _commit_group(self, members, need, lookup_s, scatter, remote, v, sign=1.0) -> None:
         """Account for a table-row-wise group on `members` (sign -1: take it away)."""
@@ -340,7 +379,7 @@ class Placer:
         for p, s in mine:
             if not s.node_reduce:
                 self._commit(s.rank, p, float(self._lookup_s(p)[s.rank]), sign=-1.0)
-                self.free_hbm[s.rank] += p.rows * self.inputs.row_bytes(p.cols)
+                self.free_hbm[s.rank] += self.hbm_need(p)
 
     _STATE = ("free_hbm", "free_host", "load", "sent_intra", "sent_inter", "recv_intra",
               "recv_inter")  # fmt: skip  # what placing changes, besides `placed`
@@ -373,7 +412,7 @@ class Placer:
                 if shard.tier != Tier.hbm or shard.node_reduce:  # groups move whole
                     continue
                 lookup_s = self._lookup_s(p)
-                need = p.rows * self.inputs.row_bytes(p.cols)
+                need = self.hbm_need(p)
                 a = shard.rank
                 self._commit(a, p, lookup_s[a], sign=-1.0)
                 self.free_hbm[a] += need

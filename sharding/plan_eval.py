@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
+from sharding.batch_split import equal_batch
 from sharding.bound import lower_bound_ms
-from sharding.cost_model import memory_bytes, step_cost, step_parts_s
+from sharding.cost_model import step_cost, step_parts_s
+from sharding.memory import batch_bytes_per_sample, dense_bytes, rank_memory, table_room
 from sharding.plan_check import check_plan
 from sharding.types import (
     ID_BYTES,
@@ -92,7 +96,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
     check_plan(plan, inputs, tables=check_tables)
     shards = plan.shards()
     cost = plan_cost(plan, inputs)
-    mem = memory_bytes(shards, inputs.world, inputs.optimizer, inputs.weight_bytes)
+    mem = rank_memory(inputs, shards, plan.batch_per_rank)
     plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
     plan.precision = inputs.precision
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
@@ -110,6 +114,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
             "rank": r, "node": rank.node, "kind": rank.kind,
             "hbm_used_bytes": mem[r]["hbm"], "hbm_cap_bytes": int(hbm_cap[r]),
             "host_used_bytes": mem[r]["host"], "host_cap_bytes": int(host_cap[r]),
+            "hbm_parts_bytes": {k: mem[r][k] for k in ("tables", "buffers", "dense", "batch")},
             "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]), "batch": plan.batch_per_rank[r],
             "lookup_ms": 1000 * lookup, "exchange_ms": 1000 * exchange,
             "dense_ms": 1000 * cost.dense_s[r],
@@ -127,11 +132,23 @@ def check_fits(inputs: PlanInputs) -> None:
     """Raise naming each device's share of the shortfall and the largest tables when the
     tables cannot fit the cluster's memory, whatever the placement."""
     need = sum(t.rows * inputs.row_bytes(t.dim) for t in inputs.tables)
-    hbm, host = inputs.hbm_budget(), inputs.host_budget()
+    gib = 2**30
+    hbm = table_room(inputs, equal_batch(inputs.global_batch, inputs.world))
+    if hbm.max() <= 0:
+        raise PlanDoesNotFitError(
+            f"cluster '{inputs.cluster}': no device has room for tables after the dense part "
+            f"({dense_bytes(inputs) / gib:.3f} GiB: parameters, gradients, optimizer state) and "
+            f"its batch ({batch_bytes_per_sample(inputs):,.0f} bytes per sample: inputs in "
+            f"flight, pooled embeddings, activations) within "
+            f"{max(inputs.hbm_budget()) / gib:.3f} GiB after the {inputs.reserve:.0%} reserve "
+            f"(sharding.memory). Fix: a smaller batch (trainer.batch_size) or devices with "
+            f"more memory."
+        )
+    hbm = np.maximum(hbm, 0.0).tolist()
+    host = inputs.host_budget()
     have = sum(hbm) + sum(host)
     if need <= have:
         return
-    gib = 2**30
     short = need - have
     devices = ", ".join(
         f"rank {r.rank} ({r.kind}): {hbm[i] / gib:.2f} GiB fast + {host[i] / gib:.2f} GiB host, "
@@ -145,7 +162,8 @@ def check_fits(inputs: PlanInputs) -> None:
     )
     raise PlanDoesNotFitError(
         f"the tables need {need / gib:.2f} GiB (weights and optimizer state) but cluster "
-        f"'{inputs.cluster}' offers {have / gib:.2f} GiB after a {inputs.reserve:.0%} reserve; "
-        f"per device: {devices}. Largest tables: {tables}. Fix: a larger cluster, fewer rows "
-        f"(hashing / a frequency threshold: recsys.data.remap), or a smaller embedding_dim."
+        f"'{inputs.cluster}' offers {have / gib:.2f} GiB after a {inputs.reserve:.0%} reserve, "
+        f"the dense part and the batch; per device: {devices}. Largest tables: {tables}. "
+        f"Fix: a larger cluster, fewer rows (hashing / a frequency threshold: "
+        f"recsys.data.remap), or a smaller embedding_dim."
     )

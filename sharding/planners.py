@@ -29,7 +29,7 @@ def _simple(inputs: PlanInputs, name: str, choose) -> Plan:
     plans = []
     for i, t in enumerate(inputs.tables):
         p = Piece(t, t.rows, t.dim, 1.0, sparse_exchange=False)
-        need = t.rows * inputs.row_bytes(t.dim)
+        need = placer.hbm_need(p)
         r = choose(i, t, placer.free_hbm, need)
         if r is not None and placer.free_hbm[r] >= need:
             placer.free_hbm[r] -= need

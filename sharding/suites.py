@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sharding.activations import dcnv2_activation_bytes
 from sharding.types import FLOAT_BYTES, Coverage, PowerLawCoverage, TableStats
 
 DENSE_IN = 13  # Criteo's dense features
@@ -45,6 +46,7 @@ class Workload:
     coverage: dict[str, Coverage]
     dense_params: int
     interaction_flops_per_sample: float = 0.0
+    activation_bytes_per_sample: float = 0.0  # the dense part's, saved for backward
     source: dict = field(default_factory=dict)  # how it was made, for the report
 
     def weights_bytes(self) -> int:
@@ -94,6 +96,9 @@ def random_suite(seed: int, spec: SuiteSpec | None = None) -> Workload:
         tables=tables,
         coverage=coverage,
         dense_params=dcnv2_dense_params(int(dims.sum())),
+        activation_bytes_per_sample=dcnv2_activation_bytes(
+            DENSE_IN, BOTTOM, int(dims.sum()), CROSS_LAYERS, CROSS_RANK, TOP
+        ),
         source={
             "seed": seed,
             "tables": n,

@@ -1,15 +1,20 @@
 """TorchRec's own EmbeddingShardingPlanner, configured the way its best users would.
 
-What it is told (`torchrec_topology`, `torchrec_constraints`):
+What it is told (`torchrec_topology`, `torchrec_constraints`): what every plan is judged
+against, and the freedoms hybrid has:
 - per rank: capacity (`CustomTopologyData`: hbm_cap, ddr_cap; on CPU ranks the rank's
-  budget is its ddr_cap); per cluster: ranks per node, intra- and inter-node bandwidth,
+  budget is its ddr_cap): the room `sharding.memory` leaves its tables at equal batch
+  shares (the reserve, the dense part's state and the batch taken out; TorchRec counts each
+  shard's input and output buffers itself), with no storage reservation of its own; per
+  cluster: ranks per node, intra- and inter-node bandwidth,
   HBM bandwidth and the host-device bandwidth of the cluster's devices (TorchRec takes one
   number for each: the mean over ranks; it has no per-rank speed);
 - per table: every sharding type its sharder supports on the device (data-parallel,
   table-wise, column-wise, table-column-wise, and on GPUs row-wise and table-row-wise;
   `grid_shard` is left out: it combines column-wise with table-row-wise in a way our cost
   model does not price), every compute kernel (on GPUs with host memory: fused, fused_uvm
-  and fused_uvm_caching), column pieces down to `min_partition`, the pooling factor, and for
+  and fused_uvm_caching), column pieces down to `min_partition` (default: hybrid's
+  narrowest, 4 columns), the pooling factor, and for
   UVM caching a load factor and cache statistics from the access profile;
 - its stock proposers (grid search, two greedy, uniform) and, where host memory exists,
   its `EmbeddingOffloadScaleupProposer`, which sizes caches from those statistics.
@@ -41,7 +46,7 @@ from torchrec.distributed.planner.proposers import (
     GridSearchProposer,
     UniformProposer,
 )
-from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     CustomTopologyData,
     HardwareConfig,
@@ -61,8 +66,10 @@ from torchrec.distributed.types import (
 )
 from torchrec.modules.embedding_configs import DataType
 
+from sharding.batch_split import equal_batch
 from sharding.cluster import local_world_size
 from sharding.errors import UserError
+from sharding.memory import table_room
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.plan_shards import plan_from_layout, plan_layout
@@ -75,10 +82,11 @@ def torchrec_topology(inputs: PlanInputs) -> Topology:
     """TorchRec Topology with each rank's own capacity and the cluster's own bandwidths."""
     ranks, world = inputs.ranks, inputs.world
     device = "cpu" if inputs.cpu else "cuda"
+    room = [int(max(0.0, x)) for x in table_room(inputs, equal_batch(inputs.global_batch, world))]
     if inputs.cpu:
-        caps = {"hbm_cap": [0] * world, "ddr_cap": [r.hbm_bytes for r in ranks]}
+        caps = {"hbm_cap": [0] * world, "ddr_cap": room}
     else:
-        caps = {"hbm_cap": [r.hbm_bytes for r in ranks], "ddr_cap": [r.host_bytes for r in ranks]}
+        caps = {"hbm_cap": room, "ddr_cap": [int(x) for x in inputs.host_budget()]}
     per_ms = 1e-3  # TorchRec's bandwidths are bytes per millisecond
     net = inputs.network
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
@@ -207,7 +215,8 @@ def _planner(
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=math.ceil(inputs.global_batch / inputs.world),
-        storage_reservation=HeuristicalStorageReservation(percentage=inputs.reserve),
+        # the caps above are what is left after the reserve and sharding.memory's parts
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.0),
         proposer=proposers,
         performance_model=recorder,
         constraints=torchrec_constraints(inputs, config),

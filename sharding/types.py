@@ -119,8 +119,9 @@ class PlannerConfig:
     """Which planner places the embedding tables, and its knobs."""
 
     name: PlannerName = PlannerName.torchrec
-    # Share of each device's memory kept free for activations, buffers and the allocator
-    # (TorchRec's HeuristicalStorageReservation percentage).
+    # Share of each device's memory kept free for the allocator and what the accounting
+    # leaves out (sharding.memory counts tables, buffers, dense state and activations);
+    # every planner is told the same room, TorchRec's as its storage reservation.
     storage_reservation: float = 0.15
     # hybrid plans: the hot rows to replicate are the most frequent ids in this many
     # training batches of every rank, counted when training starts
@@ -132,9 +133,9 @@ class PlannerConfig:
     # local CPU clusters: the calibrated link between ranks the plan assumes (loopback,
     # veth_1gbit; see sharding/calibration/local_cpu.json); GPU clusters use their spec
     link: str | None = None
-    # torchrec: the narrowest column-wise piece it may cut (TorchRec's own default is 128,
-    # which never cuts a 128-wide table)
-    torchrec_min_partition: int = 32
+    # torchrec: the narrowest column-wise piece it may cut: hybrid's narrowest (4), the
+    # same freedom (TorchRec's own default is 128, which never cuts a 128-wide table)
+    torchrec_min_partition: int = 4
     # torchrec: stop proposing after this many seconds and keep the best plan so far
     # (TorchRec's own timeout; None: search until its proposers are done)
     torchrec_timeout_s: float | None = None
@@ -346,13 +347,17 @@ class PlanInputs:
     schedule: Schedule = Schedule.sparse_dist
     micro_batches: int = 1  # the nested schedule's N
     cpu: bool = False  # CPU ranks: table-wise, column-wise and data-parallel, one tier
-    reserve: float = 0.15  # share of each device's memory kept free (activations, buffers)
+    reserve: float = 0.15  # of each device's memory kept free (allocator; sharding.memory)
     optimizer: OptimizerState = field(default_factory=OptimizerState)
     cluster: str = ""
     # True: split tables' cold parts exchange only their own lookups (sequence embeddings);
     # False: TorchRec's pooled exchange, one vector per sample
     cold_only_exchange: bool = True
     precision: str = "fp32"  # the dense part's (`trainer.precision`), which `devices` price
+    # the dense part's activations saved for backward, bytes per sample (measured on the
+    # model: recsys.models.cost_inputs; 0: not counted), and its dense input features
+    activation_bytes_per_sample: float = 0.0
+    dense_features: int = 13
 
     @property
     def world(self) -> int:

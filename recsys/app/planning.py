@@ -149,6 +149,8 @@ def plan_inputs(
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
         interaction_flops_per_sample=mc.interaction_flops_per_sample,
+        activation_bytes_per_sample=mc.activation_bytes_per_sample,
+        dense_features=mc.dense_features,
         schedule=schedule_of(cfg.pipeline.name.value),
         micro_batches=cfg.pipeline.micro_batches,
         cpu=cpu,

@@ -1,5 +1,6 @@
-"""What the cost model needs to know about a model: its tables, dense parameters and the
-FLOPs of its feature interaction. Built on the meta device: no memory, no GPU."""
+"""What the cost model needs to know about a model: its tables, dense parameters, the
+FLOPs of its feature interaction and the activation bytes its dense part saves for backward
+per sample. Built and run on the meta device: no memory, no GPU."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from recsys.config import Arch, ModelConfig, TableDtype
 from recsys.models.dlrm import build_model, table_configs
+from sharding.activations import saved_bytes_per_sample
 from sharding.cost_model import dot_interaction_flops
 from sharding.types import TableStats
 
@@ -20,6 +22,8 @@ class ModelCost:
     tables: list[TableStats]
     dense_params: int
     interaction_flops_per_sample: float
+    activation_bytes_per_sample: float = 0.0
+    dense_features: int = 13
 
 
 def model_cost(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None = None) -> ModelCost:
@@ -42,4 +46,20 @@ def model_cost(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None = N
         )  # fmt: skip
         for t in table_configs(cfg)
     ]
-    return ModelCost(tables, dense, interaction)
+    return ModelCost(tables, dense, interaction, _activation_bytes(model.model, cfg),
+                     cfg.dense_in_features)  # fmt: skip
+
+
+def _activation_bytes(model: torch.nn.Module, cfg: ModelConfig) -> float:
+    """Bytes TorchRec's DLRM / DLRM_DCN dense part saves for backward per sample: the
+    bottom MLP, the interaction over the pooled embeddings, the top MLP."""
+    model = model.to("meta")  # buffers too (the interaction's indices)
+    meta = torch.device("meta")
+    features = len(cfg.num_embeddings_per_feature)
+
+    def forward(b: int) -> object:
+        dense = model.dense_arch(torch.empty(b, cfg.dense_in_features, device=meta))
+        pooled = torch.empty(b, features, cfg.embedding_dim, device=meta, requires_grad=True)
+        return model.over_arch(model.inter_arch(dense, pooled))
+
+    return saved_bytes_per_sample(forward)

@@ -8,6 +8,9 @@ import torch
 from test_planners import inputs_for
 
 from recsys.models.dlrm import build_model
+from sharding.batch_split import equal_batch
+from sharding.hybrid import MIN_COLS
+from sharding.memory import DENSE_BYTES_PER_PARAM, table_room
 from sharding.plan_shards import plan_from_layout
 from sharding.torchrec_planner import (
     CoverageCacheStats,
@@ -40,8 +43,15 @@ TWO_NODES = ClusterSpec(
 def test_topology_gets_capacities_bandwidths_and_ranks_per_node() -> None:
     inputs = inputs_for(TWO_NODES, [TableStats("t", 1000, 16)])
     topo = torchrec_topology(inputs)
-    assert [d.storage.hbm for d in topo.devices] == [r.hbm_bytes for r in inputs.ranks]
-    assert [d.storage.ddr for d in topo.devices] == [r.host_bytes for r in inputs.ranks]
+    # told the room every plan is judged against (sharding.memory), not the raw memory
+    room = table_room(inputs, equal_batch(inputs.global_batch, inputs.world))
+    assert [d.storage.hbm for d in topo.devices] == [int(x) for x in room]
+    assert [d.storage.ddr for d in topo.devices] == [int(x) for x in inputs.host_budget()]
+    dense = inputs.dense_params * DENSE_BYTES_PER_PARAM
+    assert all(
+        d.storage.hbm < r.hbm_bytes * 0.85 - dense
+        for d, r in zip(topo.devices, inputs.ranks, strict=True)
+    )
     assert topo.local_world_size == 4
     # bytes per millisecond, the cluster's own: 300 and 50 Gbit/s, not TorchRec's defaults
     assert topo.intra_host_bw == pytest.approx(300e9 / 8 / 1000)
@@ -62,7 +72,8 @@ def test_every_sharding_type_and_kernel_is_offered() -> None:
         "table_row_wise",
     }
     assert {"fused", "fused_uvm", "fused_uvm_caching", "dense"} == set(gpu["wide"].compute_kernels)
-    assert gpu["wide"].min_partition == 32 and gpu["narrow"].min_partition == 16
+    # the same narrowest column piece as hybrid's
+    assert gpu["wide"].min_partition == MIN_COLS == gpu["narrow"].min_partition
     assert gpu["wide"].cache_params.load_factor == pytest.approx(
         cache_load_factor(inputs.coverage["wide"], 10_000)
     )
@@ -122,7 +133,9 @@ def test_uvm_caching_shards_hold_their_cache_in_hbm_and_miss_at_host_speed() -> 
 
     evaluate(plan, inputs)
     rank0 = plan.devices[0]
-    assert rank0["hbm_used_bytes"] == 10_000 * 64 * 4  # the cache only
+    parts = rank0["hbm_parts_bytes"]
+    assert parts["tables"] == 10_000 * 64 * 4  # of the table, the cache only
+    assert rank0["hbm_used_bytes"] == pytest.approx(sum(parts.values()))
     assert rank0["host_used_bytes"] >= 1_000_000 * 64 * 4  # the whole table
 
 
