@@ -5,6 +5,8 @@ No placement, replication or batch split of the tables can step faster than
 - lookups: every table's forward and backward from fast memory, spread perfectly over the
   cluster's total embedding speed; batch assembly likewise; the dense all-reduce and the
   smallest fixed overhead;
+- feeding the batch (GPU ranks: host work and the copy to the device), spread perfectly
+  over the ranks: added in the plain loop, a floor under pipelined schedules;
 - the larger of two bounds on dense work plus the exposed embedding exchange:
   - rank level: on the rank with the largest batch b, dense work runs at best at the fastest
     device's speed (and no split capped at b beats `capped_time`), and it exchanges at least
@@ -35,7 +37,8 @@ import numpy as np
 
 from sharding.batch_split import capped_time, dense_s_per_sample
 from sharding.cost_model import allreduce_s, exposed_exchange_passes, ring_bytes
-from sharding.types import FLOAT_BYTES
+from sharding.memory import input_bytes_per_sample
+from sharding.types import FLOAT_BYTES, Schedule
 
 if TYPE_CHECKING:
     from sharding.types import PlanInputs
@@ -53,7 +56,28 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network)
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
-    return 1000 * (lookup + dense_and_exchange + per_sample + allreduce + overhead)
+    device = lookup + dense_and_exchange + per_sample + allreduce + overhead
+    serial, ahead = _feed_bound_s(inputs)
+    if inputs.schedule == Schedule.plain:
+        return 1000 * (device + serial)
+    return 1000 * max(device, ahead)
+
+
+def _feed_bound_s(inputs: PlanInputs) -> tuple[float, float]:
+    """The least, over batch splits, of the slowest rank's host work plus copy, and of the
+    longer of the slowest host work and the slowest copy (`StepCost.feed_s`): no split
+    feeds the batch faster than every rank finishing together, B / sum_r (1 / c_r)."""
+    if inputs.cpu:
+        return 0.0, 0.0
+    per_sample = input_bytes_per_sample(inputs)
+    copy = [per_sample / d.host_read_bytes_per_s for d in inputs.devices]
+    host = [d.host_s_per_sample for d in inputs.devices]
+
+    def level(c: list[float]) -> float:
+        return inputs.global_batch / sum(1 / x for x in c) if all(x > 0 for x in c) else 0.0
+
+    serial = level([a + b for a, b in zip(host, copy, strict=True)])
+    return serial, max(level(host), level(copy))
 
 
 @dataclass

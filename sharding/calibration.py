@@ -82,7 +82,7 @@ def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
     measured for this kind replaced by its measurement (dense: the probe's at that
     precision), scaled by the device's bandwidth and speed against the catalog's (a config
     that slows a device slows its measured rates alike)."""
-    sheet = datasheet_device_cost(r, precision)
+    sheet = replace(datasheet_device_cost(r, precision), host_s_per_sample=host_assembly_s())
     probe = measured_gpu(r.kind)
     if probe is None:
         return sheet
@@ -97,6 +97,17 @@ def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
     else:  # measured at another precision only: the datasheet's at this one
         measured.pop("dense_flops_per_s", None)
     return replace(sheet, **{k: v * scale.get(k, 1.0) for k, v in measured.items()})
+
+
+@functools.cache
+def host_assembly_s() -> float:
+    """Seconds of host work per sample to assemble a GPU rank's batch: the batch assembly
+    measured on this machine's CPU (`input_s_per_sample` of the shipped calibration, one
+    core), as the trainer builds each rank's batches in one prefetch thread; 0 without a
+    calibration."""
+    if not DEFAULT_PATH.exists():
+        return 0.0
+    return float(json.loads(DEFAULT_PATH.read_text())["device"]["input_s_per_sample"])
 
 
 def constants_source(kind: str) -> str:
@@ -124,6 +135,8 @@ _GPU_FIELDS = {
     "input_s_per_sample": "assumed 0: batches built ahead on a worker thread",
     "interaction_flops_per_s": "assumed: the dense rate",
     "sample_overhead_s": "assumed 0",
+    "host_s_per_sample": "calibrated on this machine's CPU (local_cpu.json input_s_per_sample: "
+                         "batch assembly at one core, the trainer's one prefetch thread a rank)",
     "sequence_s_per_lookup": "derived: HBM GB/s x assumed bytes a lookup "
                              "(GPU_SEQUENCE_INDEX_BYTES)",
     "sequence_s_fixed": "assumed (GPU_SEQUENCE_FIXED_S)",

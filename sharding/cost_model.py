@@ -70,13 +70,14 @@ def schedule_of(pipeline: str) -> Schedule:
 
 
 STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
-              "exchange left exposed")  # fmt: skip
+              "exchange left exposed", "feeding the batch")  # fmt: skip
 
 
 def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
     """`cost.step_s` split into its parts, which add up to it: each per-rank stage at its
     slowest rank (collectives make every rank wait for it), the all-reduce and the fixed
-    overheads, and what of the id and embedding exchange the schedule leaves exposed."""
+    overheads, what of the id and embedding exchange the schedule leaves exposed, and what
+    feeding the batch (host work, copy to the device) adds to the step."""
     parts = {
         "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
         "dense": max(cost.dense_s),
@@ -84,7 +85,9 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
         "overhead + input": cost.overhead_s + cost.input_s,
         "sequence work": max(cost.sequence_s, default=0.0),
     }
-    parts["exchange left exposed"] = cost.step_s(schedule, micro_batches) - sum(parts.values())
+    device = cost.device_step_s(schedule, micro_batches)
+    parts["exchange left exposed"] = device - sum(parts.values())
+    parts["feeding the batch"] = cost.step_s(schedule, micro_batches) - device
     return parts
 
 

@@ -16,11 +16,15 @@ import numpy as np
 from sharding.batch_split import equal_batch
 from sharding.bound import lower_bound_ms
 from sharding.cost_model import step_cost, step_parts_s
-from sharding.memory import batch_bytes_per_sample, dense_bytes, rank_memory, table_room
+from sharding.memory import (
+    batch_bytes_per_sample,
+    dense_bytes,
+    input_bytes_per_sample,
+    rank_memory,
+    table_room,
+)
 from sharding.plan_check import check_plan
 from sharding.types import (
-    ID_BYTES,
-    LENGTH_BYTES,
     Plan,
     PlanDoesNotFitError,
     PlanInputs,
@@ -70,8 +74,9 @@ def finish_table(tp: TablePlan) -> TablePlan:
 
 
 def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
-    """The cost model's per-rank stage times of one step of `plan`, with each GPU rank's
-    copy of its batch's ids and lengths over the host-device link (for the simulator)."""
+    """The cost model's per-rank stage times of one step of `plan`, with what feeding each
+    rank its batch costs: on GPU ranks its copy (ids, lengths, dense features, label) over
+    the host-device link and the host work that assembles it, at its own batch share."""
     cost = step_cost(
         inputs.tables,
         plan.shards(),
@@ -83,9 +88,10 @@ def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
         nodes=[r.node for r in inputs.ranks],
     )
     if not inputs.cpu:
-        per_sample = sum(t.lookups_per_sample * ID_BYTES + LENGTH_BYTES for t in inputs.tables)
-        pairs = zip(plan.batch_per_rank, inputs.devices, strict=True)
+        per_sample = input_bytes_per_sample(inputs)
+        pairs = list(zip(plan.batch_per_rank, inputs.devices, strict=True))
         cost.input_copy_s = [b * per_sample / d.host_read_bytes_per_s for b, d in pairs]
+        cost.host_input_s = [b * d.host_s_per_sample for b, d in pairs]
     return cost
 
 

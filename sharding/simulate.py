@@ -5,7 +5,8 @@ use and lets the schedule's overlap fall out.
 Resources are in-order queues, as CUDA streams and a NIC's send queue are: `compute:r` (rank
 r's device), `nic:r` (its share of its node's NICs: the all-to-alls' traffic across nodes,
 and the all-reduce when it crosses nodes), `fabric:r` (its link within the node: NVLink, or
-loopback on CPU ranks), `h2d:r` (its host-device link: the batch's copy, on GPU ranks). A
+loopback on CPU ranks), `h2d:r` (its host-device link: the batch's copy, on GPU ranks),
+`host:r` (the host cores that assemble its batch, on GPU ranks). A
 cost without the split by link (`StepCost.emb_a2a_parts_s` empty) puts each exchange on one
 `net:r` queue. On CPU ranks the network's own CPU work (gloo's TCP sends and receives,
 `StepCost.comm_cpu_s`) also takes `compute:r`, queued in program order where the exchange is
@@ -104,7 +105,7 @@ def step_tasks(
     the next batch's lookups and embedding exchange under this batch's dense work."""
     b = _StepTasks(cost, schedule, micro_batches, network)
     ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
-    pending = b.ids(0, [])  # the first batch's ids
+    pending = b.ids(0, [], ahead)  # the first batch's ids
     prev_done: list[str] = []
     fwd_next = b.forward(0, pending) if stale else []
     for k in range(steps):
@@ -113,12 +114,12 @@ def step_tasks(
         # steady state prefetches); with SemiSync its lookups and exchange as well, before
         # this batch's update (one step stale)
         if ahead:
-            pending = b.ids(k + 1, fwd[0])
+            pending = b.ids(k + 1, fwd[0], ahead)
         if stale:
             fwd_next = b.forward(k + 1, pending)
         prev_done = b.backward_and_update(k, fwd)
         if not ahead and k + 1 < steps:
-            pending = b.ids(k + 1, prev_done)
+            pending = b.ids(k + 1, prev_done, ahead)
     return b.tasks
 
 
@@ -132,6 +133,7 @@ class _StepTasks:
         self.net = 1.0 if network else 0.0
         self.seq = cost.sequence_s or [0.0] * self.world
         self.copy = cost.input_copy_s or [0.0] * self.world
+        self.host = cost.host_input_s or [0.0] * self.world
         self.cpu = {k: [x * self.net for x in xs] for k, xs in cost.comm_cpu_s.items()}
         self.emb_cpu = [x / self.n for x in self.cpu.get("emb", ())]  # one chunk's, each way
         self.tasks: list[Task] = []
@@ -160,10 +162,14 @@ class _StepTasks:
         tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(ends)))
         return [f"{name}:out"]
 
-    def ids(self, k: int, after: Sequence[str]) -> list[str]:
-        """Batch k's copy to the device (in the host-device link's order), then its ids."""
+    def ids(self, k: int, after: Sequence[str], ahead: bool) -> list[str]:
+        """Batch k's assembly on the host (`ahead`: a prefetch thread, in its own order;
+        else on the training thread, after `after`), its copy to the device (in the
+        host-device link's order), then its ids."""
         for r in self.ranks:
-            self.tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", self.copy[r], tuple(after)))
+            host = f"s{k}:host@{r}"
+            self.tasks.append(Task(host, f"host:{r}", self.host[r], () if ahead else tuple(after)))
+            self.tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", self.copy[r], (host, *after)))
         copies = [f"s{k}:copy@{r}" for r in self.ranks]
         by_link = self.parts(self.cost.ids_a2a_s, self.cost.ids_a2a_parts_s)
         return self.collective(f"s{k}:ids", by_link, copies, self.cpu.get("ids", ()))

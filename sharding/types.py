@@ -208,6 +208,10 @@ class DeviceCost:
     dense_flops_per_s: float
     step_overhead_s: float
     input_s_per_sample: float = 0.0  # batch assembly on the training thread (0: runs ahead)
+    # host CPU work per sample of the rank's batch that runs on cores of its own (GPU ranks:
+    # batch assembly in the prefetch thread): under a pipelined schedule a floor on the step
+    # (it runs ahead), in the plain loop part of it
+    host_s_per_sample: float = 0.0
     interaction_flops_per_s: float = 0.0  # DLRM's batched dot products; 0: dense_flops_per_s
     sample_overhead_s: float = 0.0  # framework work per sample (id routing, permutes, loss)
     # CPU work per cold lookup exchanged as a sequence (a split table's cold part): the
@@ -280,6 +284,7 @@ class StepCost:
     ids_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
     emb_a2a_parts_s: dict[str, list[float]] = field(default_factory=dict)
     input_copy_s: list[float] = field(default_factory=list)
+    host_input_s: list[float] = field(default_factory=list)  # per rank: its host work
     allreduce_link: str = "fabric"  # the all-reduce's queue: "nic" when it crosses nodes
     # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
     # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
@@ -295,7 +300,23 @@ class StepCost:
         ids, emb = self.comm_cpu_s["ids"], self.comm_cpu_s["emb"]
         return max(i + 2 * e * (n - 1) / n for i, e in zip(ids, emb, strict=True))
 
+    def feed_s(self) -> tuple[float, float]:
+        """Feeding the batch: the slowest rank's host work plus copy (what the plain loop
+        waits for), and the longer of the slowest host work and the slowest copy (what a
+        pipelined schedule, which runs both ahead on their own resources, is bounded by)."""
+        host = self.host_input_s or [0.0] * len(self.dense_s)
+        copy = self.input_copy_s or [0.0] * len(self.dense_s)
+        serial = max(h + c for h, c in zip(host, copy, strict=True))
+        return serial, max(max(host), max(copy))
+
     def step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
+        serial, ahead = self.feed_s()
+        if schedule == Schedule.plain:
+            return self.device_step_s(schedule, micro_batches) + serial
+        return max(self.device_step_s(schedule, micro_batches), ahead)
+
+    def device_step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
+        """The step once its batch is on the device (`step_s` without feeding it)."""
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
         emb = max(self.emb_a2a_fwd_s) + max(self.emb_a2a_bwd_s)

@@ -16,6 +16,7 @@ from sharding.calibration import (
     DEFAULT_PATH,
     CalibrationError,
     device_costs,
+    host_assembly_s,
     load_calibration,
     network_cost,
 )
@@ -228,7 +229,9 @@ def test_gpu_devices_use_datasheet_numbers(typed_cfg) -> None:
     # fp32 by default (trainer.precision): the datasheets' fp32 rates at the assumed MFU
     assert h100.dense_flops_per_s == pytest.approx(67e12 * GPU_DENSE_MFU)
     assert t4.dense_flops_per_s == pytest.approx(8.1e12 * GPU_DENSE_MFU)
-    assert datasheet_device_cost(ranks[0]) == h100
+    # the host's batch assembly: this machine's measured figure (sharding/calibration)
+    assert h100.host_s_per_sample == t4.host_s_per_sample == host_assembly_s() > 0
+    assert replace(datasheet_device_cost(ranks[0]), host_s_per_sample=host_assembly_s()) == h100
     net = network_cost(cfg.cluster, ranks, None, None)
     assert net.alltoall.bytes_per_s == pytest.approx(25e9 / 8)  # 3 nodes: inter-node link
     # the ring all-reduce uses all 8 NICs of a node, capped by the 300 Gbit/s NVLink share
@@ -376,7 +379,9 @@ def test_the_dense_part_is_priced_at_the_runs_precision(
     assert v100.dense_flops_per_s == pytest.approx(v100_tflops * 1e12 * GPU_DENSE_MFU)
     assert inputs.precision == precision
     # the rest of the device is the same whatever the precision
-    fp32 = datasheet_device_cost(inputs.ranks[0], "fp32")
+    fp32 = replace(
+        datasheet_device_cost(inputs.ranks[0], "fp32"), host_s_per_sample=host_assembly_s()
+    )
     assert replace(h100, dense_flops_per_s=fp32.dense_flops_per_s) == fp32
 
 

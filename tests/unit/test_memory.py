@@ -109,3 +109,34 @@ def test_activations_are_measured_on_the_model(typed_cfg) -> None:
     wider = dcnv2_activation_bytes(DENSE_IN, BOTTOM, 2 * width, CROSS_LAYERS, CROSS_RANK, TOP)
     assert wider > suites
     assert model_cost(typed_cfg([]).model).activation_bytes_per_sample > 0  # dlrm_small
+
+
+def test_feeding_a_skewed_batch_costs_its_ranks_host_work_and_copy() -> None:
+    """A GPU rank's batch is assembled on the host and copied to the device at its own
+    share: added to the plain loop's step, a floor under a pipelined schedule."""
+    from sharding.plan_eval import plan_cost
+
+    inputs = inputs_for(_two_gpus(), TABLES, batch=1000)
+    tables = [TablePlan("a", 10_000, 64, "table_wise", [0], Tier.hbm, 10_000, 0,
+                        [Shard("a", 0, 10_000, 64)]),
+              TablePlan("b", 500, 32, "table_wise", [1], Tier.hbm, 500, 0,
+                        [Shard("b", 1, 500, 32)])]  # fmt: skip
+    even = plan_cost(Plan("p", "two", tables, [1000, 1000]), inputs)
+    skew = plan_cost(Plan("p", "two", tables, [1900, 100]), inputs)
+    d = inputs.devices[0]
+    assert d.host_s_per_sample > 0
+    assert skew.input_copy_s[0] == pytest.approx(
+        1900 * input_bytes_per_sample(inputs) / d.host_read_bytes_per_s
+    )
+    assert skew.host_input_s == pytest.approx(
+        [1900 * d.host_s_per_sample, 100 * d.host_s_per_sample]
+    )
+    serial = skew.host_input_s[0] + skew.input_copy_s[0]
+    assert skew.step_s(Schedule.plain) == pytest.approx(skew.device_step_s(Schedule.plain) + serial)
+    assert skew.feed_s()[0] > even.feed_s()[0] * 1.8  # the busiest rank feeds 1.9x the samples
+    # pipelined: fed ahead on the host and the copy link, so the step is at least that long
+    slow_host = replace(skew, host_input_s=[1.0, 0.0])
+    assert slow_host.step_s(Schedule.sparse_dist) == 1.0
+    assert skew.step_s(Schedule.sparse_dist) == max(
+        skew.device_step_s(Schedule.sparse_dist), skew.host_input_s[0], skew.input_copy_s[0]
+    )

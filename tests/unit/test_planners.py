@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -275,6 +276,9 @@ def test_hybrid_cuts_a_lone_tables_cold_part_in_row_parts_over_the_ranks() -> No
     spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
                        network=NetworkSpec(5, 25.0))  # fmt: skip
     inputs = inputs_for(spec, [TableStats("t0", 2_000_000, 64)], batch=8192)
+    # placement alone: at 8,192 samples a rank, assembling the batch on the host would set
+    # every plan's step (a floor under SparseDist), hiding what the placement changes
+    inputs.devices = [replace(d, host_s_per_sample=0.0) for d in inputs.devices]
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
     t0 = plan.tables[0]
     assert 0 < t0.replicated_rows < t0.rows and t0.cold_parts == 2

@@ -113,13 +113,21 @@ def test_an_exchange_split_by_link_takes_its_slower_link_and_copies_hide_when_pr
         assert simulate(split, schedule).step_s == pytest.approx(cost.step_s(schedule))
     timeline = simulate(split, Schedule.plain).timeline
     assert {timeline.resources[t].split(":")[0] for t in timeline.spans if "@" in t} == {
-        "compute", "nic", "fabric", "h2d"}  # fmt: skip
+        "compute", "nic", "fabric", "h2d", "host"}  # fmt: skip
     # the batch's copy to the device: exposed in the plain loop, under SparseDist's dense work
     copied = replace(split, input_copy_s=[2.0, 2.0])
     assert simulate(copied, Schedule.plain).step_s == pytest.approx(cost.step_s() + 2.0)
     assert simulate(copied, Schedule.sparse_dist).step_s == pytest.approx(
         cost.step_s(Schedule.sparse_dist)
     )
+    # and the host's batch assembly before it: in the plain loop on the way, pipelined ahead
+    # (a floor once it is the longest resource)
+    fed = replace(copied, host_input_s=[3.0, 1.0])
+    assert simulate(fed, Schedule.plain).step_s == pytest.approx(cost.step_s() + 5.0)
+    assert simulate(fed, Schedule.plain).step_s == pytest.approx(fed.step_s(Schedule.plain))
+    slow = replace(copied, host_input_s=[40.0, 1.0])
+    assert simulate(slow, Schedule.sparse_dist).step_s == pytest.approx(40.0)
+    assert slow.step_s(Schedule.sparse_dist) == pytest.approx(40.0)
     assert simulate(copied, Schedule.plain).exposed_comm_s == pytest.approx(
         simulate(split, Schedule.plain).exposed_comm_s
     )  # a copy is not communication
