@@ -3,15 +3,23 @@
 Workloads (`sharding.suites`): the MLPerf DLRM-DCNv2 tables with the power-law profile
 `sharding.plan` assumes, the same tables with a profile measured by `sharding.profile`
 (from the in-memory synthetic data: Criteo itself cannot be downloaded here; pass your own
-with `grid.profile=<profile.json>`), then seeded random suites. Each (workload, cluster)
-cell is planned by every planner: `hybrid`, `torchrec` (the fastest under our cost model of
-every plan TorchRec's planner rated), `torchrec_own` (the plan TorchRec itself picks),
-`greedy_size` and `round_robin`. Cells run in worker processes side by side.
+with `grid.profile=<profile.json>`), the same tables with MLPerf's multi-hot bags, then
+seeded random suites (pooling factors 1 to 100: multi-hot). Clusters: the presets named in
+`grid.clusters` and `grid.layouts` layouts generated from seeds (`sharding.layouts`). Each
+(workload, cluster) cell is planned by every planner: `hybrid`, `torchrec` (the fastest
+under our cost model of every plan TorchRec's planner rated), `torchrec_own` (the plan
+TorchRec itself picks), `greedy_size` and `round_robin`, all told the same memory
+(`sharding.memory`) and the same narrowest column piece; TorchRec searches for at least as
+long as hybrid took on the cell (`torchrec_timeout_s` at least) and each cell records
+whether its search was cut. Cells run in worker processes side by side, each written to
+`grid_cells.jsonl` as it finishes: run again with the same output directory and settings,
+the grid goes on from the cells it has.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import multiprocessing as mp
 import time
@@ -21,13 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from sharding.access_profile import AccessProfile
+from sharding.errors import UserError
 from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
 from sharding.suites import SuiteSpec, Workload, random_suite
 from sharding.types import PlanDoesNotFitError, PlanInputs, PlannerConfig
 
 GRID_PLANNERS = ("hybrid", "torchrec", "torchrec_own", "greedy_size", "round_robin")
-TIE = 1e-9  # relative: step times this close are the same
+TIE = 0.005  # relative: step times within 0.5% of each other are ties
+CELLS_FILE = "grid_cells.jsonl"
 
 
 @dataclass
@@ -39,9 +49,12 @@ class GridConfig:
     )
     seed: int = 0  # random suites are seeds seed, seed + 1, ...
     workers: int = 2  # processes planning cells side by side
-    # TorchRec's own planner timeout per cell (its `timeout_seconds`): it keeps the best
-    # plan found by then. Its search over a 1,000-table suite runs for many minutes.
-    torchrec_timeout_s: float = 30.0
+    # TorchRec's own planner timeout per cell (its `timeout_seconds`), at least: it also
+    # gets as long as hybrid took on the cell; it keeps the best plan found by then
+    torchrec_timeout_s: float = 60.0
+    layouts: int = 0  # layouts generated from seeds layout_seed, layout_seed + 1, ...
+    layout_seed: int = 1000
+    layout_max_ranks: int = 512
     profile: str | None = None  # a measured profile.json of the MLPerf tables; None: measure
     profile_batches: int = 50  # when measuring it from the synthetic data
     spec: SuiteSpec = field(default_factory=SuiteSpec)
@@ -66,6 +79,7 @@ def _plan_cell(index: tuple[int, str]) -> list[dict]:
     w = _WORKLOADS[index[0]]
     inputs = workload_for(_CLUSTERS[index[1]], w)
     rows = []
+    hybrid_s = 0.0
 
     def record(planner: str, plan, seconds: float) -> None:
         rows.append({"suite": w.name, "cluster": index[1], "planner": planner,
@@ -80,17 +94,23 @@ def _plan_cell(index: tuple[int, str]) -> list[dict]:
         except PlanDoesNotFitError:
             plan = None
         record(name, plan, time.perf_counter() - start)
-        if name == "hybrid" and plan is not None:
-            rows[-1]["lower_bound_ms"] = plan.lower_bound_ms
+        if name == "hybrid":
+            hybrid_s = rows[-1]["planning_s"]
+            if plan is not None:
+                rows[-1]["lower_bound_ms"] = plan.lower_bound_ms
+                rows[-1]["gap_to_bound"] = plan.est_step_ms / plan.lower_bound_ms
+    timeout = max(_TIMEOUT[0], hybrid_s)  # at least as long a search as hybrid's
     start = time.perf_counter()
     try:
-        tr = torchrec_plans(inputs, PlannerConfig(torchrec_timeout_s=_TIMEOUT[0]))
+        tr = torchrec_plans(inputs, PlannerConfig(torchrec_timeout_s=timeout))
         best, own = tr.best_ours, tr.chosen
     except PlanDoesNotFitError:
         best = own = None
     seconds = time.perf_counter() - start
-    record("torchrec", best, seconds)
-    record("torchrec_own", own, seconds)
+    for name, plan in (("torchrec", best), ("torchrec_own", own)):
+        record(name, plan, seconds)
+        rows[-1]["search_limit_s"] = timeout
+        rows[-1]["search_cut"] = seconds >= timeout  # TorchRec stopped at its timeout
     return rows
 
 
@@ -98,7 +118,10 @@ PROFILE_FILE = "profile_mlperf_synthetic.json"
 
 
 def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Workload]:
-    """MLPerf's tables with the parametric profile, then with a measured one."""
+    """MLPerf's tables with the parametric profile, with a measured one, and with MLPerf's
+    multi-hot bags (`dataset.hotness=mlperf`: 1 to 100 ids a bag)."""
+    from recsys.data.multi_hot import MLPERF_HOTNESS
+
     path = Path(cfg.profile) if cfg.profile else out_dir / PROFILE_FILE
     if not path.exists():
         _measure_profile(path, cfg.profile_batches)
@@ -113,7 +136,16 @@ def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Wo
         coverage={t.name: profile.table(t.name).hit_rate for t in mlperf.tables},
         source={"profile": str(path), **profile.source},
     )
-    return [mlperf, measured]
+    multi_hot = replace(
+        mlperf,
+        name="mlperf_dcnv2_multihot",
+        tables=[
+            replace(t, lookups_per_sample=float(h))
+            for t, h in zip(mlperf.tables, MLPERF_HOTNESS, strict=True)
+        ],  # fmt: skip
+        source={**mlperf.source, "hotness": "mlperf"},
+    )
+    return [mlperf, measured, multi_hot]
 
 
 def _measure_profile(path: Path, batches: int) -> None:
@@ -131,8 +163,36 @@ def _measure_profile(path: Path, batches: int) -> None:
     (path.parent / "profile.json").rename(path)
 
 
-def run_grid(cfg: GridConfig, clusters: dict[str, PlanInputs], named: list[Workload]) -> dict:
-    """Plan every cell; the result holds `cells`, `wins`, `hybrid_losses` and summaries."""
+def _resume(path: Path, fingerprint: dict) -> list[dict]:
+    """The rows of the cells a stopped run of the same grid wrote (none if no file); a file
+    of another grid is refused, naming the setting that differs."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"grid": fingerprint}) + "\n")
+        return []
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])["grid"] if lines else {}
+    if header != fingerprint:
+        differ = sorted(k for k in fingerprint if header.get(k) != fingerprint[k])
+        raise UserError(
+            f"{path} holds the cells of another grid (differs in: {', '.join(differ)}); give "
+            f"another output directory, or delete the file to start this grid afresh"
+        )
+    rows = []
+    for line in lines[1:]:
+        try:
+            rows += json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run stopped mid-write
+            break
+    return rows
+
+
+def run_grid(
+    cfg: GridConfig, clusters: dict[str, PlanInputs], named: list[Workload], out_dir: Path
+) -> dict:
+    """Plan every cell, each written to `out_dir`/grid_cells.jsonl as it finishes (cells
+    already there are kept, not planned again); the result holds `cells`, `wins`,
+    `hybrid_losses` and summaries."""
     per_cluster = math.ceil(cfg.cells / len(clusters))
     workloads = list(named[:per_cluster])
     workloads += [random_suite(cfg.seed + i, cfg.spec) for i in range(per_cluster - len(workloads))]
@@ -141,16 +201,26 @@ def run_grid(cfg: GridConfig, clusters: dict[str, PlanInputs], named: list[Workl
     _CLUSTERS.update(clusters)
     _TIMEOUT[0] = cfg.torchrec_timeout_s
     jobs = [(i, c) for i in range(len(workloads)) for c in clusters][: cfg.cells]
-    rows: list[dict] = []
+    fingerprint = {"cells": cfg.cells, "clusters": sorted(clusters), "seed": cfg.seed,
+                   "workloads": [w.name for w in workloads], "spec": repr(cfg.spec),
+                   "torchrec_timeout_s": cfg.torchrec_timeout_s}  # fmt: skip
+    cells_file = out_dir / CELLS_FILE
+    rows = _resume(cells_file, fingerprint)
+    have = {(r["suite"], r["cluster"]) for r in rows}
+    todo = [j for j in jobs if (workloads[j[0]].name, j[1]) not in have]
+    if have:
+        print(f"{len(jobs) - len(todo)} of {len(jobs)} cells from {cells_file}", flush=True)
     start = time.perf_counter()
     context = mp.get_context("fork")  # the workloads above travel by fork, not by pickle
-    with context.Pool(cfg.workers, maxtasksperchild=8) as pool:
-        for done, cell in enumerate(pool.imap_unordered(_plan_cell, jobs), 1):
+    with context.Pool(cfg.workers, maxtasksperchild=8) as pool, cells_file.open("a") as out:
+        for done, cell in enumerate(pool.imap_unordered(_plan_cell, todo), 1):
+            out.write(json.dumps(cell) + "\n")
+            out.flush()
             rows += cell
             h = next(r for r in cell if r["planner"] == "hybrid")
             t = next(r for r in cell if r["planner"] == "torchrec")
             ratio = _ratio(t, h)
-            print(f"[{done}/{len(jobs)}] {h['cluster']:14} {h['suite']:22} tables {h['tables']:4} "
+            print(f"[{done}/{len(todo)}] {h['cluster']:14} {h['suite']:22} tables {h['tables']:4} "
                   f"hybrid {_ms(h)} torchrec {_ms(t)} "
                   f"({f'{ratio:.2f}x' if ratio else '-'}) {time.perf_counter() - start:.0f} s",
                   flush=True)  # fmt: skip
@@ -180,7 +250,7 @@ def summarize(rows: list[dict]) -> dict:
     for r in rows:
         cells.setdefault((r["suite"], r["cluster"]), {})[r["planner"]] = r
     wins = {p: 0 for p in GRID_PLANNERS}
-    losses, clusters = [], {}
+    losses, ties, clusters = [], [], {}
     worst = None
     for (suite, cluster), by in cells.items():
         fits = {p: r["est_step_ms"] for p, r in by.items() if r["feasible"]}
@@ -192,10 +262,13 @@ def summarize(rows: list[dict]) -> dict:
         others = {p: ms for p, ms in fits.items() if p != "hybrid"}
         if others:
             p = min(others, key=others.get)
+            hybrid_ms = h["est_step_ms"] if h["feasible"] else None
+            entry = {"suite": suite, "cluster": cluster, "planner": p, "planner_ms": others[p],
+                     "hybrid_ms": hybrid_ms}  # fmt: skip
             if not h["feasible"] or others[p] < h["est_step_ms"] * (1 - TIE):
-                hybrid_ms = h["est_step_ms"] if h["feasible"] else None
-                losses.append({"suite": suite, "cluster": cluster, "planner": p,
-                               "planner_ms": others[p], "hybrid_ms": hybrid_ms})  # fmt: skip
+                losses.append(entry)
+            elif others[p] < h["est_step_ms"]:  # faster, but within TIE
+                ties.append(entry)
         c = clusters.setdefault(cluster, {"cells": 0, "speedups": [], "hybrid_feasible": 0,
                                           "torchrec_feasible": 0,
                                           "only_hybrid_fits": 0})  # fmt: skip
@@ -214,13 +287,19 @@ def summarize(rows: list[dict]) -> dict:
         s = c.pop("speedups")
         c["median_speedup_vs_torchrec"] = float(np.median(s)) if s else None
         c["min_speedup_vs_torchrec"] = float(np.min(s)) if s else None
-    return {"cells": rows, "wins": wins, "hybrid_losses": losses, "worst_vs_torchrec": worst,
-            "clusters": clusters, "cell_count": len(cells)}  # fmt: skip
+    gaps = [r["gap_to_bound"] for r in rows if r["planner"] == "hybrid" and "gap_to_bound" in r]
+    cut = [r for r in rows if r["planner"] == "torchrec" and r.get("search_cut")]
+    return {"cells": rows, "wins": wins, "hybrid_losses": losses, "hybrid_ties": ties,
+            "worst_vs_torchrec": worst, "clusters": clusters, "cell_count": len(cells),
+            "median_gap_to_bound": float(np.median(gaps)) if gaps else None,
+            "max_gap_to_bound": float(np.max(gaps)) if gaps else None,
+            "torchrec_searches_cut": len(cut)}  # fmt: skip
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
     keys = ["suite", "cluster", "planner", "est_step_ms", "feasible", "lower_bound_ms",
-            "planning_s", "tables", "weights_gb"]  # fmt: skip
+            "gap_to_bound", "planning_s", "search_limit_s", "search_cut", "tables",
+            "weights_gb"]  # fmt: skip
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
@@ -291,8 +370,14 @@ def table(grid: dict) -> list[str]:
     wins = ", ".join(f"{p} {n}" for p, n in grid["wins"].items())
     worst = grid["worst_vs_torchrec"]
     losses = len(grid["hybrid_losses"])
-    lines += ["", f"Wins (fastest feasible plan of a cell, ties to each): {wins}.",
-              f"Cells where another planner beats hybrid: {losses}."]  # fmt: skip
+    ties = len(grid.get("hybrid_ties", []))
+    lines += ["", f"Wins (fastest feasible plan of a cell; within {TIE:.1%} a tie, to each): "
+              f"{wins}.", f"Cells where another planner beats hybrid by more than {TIE:.1%}: "
+              f"{losses}; ties (another planner faster by less): {ties}."]  # fmt: skip
+    if grid.get("median_gap_to_bound"):
+        lines.append(f"Hybrid's gap to the lower bound: median {grid['median_gap_to_bound']:.3f}x, "
+                     f"largest {grid['max_gap_to_bound']:.3f}x. TorchRec searches stopped at "
+                     f"their time limit: {grid['torchrec_searches_cut']}.")  # fmt: skip
     if worst:
         lines.append(f"Worst cell against TorchRec: {worst['suite']} on {worst['cluster']}, "
                      f"{worst['speedup_vs_torchrec']:.2f}x ({worst['hybrid_ms']:.2f} ms vs "

@@ -151,13 +151,18 @@ def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
 
 def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
     import recsys.app.planning as cli
+    from sharding.layouts import random_layout
 
     clusters = {c: cli.plan_inputs(_compose(_base(cfg, c)), None, None) for c in cfg.grid.clusters}
+    for i in range(cfg.grid.layouts):  # layouts nobody tuned for
+        base = _compose(_base(cfg))
+        base.cluster = random_layout(cfg.grid.layout_seed + i, cfg.grid.layout_max_ranks)
+        clusters[base.cluster.name] = cli.plan_inputs(base, None, None)
     # the measured profile is reused: the published one if there is one, else this run's
     published = Path(cfg.results_dir)
     where = published if (published / PROFILE_FILE).exists() else out_dir
     named = named_workloads(cfg.grid, mlperf_workload(cfg), where)
-    return run_grid(cfg.grid, clusters, named)
+    return run_grid(cfg.grid, clusters, named, out_dir)
 
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:

@@ -38,5 +38,43 @@ def test_summary_lists_each_losing_cell_once_with_its_fastest_rival() -> None:
     assert c1["median_speedup_vs_torchrec"] == pytest.approx((2.0 + 0.75) / 2)
     assert (c2["hybrid_feasible"], c2["torchrec_feasible"], c2["only_hybrid_fits"]) == (1, 0, 0)
     text = "\n".join(table(g))
-    assert "Cells where another planner beats hybrid: 2." in text
+    assert "Cells where another planner beats hybrid by more than 0.5%: 2; ties" in text
     assert "d on c2: greedy_size 5.00 ms vs hybrid no plan" in text
+
+
+def test_a_rival_within_half_a_percent_is_a_tie_not_a_loss() -> None:
+    rows = _cell("a", "c", hybrid=1.0, torchrec=0.998) + _cell("b", "c", hybrid=1.0, torchrec=0.99)
+    g = summarize(rows)
+    assert [x["suite"] for x in g["hybrid_ties"]] == ["a"]
+    assert [x["suite"] for x in g["hybrid_losses"]] == ["b"]
+    assert g["wins"]["hybrid"] == 1 and g["wins"]["torchrec"] == 2  # a tie counts to each
+
+
+def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -> None:
+    """Each cell is written as it finishes; run again, the grid plans only the cells it
+    lacks, and a file of another grid is refused."""
+    from test_planners import NET, inputs_for
+
+    from benchmarks.planner_grid import CELLS_FILE, GridConfig, run_grid
+    from sharding.errors import UserError
+    from sharding.suites import SuiteSpec, random_suite
+    from sharding.types import ClusterSpec, DeviceGroup, NodeGroup
+
+    spec = SuiteSpec(tables=(3, 4), rows=(100, 1000), weights_gb=(0.001, 0.002))
+    node = NodeGroup(host_memory_gib=4, devices=[DeviceGroup("a100_80g", 2)])
+    cluster = inputs_for(ClusterSpec(name="two", nodes=[node], network=NET), [])
+    cfg = GridConfig(cells=2, clusters=["two"], workers=1, torchrec_timeout_s=5, spec=spec)
+    named = [random_suite(100, spec)]
+    first = run_grid(cfg, {"two": cluster}, named, tmp_path)
+    assert first["cell_count"] == 2
+    assert all(r["search_limit_s"] >= 5 for r in first["cells"] if r["planner"] == "torchrec")
+    lines = (tmp_path / CELLS_FILE).read_text().splitlines()
+    assert len(lines) == 3  # the grid's settings, then one line a cell
+    (tmp_path / CELLS_FILE).write_text("\n".join(lines[:2]) + "\n")  # stopped after one
+    capsys.readouterr()
+    again = run_grid(cfg, {"two": cluster}, named, tmp_path)
+    assert "1 of 2 cells from" in capsys.readouterr().out
+    key = lambda r: (r["suite"], r["planner"])  # noqa: E731
+    assert sorted(map(key, again["cells"])) == sorted(map(key, first["cells"]))
+    with pytest.raises(UserError, match="another grid .*seed"):
+        run_grid(GridConfig(**{**cfg.__dict__, "seed": 7}), {"two": cluster}, named, tmp_path)
