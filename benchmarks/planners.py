@@ -170,7 +170,13 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
     import recsys.app.planning as cli
     from sharding.plan_eval import evaluate
     from sharding.planners import hybrid
-    from sharding.types import ClusterSpec, DeviceGroup, NodeGroup, PowerLawCoverage
+    from sharding.types import (
+        ClusterSpec,
+        DeviceGroup,
+        NetworkSpec,
+        NodeGroup,
+        PowerLawCoverage,
+    )
 
     nodes = cfg.scale_devices // 8
     spec = ClusterSpec(
@@ -180,6 +186,7 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
             NodeGroup(count=nodes - nodes // 2, host_memory_gib=1024,
                       devices=[DeviceGroup("a100_40g", 4), DeviceGroup("v100_32g", 4)]),
         ],
+        network=NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=25.0),
     )  # fmt: skip
     base = _compose(_base(cfg))
     base.cluster = spec

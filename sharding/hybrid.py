@@ -560,7 +560,7 @@ def _place(
             push(*cuts[p.table.name])  # no node holds it (or it is better alone): its pieces
             continue
         if not placer.fits_somewhere(p):
-            if not (placer.free_hbm >= p.buffer_bytes(placer.total)).any():
+            if not (placer.room >= p.buffer_bytes(placer.total)).any():  # however it is cut
                 raise PlanDoesNotFitError(no_room_for_buffers(inputs, p, placer))
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
         placer.place(p, inputs.coverage[p.table.name])
@@ -576,7 +576,7 @@ def no_room_for_buffers(inputs: PlanInputs, p: Piece, placer: Placer) -> str:
     return (
         f"cluster '{inputs.cluster}': table {p.table.name}'s input and output buffers for "
         f"{placer.total:,.0f} samples ({p.buffer_bytes(placer.total) / gib:.3f} GiB) fit no "
-        f"device's room left (largest: {placer.free_hbm.max() / gib:.3f} GiB, after the dense "
+        f"device's room (largest: {placer.room.max() / gib:.3f} GiB, after the dense "
         f"part's {dense_bytes(inputs) / gib:.3f} GiB and {batch_bytes_per_sample(inputs):,.0f} "
         f"bytes per sample of each rank's batch; sharding.memory). Fix: a smaller batch "
         f"(trainer.batch_size), devices with more memory, or fewer tables."

@@ -25,8 +25,6 @@ from sharding.batch_split import dense_s_per_sample
 from sharding.memory import piece_buffer_bytes, table_room
 from sharding.types import (
     FLOAT_BYTES,
-    ID_BYTES,
-    LENGTH_BYTES,
     PlanDoesNotFitError,
     PlanInputs,
     Shard,
@@ -79,6 +77,7 @@ class Placer:
     def __init__(self, inputs: PlanInputs, batch: list[int], speed_aware: bool) -> None:
         self.inputs = inputs
         self.free_hbm = table_room(inputs, batch)
+        self.room = self.free_hbm.copy()  # before anything is placed
         self.free_host = np.array(inputs.host_budget(), dtype=np.float64)
         devs = inputs.devices
         # seconds per byte looked up (forward + backward) on each rank, fast and host memory
@@ -349,10 +348,8 @@ class Placer:
         scatter = v * self.total * (size - 1) / size
         remote = (self.total - self.node_batch[members]) * v / size
         # each member's buffers: its ids, and its partial sums for every sample both ways
-        share = rows / p.rows
-        lookups = p.table.lookups_per_sample * p.lookup_share * share
-        ids = self.total * (lookups * ID_BYTES + LENGTH_BYTES)
-        buffers = ids + 2 * self.total * p.cols * FLOAT_BYTES
+        buffers = np.array([piece_buffer_bytes(p.table, p.cols, p.lookup_share * n / p.rows,
+                                               False, self.total) for n in rows])  # fmt: skip
         return rows * self.inputs.row_bytes(p.cols) + buffers, lookup_s, scatter, remote
 
     def _commit_group(self, members, need, lookup_s, scatter, remote, v, sign=1.0) -> None:
