@@ -43,7 +43,7 @@ def popularity_scores(source, movie_key: str, world: int, prior: float
     """Labels and baseline scores of every rank's test batches (the samples evaluation
     reads), each the movie's smoothed click rate over the training split's rows."""
     clicks, seen = {}, {}
-    lo, hi = source._splits["train"]
+    lo, hi = source.split_range("train")
     labels = np.concatenate([lab[:, 0] for lab in source.labels])[lo:hi]
     col = source.keys.index(movie_key)
     movies = np.concatenate([s[:, col] for s in source.sparse])[lo:hi]

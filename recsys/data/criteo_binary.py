@@ -133,6 +133,19 @@ class CriteoBinary:
         start, stop = self._splits[split]
         return (stop - start) // sum(self.batch_per_rank)
 
+    def split_range(self, split: str) -> tuple[int, int]:
+        """The global rows [start, stop) of `split` (train, val or test)."""
+        return self._splits[split]
+
+    def rows_read(self, split: str, rank: int, index: int = 0) -> np.ndarray:
+        """The global rows the `index`-th batch of `split` on `rank` reads, in order."""
+        return np.arange(*self._span(split, rank, index))
+
+    def _span(self, split: str, rank: int, index: int) -> tuple[int, int]:
+        size = self.batch_per_rank[rank]
+        a = self._first_row(split, rank) + self._position(split, index) * size
+        return a, a + size
+
     def _first_row(self, split: str, rank: int) -> int:
         """Where `rank`'s share of `split` starts: shares in proportion to batch sizes."""
         start, stop = self._splits[split]
@@ -171,9 +184,8 @@ class CriteoBinary:
         return int(order[k]) * chunk + i - int(ends[k] - sizes[k])
 
     def batch(self, split: str, index: int, rank: int) -> Batch:
-        size = self.batch_per_rank[rank]
-        a = self._first_row(split, rank) + self._position(split, index) * size
-        b = a + size
+        a, b = self._span(split, rank, index)
+        size = b - a
         bags = None
         if self.multi_hot is not None:
             bags = [self._rows(a, b, arrays) for arrays in self.multi_hot]

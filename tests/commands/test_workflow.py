@@ -71,9 +71,8 @@ def test_the_workflow_runs_as_written_and_each_step_holds(tmp_path: Path) -> Non
     sizes = [944, 1683, 3, 22, 796, 20]
     source = CriteoBinary(tmp_path / "data", sizes, [f"cat_{i}" for i in range(6)], 256, 2,
                           holdout_fraction=0.142857, dense_features=2)  # fmt: skip
-    per_rank = source.num_batches("test") * 256
-    rows = np.concatenate([np.arange(source._first_row("test", r), source._first_row("test", r)
-                                     + per_rank) for r in range(2)])  # fmt: skip
+    rows = np.concatenate([source.rows_read("test", r, i) for r in range(2)
+                           for i in range(source.num_batches("test"))])  # fmt: skip
     assert len(rows) == test["eval_samples"]
 
     auc = float(

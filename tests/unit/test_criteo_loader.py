@@ -119,8 +119,8 @@ def test_day_files_hold_out_the_last_day(tmp_path: Path) -> None:
     convert(tmp_path / "tsv", tmp_path / "bin", ConvertOptions(workers=1, progress=False))
     src = CriteoBinary(tmp_path / "bin", ROWS, NAMES, batch_size=100, world_size=1)
     assert src.names == ["day_0", "day_1", "day_2"]
-    assert src._splits["train"] == (0, 2000)
-    assert src._splits["val"] == (2000, 2500) and src._splits["test"] == (2500, 3000)
+    assert src.split_range("train") == (0, 2000)
+    assert src.split_range("val") == (2000, 2500) and src.split_range("test") == (2500, 3000)
 
 
 def test_missing_or_too_small_data_is_a_clear_error(tmp_path: Path, kaggle_files) -> None:
