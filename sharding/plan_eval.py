@@ -74,13 +74,19 @@ def finish_table(tp: TablePlan) -> TablePlan:
 
 
 def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
-    """The cost model's per-rank stage times of one step of `plan`, with what feeding each
-    rank its batch costs: on GPU ranks its copy (ids, lengths, dense features, label) over
-    the host-device link and the host work that assembles it, at its own batch share."""
+    """The cost model's per-rank stage times of one step of `plan` (`shards_cost`)."""
+    return shards_cost(plan.shards(), plan.batch_per_rank, inputs)
+
+
+def shards_cost(shards: list[Shard], batch: list[int], inputs: PlanInputs) -> StepCost:
+    """The cost model's per-rank stage times of one step of these shards at this batch
+    split, with what feeding each rank its batch costs: on GPU ranks its copy (ids, lengths,
+    dense features, label) over the host-device link and the host work that assembles it,
+    at its own batch share."""
     cost = step_cost(
         inputs.tables,
-        plan.shards(),
-        plan.batch_per_rank,
+        shards,
+        batch,
         inputs.devices,
         inputs.network,
         inputs.dense_params,
@@ -89,7 +95,7 @@ def plan_cost(plan: Plan, inputs: PlanInputs) -> StepCost:
     )
     if not inputs.cpu:
         per_sample = input_bytes_per_sample(inputs)
-        pairs = list(zip(plan.batch_per_rank, inputs.devices, strict=True))
+        pairs = list(zip(batch, inputs.devices, strict=True))
         cost.input_copy_s = [b * per_sample / d.host_read_bytes_per_s for b, d in pairs]
         cost.host_input_s = [b * d.host_s_per_sample for b, d in pairs]
     return cost

@@ -220,7 +220,7 @@ def _planner(
         proposer=proposers,
         performance_model=recorder,
         constraints=torchrec_constraints(inputs, config),
-        timeout_seconds=int(timeout) if timeout else None,
+        timeout_seconds=math.ceil(timeout) if timeout else None,  # never less than asked
     )
     return planner, recorder
 

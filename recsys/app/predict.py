@@ -20,7 +20,9 @@ from recsys.app.entry import hydra_command
 from recsys.config import TrainConfig, register_configs
 from recsys.models.dlrm import build_model
 from sharding.calibration import Calibration, calibrated_link, constants_source
-from sharding.cost_model import memory_bytes, schedule_of, step_cost
+from sharding.cost_model import schedule_of
+from sharding.memory import rank_memory
+from sharding.plan_eval import shards_cost
 from sharding.plan_shards import LayoutError, check_layout, plan_layout, shards_from_layout
 from sharding.types import StepCost
 
@@ -50,17 +52,11 @@ def predict(
         layout = plan_layout(plan_with_torchrec(model, inputs, cfg.planner).plan)
     check_layout(layout)
     shards = shards_from_layout(layout, inputs.tables, inputs.world, inputs.coverage)
-    cost: StepCost = step_cost(
-        inputs.tables,
-        shards,
-        batch_per_rank or [cfg.trainer.batch_size] * inputs.world,
-        inputs.devices,
-        inputs.network,
-        inputs.dense_params,
-        inputs.interaction_flops_per_sample,
-        nodes=[r.node for r in inputs.ranks],
-    )
+    batch = batch_per_rank or [cfg.trainer.batch_size] * inputs.world
+    cost: StepCost = shards_cost(shards, batch, inputs)  # as sharding.plan prices a plan
     schedule = schedule_of(cfg.pipeline.name.value)
+    n = cfg.pipeline.micro_batches
+    step_s = cost.step_s(schedule, n)
     return {
         "cluster": cfg.cluster.name,
         "model": cfg.model.name,
@@ -68,7 +64,7 @@ def predict(
         "precision": inputs.precision,  # the dense part's, which step_ms prices
         "batch_size_per_rank": cfg.trainer.batch_size,
         "link": calibrated_link(cfg.cluster, link or cfg.planner.link) if inputs.cpu else "spec",
-        "step_ms": 1000 * cost.step_s(schedule, cfg.pipeline.micro_batches),
+        "step_ms": 1000 * step_s,
         "stages_ms": {
             "lookup_fwd": 1000 * max(cost.lookup_fwd_s),
             "lookup_bwd": 1000 * max(cost.lookup_bwd_s),
@@ -78,8 +74,11 @@ def predict(
             "allreduce": 1000 * cost.allreduce_s,
             "overhead_and_input": 1000 * (cost.overhead_s + cost.input_s),
             "sequence": 1000 * max(cost.sequence_s, default=0.0),
+            "feeding_the_batch": 1000
+            * (cost.step_s(schedule, n) - cost.device_step_s(schedule, n)),
         },
-        "memory_bytes": memory_bytes(shards, inputs.world, weight_bytes=inputs.weight_bytes),
+        # per rank: hbm and host in all, and hbm by part (sharding.memory)
+        "memory_bytes": rank_memory(inputs, shards, batch),
         "constants": {k: constants_source(k) for k in sorted({r.kind for r in inputs.ranks})},
         "a2a_bytes_per_rank": cost.a2a_bytes,
         "layout": layout,

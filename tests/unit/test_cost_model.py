@@ -281,6 +281,26 @@ def test_predict_matches_the_cost_model_for_a_local_run(typed_cfg) -> None:
     assert plain["link"] == "loopback" and plain["step_ms"] > 0
 
 
+def test_predict_prices_a_gpu_plan_as_the_planner_does(typed_cfg) -> None:
+    """`recsys.predict` and `sharding.plan`'s evaluation give the same step (feeding the
+    batch included) and the same memory per rank for one plan."""
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.predict import predict
+    from sharding.emit import to_torchrec_plan
+    from sharding.plan_shards import plan_layout
+
+    cfg = typed_cfg(["cluster=2x8_h100", "model=dcnv2_small", "planner=greedy_size",
+                     "trainer.batch_size=4096", "pipeline=sparse_dist"])  # fmt: skip
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    features = {t.name: t.name[len("t_") :] for t in plan.tables}
+    result = predict(cfg, plan_layout(to_torchrec_plan(plan, features, "cuda")))
+    assert result["step_ms"] == pytest.approx(plan.est_step_ms)
+    assert result["stages_ms"]["feeding_the_batch"] > 0  # 4,096 samples: the host's floor
+    assert [m["hbm"] for m in result["memory_bytes"]] == pytest.approx(
+        [d["hbm_used_bytes"] for d in plan.devices]
+    )
+
+
 # 4 ranks on 2 nodes; within a node 1 GB/s, across nodes 100 MB/s with a longer latency
 NODES = [0, 0, 1, 1]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.planner_grid import summarize, table
@@ -78,3 +80,6 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     assert sorted(map(key, again["cells"])) == sorted(map(key, first["cells"]))
     with pytest.raises(UserError, match="another grid .*seed"):
         run_grid(GridConfig(**{**cfg.__dict__, "seed": 7}), {"two": cluster}, named, tmp_path)
+    bigger = replace(cluster, global_batch=2 * cluster.global_batch)  # same name, other cells
+    with pytest.raises(UserError, match="another grid .*clusters"):
+        run_grid(cfg, {"two": bigger}, named, tmp_path)
