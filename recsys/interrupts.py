@@ -36,9 +36,14 @@ class Interrupted(KeyboardInterrupt):
         return signal.Signals(self.signum).name
 
 
+def signum(e: KeyboardInterrupt) -> int:
+    """The signal that raised `e`: a plain KeyboardInterrupt is Ctrl-C's SIGINT."""
+    return e.signum if isinstance(e, Interrupted) else signal.SIGINT
+
+
 def exit_code(e: KeyboardInterrupt) -> int:
-    """130 for a plain Ctrl-C, 128 + signum for `Interrupted`."""
-    return e.exit_code if isinstance(e, Interrupted) else 128 + signal.SIGINT
+    """The shell's 128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + signum(e)
 
 
 _RECEIVED: list[int] = []  # signals that raised Interrupted in this process, in order

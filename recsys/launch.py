@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing import reduction
+from multiprocessing.context import ForkServerProcess
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from recsys.interrupts import die_when_closed, die_with_parent
+from recsys.interrupts import die_when_closed, die_with_parent, signum
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STOP_GRACE_S = 15.0  # stopped ranks get this long to write what they have before SIGKILL
@@ -138,6 +139,9 @@ def _rank_entry(
 ) -> None:  # fmt: skip
     # forked by the fork server, whose life this rank prolongs: it watches the launcher
     die_with_parent()
+    # Ctrl-C stops a rank even where the fork server started with it ignored (its launcher
+    # passes on the stop signal it received: `stop_ranks`)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     die_when_closed(alive)
     os.environ.clear()  # the launcher's environment now, not the fork server's at its start
     os.environ.update(env)
@@ -235,7 +239,7 @@ def spawn_ranks(
     alive_r, alive_w = os.pipe()  # the ranks read; they stop once this end closes
     rank_args = (world_size, port, args, out, _Fd(alive_r), dict(os.environ), (_Fd(1), _Fd(2)))
     places = list(placements) if placements is not None else [None] * world_size
-    procs = [ctx.Process(target=_rank_entry, args=(fn, r, *rank_args, places[r]), daemon=False)
+    procs = [_ForkedRank(target=_rank_entry, args=(fn, r, *rank_args, places[r]), daemon=False)
              for r in range(world_size)]  # fmt: skip
 
     def reports(block_s: float) -> list[tuple[int, str, Any]]:
@@ -265,9 +269,19 @@ class RankProcess(Protocol):
 
     def kill(self) -> None: ...
 
-    def terminate(self) -> None: ...
+    def send_signal(self, sig: int) -> None: ...
 
     def join(self) -> None: ...
+
+
+class _ForkedRank(ForkServerProcess):
+    """A rank forked by the fork server, as `supervise` sees a process."""
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 class PopenRank:
@@ -285,12 +299,9 @@ class PopenRank:
         return self.popen.poll() is None
 
     def kill(self) -> None:
-        self._signal(signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         try:
             os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
@@ -331,8 +342,8 @@ def supervise(
 
     try:
         _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (recsys.interrupts): stop every rank first
-        stop_ranks(procs)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (recsys.interrupts): every rank first
+        stop_ranks(procs, signum(e))
         raise
     for p in procs:
         p.join()
@@ -356,12 +367,16 @@ def _silent_exit(code: int) -> str:
             f"the run's log)")  # fmt: skip
 
 
-def stop_ranks(procs: Sequence[RankProcess], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to every rank still running (each stops, rank 0 writing the summary so far),
-    then SIGKILL to any still running `grace_s` later."""
+def stop_ranks(
+    procs: Sequence[RankProcess], sig: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S
+) -> None:
+    """`sig` to every rank still running (each stops, rank 0 writing the summary so far),
+    then SIGKILL to any still running `grace_s` later. A launcher passes on the signal it
+    received: a rank records the first that reached it, and Ctrl-C reaches the ranks both
+    from the terminal and from their launcher, in either order."""
     for p in procs:
         if p.is_alive():
-            p.terminate()
+            p.send_signal(sig)
     deadline = time.monotonic() + grace_s
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -10,11 +14,13 @@ import rank_jobs
 
 from recsys.launch import (
     LaunchResult,
+    PopenRank,
     RankFailedError,
     first_cause,
     known_fix,
     raise_on_failure,
     spawn_ranks,
+    stop_ranks,
 )
 
 
@@ -159,3 +165,28 @@ def test_a_rank_that_ends_without_a_report_is_explained_by_its_exit_code() -> No
     assert aborted.startswith("exited with code -6 without reporting an error")
     assert "NCCL's watchdog" in aborted and "trainer.dist_timeout_s" in aborted
     assert "OOM killer" in killed and "its message is in the run's log" in killed
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopping_launcher_passes_on_the_signal_it_received(tmp_path: Path, sig) -> None:
+    """Rank 0 records the first stop signal that reached it in the run's summary: after a
+    Ctrl-C the launcher's own forward must not read as SIGTERM, whichever arrives first."""
+    said = tmp_path / "said"
+    rank = textwrap.dedent("""
+        import pathlib, sys, time
+        from recsys import interrupts
+        said = pathlib.Path(sys.argv[1])
+        try:
+            with interrupts.interruptible():
+                said.with_suffix(".ready").touch()
+                time.sleep(60)
+        except KeyboardInterrupt:
+            said.write_text(interrupts.received())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", rank, str(said)], cwd=Path(__file__).parents[2],
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not said.with_suffix(".ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop_ranks([PopenRank(proc)], sig, grace_s=10)
+    assert said.read_text() == sig.name and proc.returncode is not None
