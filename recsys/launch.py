@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from recsys.interrupts import die_when_closed, die_with_parent, signum
+from recsys.interrupts import die_when_closed, die_with_parent, ignore_further, signum
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STOP_GRACE_S = 15.0  # stopped ranks get this long to write what they have before SIGKILL
@@ -178,6 +178,9 @@ def run_and_exit(fn: Callable[..., Any], args: tuple, report: Callable[[str, Any
         status, payload, code = "ok", fn(*args), 0
     except BaseException:  # noqa: B036 - report everything, then exit non-zero
         status, payload, code = "error", traceback.format_exc(), 1
+    # a stop signal now (Ctrl-C reaches a rank twice: from the terminal and from its
+    # launcher) must not cut the report short; the launcher kills a rank that lingers
+    ignore_further()
     report(status, payload)
     shutdown_distributed(clean=code == 0)
     exit_now(code)

@@ -44,11 +44,22 @@ if TYPE_CHECKING:
     from sharding.types import PlanInputs
 
 
-def lower_bound_ms(inputs: PlanInputs) -> float:
-    devs = inputs.devices
+def lookup_rates(inputs: PlanInputs) -> list[float]:
+    """Per rank: bytes a second it looks up, forward and backward, from fast memory."""
+    return [d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in inputs.devices]
+
+
+def lookups_spread_s(inputs: PlanInputs) -> float:
+    """Every table's lookups (forward and backward, from fast memory) spread perfectly over
+    the cluster's total embedding speed: no placement looks them up sooner."""
     emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes
                     for t in inputs.tables)  # fmt: skip
-    lookup = emb_bytes / sum(d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in devs)
+    return emb_bytes / sum(lookup_rates(inputs))
+
+
+def lower_bound_ms(inputs: PlanInputs) -> float:
+    devs = inputs.devices
+    lookup = lookups_spread_s(inputs)
     per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in devs]
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):

@@ -36,7 +36,7 @@ from sharding.row_parts import cold_part_rows, cold_suffixes
 from sharding.types import Plan, TablePlan, Tier
 
 MODULE = "model.sparse_arch.embedding_bag_collection"
-SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts, sequence_cold
+SEQUENCE_MODULE = "model.sparse_arch.embedding_collection"  # cold parts exchanged alone
 _KERNEL = {Tier.hbm: "fused", Tier.cached: "fused_uvm_caching", Tier.host: "fused_uvm"}
 
 
@@ -102,14 +102,20 @@ def _parameter_shardings(
     return per_param, caches, row_kernels
 
 
+def sequence_cold(plan: Plan) -> frozenset[str]:
+    """The tables whose cold part exchanges only its own lookups (`Shard.sparse_exchange`):
+    an EmbeddingCollection's sequence tables in the model (`recsys.models.split`)."""
+    return frozenset(t.name for t in plan.tables if any(s.sparse_exchange for s in t.shards))
+
+
 def to_torchrec_plan(
-    plan: Plan, feature_of: dict[str, str], device_type: str, sequence_cold: bool = False
+    plan: Plan, feature_of: dict[str, str], device_type: str, sequences: frozenset | None = None
 ) -> ShardingPlan:
-    """`sequence_cold`: the cold parts live in an EmbeddingCollection (see
-    recsys.models.split), planned as a second module; they must be table-wise."""
+    """The cold parts of the tables in `sequences` (default: the plan's own, `sequence_cold`)
+    live in an EmbeddingCollection, planned as a second module; they must be table-wise."""
     configs = split_table_configs(plan, feature_of)
-    split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]  # row parts only: pooled
-    cold_names = {name for t in split for name, _ in _parts(t)[1:]} if sequence_cold else set()
+    sequences = sequence_cold(plan) if sequences is None else sequences
+    cold_names = {name for t in plan.tables if t.name in sequences for name, _ in _parts(t)[1:]}
     meta = torch.device("meta")
     ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
     per_param, caches, row_kernels = _parameter_shardings(plan, device_type)

@@ -41,7 +41,7 @@ from sharding.batch_split import (
     equal_batch,
     proportional_batch,
 )
-from sharding.bound import BoundGuide, bound_guides
+from sharding.bound import BoundGuide, bound_guides, lookup_rates, lookups_spread_s
 from sharding.cost_model import exposed_exchange_passes, ring_bytes, vectors_per_sample
 from sharding.memory import batch_bytes_per_sample, dense_bytes
 from sharding.placer import Piece, Placer
@@ -79,6 +79,7 @@ class HybridOptions:
 
     speed_aware: bool = True  # batch shares by device speed; False: equal shares
     hot_rows: bool = True  # replicate a table's hottest rows; False: whole small tables only
+    pooled_hot: bool = True  # hot rows also before a cold part that keeps the pooled exchange
     row_parts: bool = True  # cut cold parts in row parts for balance (memory cuts stay)
 
 
@@ -110,15 +111,26 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     for batch in ranked[:BATCHES_PLACED]:
         plan = evaluate(_hybrid(inputs, batch, options, polish=False), inputs, bound=False)
         best = min(best, plan, key=_step_ms)
-    finals = [_variants(inputs, best.batch_per_rank, options, guides)]
+    pooled = _variants(inputs, best.batch_per_rank, options, guides)
+    # hot parts before pooled cold parts are each priced alone (`_table_cost`), which
+    # misses what many add up to (their all-reduce, less room to balance): the plans
+    # without them are finished too
+    finals = [_variants(inputs, best.batch_per_rank, replace(options, pooled_hot=False), guides)]
     if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
         recipe = _Recipe(best.batch_per_rank, options, hot=guides[0].hot_rows())
         finals.append((recipe.plan(inputs), recipe))
-    plan, recipe = min(finals, key=lambda x: _step_ms(x[0]))
-    plan, recipe = _tune_replication(inputs, plan, recipe)
-    plan = _reshape(inputs, plan, recipe)
+    candidates = [min(finals, key=lambda x: _step_ms(x[0]))]
+    if pooled_cold(pooled[0]):
+        candidates.append(pooled)
+    plan = min((_finish(inputs, *c) for c in candidates), key=_step_ms)
     # the final placement with whichever batch split suits it best
     return with_speed_aware_batch(plan, inputs, guides)
+
+
+def _finish(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
+    """A candidate's replication and table shapes searched, judged by the cost model."""
+    plan, recipe = _tune_replication(inputs, plan, recipe)
+    return _reshape(inputs, plan, recipe)
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,7 @@ class _Recipe:
     batch: list[int]
     options: HybridOptions
     hot: dict | None = None
+    pooled: frozenset = frozenset()  # tables in `hot` whose cold part keeps the pooled exchange
     uncut: bool = False
     groups: int = NO_GROUPS  # or WORTH_GROUPS, EACH_GROUP (`_place`)
     shapes: dict | None = None  # per table: GROUP or its number of column pieces (`_reshape`)
@@ -137,7 +150,7 @@ class _Recipe:
 
     def placement(self, inputs: PlanInputs, polish: bool = True) -> _Placement:
         return _placement(inputs, self.batch, self.options, self.hot, polish, self.uncut,
-                          self.groups, self.shapes)  # fmt: skip
+                          self.groups, self.shapes, self.pooled)  # fmt: skip
 
 
 REPLICATION_TRIALS = (8, 4)  # tables tried: on up to 32 ranks, on more (planning time)
@@ -154,6 +167,7 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     if len(inputs.tables) * inputs.world > TUNE_MAX_SIZE or inputs.world < 2:
         return plan, recipe
     hot = {t.name: t.replicated_rows for t in plan.tables}
+    recipe = replace(recipe, pooled=pooled_cold(plan))
     rows = {t.name: t.rows for t in plan.tables}
     size = {t.name: t.rows * t.dim for t in plan.tables}
     add = sorted((n for n, h in hot.items() if h == 0), key=size.get)
@@ -346,6 +360,7 @@ def _variants(
         tries.append(replace(recipe, options=replace(options, row_parts=False)))
     if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in tables):
         tries.append(replace(recipe, options=replace(options, hot_rows=False, row_parts=False)))
+
     for trial in tries:
         best = min(best, (trial.plan(inputs), trial), key=lambda x: _step_ms(x[0]))
     lean = replace(recipe, options=best_options(best[0], options))
@@ -370,14 +385,14 @@ def _group_worth(p: Piece, pieces: int, inputs: PlanInputs) -> bool:
     node; by memory too, when even narrow columns are large."""
     if not _groupable(p, inputs):
         return False
-    ids = p.table.lookups_per_sample * ID_BYTES
+    ids = p.table.lookups_per_sample * p.lookup_share * ID_BYTES
     narrowest = p.rows * inputs.row_bytes(MIN_COLS)
     return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or narrowest > min(inputs.hbm_budget())
 
 
 def _groupable(p: Piece, inputs: PlanInputs) -> bool:
-    """A pooled piece of a table with no replicated rows and a row for every rank."""
-    return not (p.sparse_exchange or p.hot or p.rows < inputs.world)
+    """A pooled piece (a whole table or a pooled cold part) with a row for every rank."""
+    return not (p.sparse_exchange or p.rows < inputs.world)
 
 
 def group_ready(inputs: PlanInputs) -> bool:
@@ -385,6 +400,12 @@ def group_ready(inputs: PlanInputs) -> bool:
     equal size (TorchRec's groups are `local_world_size` consecutive ranks)."""
     sizes = np.bincount([r.node for r in inputs.ranks])
     return not inputs.cpu and len(set(sizes.tolist())) == 1 and sizes[0] > 1
+
+
+def pooled_cold(plan: Plan) -> frozenset[str]:
+    """The tables of `plan` that keep a hot part and exchange their cold part pooled."""
+    return frozenset(t.name for t in plan.tables if 0 < t.replicated_rows < t.rows
+                     and not any(s.sparse_exchange for s in t.shards))  # fmt: skip
 
 
 def best_options(plan: Plan, options: HybridOptions) -> HybridOptions:
@@ -450,8 +471,10 @@ def _placement(
     uncut: bool = False,
     groups: int = NO_GROUPS,
     shapes: dict | None = None,
+    pooled: frozenset = frozenset(),
 ) -> _Placement:
-    """One placement (`hot`: replicated rows per table, else `_replicated_rows` decides;
+    """One placement (`hot`: replicated rows per table, the cold parts of those in `pooled`
+    keeping the pooled exchange, else `_replicated_rows` decides both;
     `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
     for memory; `groups`: which whole tables may go TorchRec's table-row-wise way, where
     `group_ready`; `shapes`: per table, `_reshape`'s GROUP or number of column pieces); on a
@@ -460,9 +483,8 @@ def _placement(
     limit, share = math.inf, MAX_REPLICATED_SHARE
     for _ in range(MAX_FIT_TRIES):
         try:
-            return _place(
-                inputs, batch, options, limit, share, hot, polish, uncut, groups, shapes or {}
-            )
+            return _place(inputs, batch, options, limit, share, (hot, pooled), polish, uncut,
+                          groups, shapes or {})  # fmt: skip
         except _TooLarge as e:
             if e.need <= 1:
                 break
@@ -483,11 +505,13 @@ class _TooLarge(Exception):
 
 def _replicate(
     inputs: PlanInputs, batch: list[int], options: HybridOptions, share: float,
-    hot: dict | None, placer: Placer,
+    asked: tuple[dict | None, frozenset], placer: Placer,
 ) -> tuple[dict[str, TablePlan], list[tuple[float, int, Piece]]]:  # fmt: skip
     """The replicated hot rows of every table, within `share` of the smallest device's memory
-    (hottest-per-byte tables first; `hot`: the rows asked for), taken from `placer`'s room;
+    (hottest-per-byte tables first; `asked`: the rows asked for and the tables whose cold
+    part stays pooled, or None: `_replicated_rows` decides), taken from `placer`'s room;
     each table's plan so far, and its cold part as one piece with its cost, to be cut."""
+    hot, pooled = asked
     budget = share * float(placer.free_hbm.min())  # the room its batch leaves
     plans: dict[str, TablePlan] = {}
     pieces: list[tuple[float, int, Piece]] = []
@@ -495,9 +519,11 @@ def _replicate(
     prices = _Prices.of(inputs, batch)
     for t in order:
         if hot is None:
-            h = _replicated_rows(inputs, t, budget, prices, options.hot_rows)
+            h, sparse = _replicated_rows(inputs, t, budget, prices, options)
         else:  # as many of the given rows as the budget holds
             h = min(hot.get(t.name, 0), int(max(0.0, budget) // inputs.row_bytes(t.dim)))
+            sparse = t.name not in pooled
+        sparse = sparse and 0 < h < t.rows and inputs.cold_only_exchange
         budget -= h * inputs.row_bytes(t.dim)
         placer.free_hbm -= h * inputs.row_bytes(t.dim)  # a copy on every rank
         cov_h = inputs.coverage[t.name](h) if h else 0.0
@@ -507,7 +533,6 @@ def _replicate(
         plans[t.name] = TablePlan(t.name, t.rows, t.dim, kind, everyone, Tier.hbm,
                                   hot_rows=h, replicated_rows=h, shards=shards)  # fmt: skip
         if h < t.rows:
-            sparse = h > 0 and inputs.cold_only_exchange
             whole = Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse, hot=h)
             pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
     return plans, pieces
@@ -519,14 +544,14 @@ def _place(
     options: HybridOptions,
     limit: float,
     share: float,
-    hot: dict | None,
+    asked: tuple[dict | None, frozenset],
     polish: bool,
     uncut: bool,
     groups: int,
     shapes: dict,
 ) -> _Placement:
     placer = Placer(inputs, batch, speed_aware=True)
-    plans, pieces = _replicate(inputs, batch, options, share, hot, placer)
+    plans, pieces = _replicate(inputs, batch, options, share, asked, placer)
     total = sum(c for c, _, _ in pieces)
     target = total / (BALANCE_PIECES * inputs.world) if pieces and not uncut else math.inf
     # a piece larger than any rank's room is cut whatever its cost
@@ -614,6 +639,8 @@ class _Prices:
     seq_lookup: np.ndarray  # per rank: sequence work per cold lookup ...
     seq_byte: np.ndarray  # ... and per byte of its vector
     batch: np.ndarray
+    lookup_s: float  # seconds per byte looked up (forward and backward), fastest device
+    level_s: float  # every table's lookups spread over the cluster's embedding speed
 
     @staticmethod
     def of(inputs: PlanInputs, batch: list[int]) -> _Prices:
@@ -621,44 +648,95 @@ class _Prices:
         return _Prices(exchange_s_per_byte(inputs, batch),
                        np.array([d.sequence_s_per_lookup for d in devs]),
                        np.array([d.sequence_s_per_byte for d in devs]),
-                       np.asarray(batch, dtype=np.float64))  # fmt: skip
+                       np.asarray(batch, dtype=np.float64),
+                       1 / max(lookup_rates(inputs)), lookups_spread_s(inputs))  # fmt: skip
 
 
 def _replicated_rows(
-    inputs: PlanInputs, t: TableStats, budget_bytes: float, prices: _Prices, hot_rows: bool
-) -> int:
-    """Hottest rows worth replicating: maximise all-to-all saved - all-reduce added (and
-    the cold part's sequence work). Without `hot_rows`: the whole table or nothing."""
-    w = inputs.world
-    if w < 2 or budget_bytes <= 0:
-        return 0
+    inputs: PlanInputs, t: TableStats, budget_bytes: float, prices: _Prices,
+    options: HybridOptions,
+) -> tuple[int, bool]:  # fmt: skip
+    """Hottest rows worth replicating, and whether the cold rest exchanges only its own
+    lookups (True) or stays pooled. With `options.pooled_hot`: the least, over the table
+    kept whole, replicated whole or split at each h either way, of `_table_cost`.
+    Without: the exchange a replica saves less its all-reduce and the cold part's
+    sequence work, the cold part always exchanged alone (a lookup a sample at most
+    counted). Without `options.hot_rows`: the whole table or nothing."""
+    if inputs.world < 2 or budget_bytes <= 0:
+        return 0, False
+    candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
+    fits = [h for h in candidates if h * inputs.row_bytes(t.dim) <= budget_bytes]
+    if not options.hot_rows:
+        fits = [h for h in fits if h == t.rows]
+    if options.pooled_hot:
+        cost = _table_cost(inputs, t, prices)
+        modes = [False, True] if inputs.cold_only_exchange else [False]
+        best = min([(cost(0, False), 0, False),
+                    *((cost(h, sparse), h, sparse) for h in fits for sparse in modes
+                      if not (sparse and h == t.rows))])  # fmt: skip
+        return best[1], best[2]
     cov = inputs.coverage[t.name]
-    ar = inputs.network.allreduce
     exchange_s = prices.exchange_s * t.dim * FLOAT_BYTES
-    # the cold part's sequence work per cold lookup: its owner's (the placer favours fast
-    # owners: the fastest's) for every sample, and each rank's for its own samples
     seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
     seq_s = seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
-    split = hot_rows and inputs.cold_only_exchange
+    split = options.hot_rows and inputs.cold_only_exchange
     best_h, best_gain = 0, 0.0
-    candidates = sorted({t.rows, *(2**k for k in range(int(math.log2(max(t.rows, 1))) + 1))})
-    for h in candidates if split else [t.rows]:
-        if h > t.rows or h * inputs.row_bytes(t.dim) > budget_bytes:
-            break
-        allreduce_s = ring_bytes(h * t.dim * t.weight_bytes, w) / ar.bytes_per_s
-        # with the pooled exchange a cold part still sends a vector per sample: only
-        # replicating the whole table saves the exchange. Exchanged per lookup, a table
-        # looked up in no sample (empty bags) has nothing to save (a fraction of samples:
-        # that fraction; more than one lookup a sample is counted as one, as before)
-        looked_up = min(1.0, t.lookups_per_sample)
-        saved = cov(h) * looked_up if split else float(h == t.rows)
-        gain = saved * exchange_s - allreduce_s
-        if split and h < t.rows:  # the owner looks up every sample's cold ids as
-            # sequences, each rank pools its own
+    for h in fits if split else [h for h in fits if h == t.rows]:
+        allreduce_s = ring_bytes(h * t.dim * t.weight_bytes, inputs.world)
+        gain = -allreduce_s / inputs.network.allreduce.bytes_per_s
+        if not split or h == t.rows:
+            gain += exchange_s * float(h == t.rows)
+        else:
+            looked_up = min(1.0, t.lookups_per_sample)
+            gain += cov(h) * looked_up * exchange_s
             gain -= (1 - cov(h)) * t.lookups_per_sample * seq_s
         if gain > best_gain:
             best_h, best_gain = h, gain
-    return best_h
+    return best_h, 0 < best_h < t.rows
+
+
+def _table_cost(inputs: PlanInputs, t: TableStats, prices: _Prices):
+    """cost(h, sparse): seconds a step the table adds with its hottest h rows replicated
+    and the rest pooled (`sparse` False) or exchanged per lookup, as one table's estimate:
+    - the exchange: a vector per sample pooled, one per cold lookup exchanged alone, none
+      replicated whole; and the ids (forward only), which every column piece of a pooled
+      part receives, where row parts share them;
+    - the lookups made local: the hot rows' lookups move from the cold part's owners to
+      every rank's own samples; the owners' share costs what it holds them above the
+      cluster's balanced lookup time (its pieces at most one a rank: multi-hot tables and
+      many ranks);
+    - the replicated rows' all-reduce, and the sequence work of a cold part exchanged
+      alone (its owner's for every sample, each rank's for its own)."""
+    w, lookups = inputs.world, t.lookups_per_sample
+    vector_s = prices.exchange_s * t.dim * FLOAT_BYTES
+    id_s = prices.exchange_s * ID_BYTES / 2
+    seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
+    seq_s = seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
+    owners_s = inputs.global_batch * lookups * t.dim * t.weight_bytes * prices.lookup_s
+    columns = min(w, max(1, t.dim // MIN_COLS))
+    level = max(prices.level_s, 1e-12)
+
+    def above_level(share: float, most: int) -> tuple[float, int]:
+        """The owners' time above the level for `share` of the lookups, and in how many
+        pieces (at most `most`) the placer cuts them (about 1 / BALANCE_PIECES of a rank)."""
+        pieces = int(min(most, max(1, math.ceil(BALANCE_PIECES * owners_s * share / level))))
+        return max(0.0, owners_s * share / pieces - prices.level_s), pieces
+
+    def cost(h: int, sparse: bool) -> float:
+        if h == t.rows:
+            cold, over, exchange = 0.0, 0.0, 0.0
+        else:
+            cold = 1 - inputs.coverage[t.name](h) if h else 1.0
+            if sparse:  # row parts: each cold id to one part, a vector back per lookup
+                over, _ = above_level(cold, min(w, t.rows - h))
+                exchange = lookups * cold * (vector_s + id_s) + cold * lookups * seq_s
+            else:
+                over, pieces = above_level(cold, columns)
+                exchange = vector_s + pieces * lookups * cold * id_s
+        allreduce = ring_bytes(h * t.dim * t.weight_bytes, w) / inputs.network.allreduce.bytes_per_s
+        return exchange + over + allreduce
+
+    return cost
 
 
 def _cut(

@@ -132,8 +132,9 @@ def _check_shares(tp: TablePlan, hot, cold: list, fault) -> None:
     shares = [s.lookup_share for s in cold]
     if hot_share is None or any(x is None for x in shares):
         raise fault("a hot/cold split whose parts do not carry their lookup shares")
-    cold_share = sum(shares) if tp.cold_parts > 1 else shares[0]
-    if tp.cold_parts == 1 and len(set(shares)) > 1:
+    by_rows = tp.cold_parts > 1 or cold[0].node_reduce  # row parts, or a group's row blocks
+    cold_share = sum(shares) if by_rows else shares[0]
+    if not by_rows and len(set(shares)) > 1:
         raise fault(f"column pieces of one cold part serve different shares {shares[:4]}")
     if abs(hot_share + cold_share - 1) > 1e-6:
         raise fault(f"hot share {hot_share:.4f} + cold share {cold_share:.4f} != 1")

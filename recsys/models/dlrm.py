@@ -38,7 +38,7 @@ def build_model(
     cfg: ModelConfig,
     dense_device: torch.device,
     hot_rows: dict[str, int] | None = None,
-    sequence_cold: bool = False,
+    sequence_cold: frozenset[str] = frozenset(),
     cold_parts: dict[str, int] | None = None,
 ) -> DLRMTrain:
     """The train module (model + BCE loss). Tables are on meta: DMP materialises its shards.
@@ -46,6 +46,8 @@ def build_model(
     `hot_rows`: tables split into `<name>_hot` / `<name>_cold` (see `recsys.models.split`),
     `cold_parts`: cold parts (or whole tables without hot rows) in row parts
     `<name>_cold0`...; the batches must then go through the matching `SplitRemap`.
+    `sequence_cold`: the split tables whose cold parts are sequence tables (they exchange
+    only their own lookups), the others' stay pooled bags.
     """
     validate_model_config(cfg)
     ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta"))
@@ -79,8 +81,7 @@ def build_model(
         split = split_configs(table_configs(cfg), hot_rows, cold_parts)
         ec = None
         if sequence_cold:  # cold parts of hot/cold splits exchange only their own lookups
-            pooled = frozenset(n for n in splits if not hot_rows.get(n, 0))
-            split, cold = sequence_cold_configs(split, pooled)
+            split, cold = sequence_cold_configs(split, sequence_cold)
             ec = EmbeddingCollection(tables=cold, device=meta) if cold else None
         split_ebc = EmbeddingBagCollection(tables=split, device=meta)
         model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)

@@ -76,14 +76,14 @@ def split_configs(
 
 
 def sequence_cold_configs(
-    configs: list[EmbeddingBagConfig], pooled: frozenset[str] = frozenset()
+    configs: list[EmbeddingBagConfig], sequences: frozenset[str]
 ) -> tuple[list[EmbeddingBagConfig], list[EmbeddingConfig]]:
-    """Split configs with the cold parts as sequence tables (for an EmbeddingCollection),
-    but for tables named in `pooled` (row parts of a table with no hot part: each part
-    then sends one pooled vector per sample, as a whole table would)."""
+    """Split configs with the cold parts of the tables named in `sequences` as sequence
+    tables (for an EmbeddingCollection); every other part stays a pooled bag (each sends
+    one pooled vector per sample, as a whole table would)."""
 
     def sequence(name: str) -> bool:
-        return is_cold(name) and _COLD_SUFFIX.sub("", name) not in pooled
+        return is_cold(name) and _COLD_SUFFIX.sub("", name) in sequences
 
     bags = [c for c in configs if not sequence(c.name)]
     cold = [

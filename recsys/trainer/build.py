@@ -43,7 +43,7 @@ from recsys.models.precision import set_precision
 from recsys.models.shares import SharedBatchDLRMTrain
 from recsys.models.split import SplitRemap
 from sharding.cluster import ClusterConfigError, compute_device_type
-from sharding.emit import for_cpu_ranks, to_torchrec_plan
+from sharding.emit import for_cpu_ranks, sequence_cold, to_torchrec_plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.types import RankDevice
@@ -213,8 +213,10 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
             hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
                         for t in cold_parts if t not in hot_rows}  # fmt: skip
         remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
-    sequence_cold = cfg.planner.cold_only_exchange and bool(hot_rows)
-    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequence_cold,
+    # the plan says which cold parts exchange only their lookups; planner.cold_only_exchange
+    # =false keeps every cold part pooled (the nested pipeline chunks pooled exchanges only)
+    sequences = sequence_cold(our_plan) if cfg.planner.cold_only_exchange else frozenset()
+    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequences,
                         cold_parts=cold_parts)  # fmt: skip
     shares = our_plan.batch_per_rank
     if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
@@ -222,8 +224,8 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
     _fuse_embedding_optimizer(cfg.trainer, model)
     feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
     # the cluster's kernels (a rehearsal converts them once the pipeline has seen them)
-    plan = to_torchrec_plan(our_plan, feature_of, compute_device_type(ctx.ranks), sequence_cold)
-    if sequence_cold:
+    plan = to_torchrec_plan(our_plan, feature_of, compute_device_type(ctx.ranks), sequences)
+    if sequences:
         sharders.append(EmbeddingCollectionSharder())
     return model, plan, sharders, remap
 

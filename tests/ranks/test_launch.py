@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import rank_jobs
+from support import sigint_default
 
 from recsys.launch import (
     LaunchResult,
@@ -184,7 +185,7 @@ def test_a_stopping_launcher_passes_on_the_signal_it_received(tmp_path: Path, si
             said.write_text(interrupts.received())
     """)
     proc = subprocess.Popen([sys.executable, "-c", rank, str(said)], cwd=Path(__file__).parents[2],
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=sigint_default)  # fmt: skip
     deadline = time.monotonic() + 30
     while not said.with_suffix(".ready").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -23,9 +23,11 @@ ROWS = [50, 40, 100, 30] + [20] * 22
 
 
 def models(
-    hot: dict[str, torch.Tensor], sequence_cold: bool = False, parts: dict[str, int] | None = None
-) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
-    """The plain model and its split copy; `parts`: cold row parts per feature."""
+    hot: dict[str, torch.Tensor], sequences: frozenset = frozenset(),
+    parts: dict[str, int] | None = None,
+) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:  # fmt: skip
+    """The plain model and its split copy; `sequences`: the tables whose cold parts are
+    sequence tables; `parts`: cold row parts per feature."""
     parts = parts or {}
     cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
                       dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
@@ -35,9 +37,8 @@ def models(
     hot_rows = {f"t_{f}": len(ids) for f, ids in hot.items()}
     configs = split_configs(tables, hot_rows, {f"t_{f}": k for f, k in parts.items()})
     ec = None
-    if sequence_cold:  # row parts of a table without hot rows stay pooled, as in training
-        pooled = frozenset(f"t_{f}" for f, ids in hot.items() if not len(ids))
-        configs, cold = sequence_cold_configs(configs, pooled)
+    if sequences:
+        configs, cold = sequence_cold_configs(configs, sequences)
         ec = EmbeddingCollection(cold)
     split_ebc = EmbeddingBagCollection(configs)
     split = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
@@ -113,10 +114,14 @@ PARTS = [{}, {"cat_0": 2, "cat_2": 3}, {"cat_1": 2}]
 WHOLE = {"cat_1": torch.zeros(0, dtype=torch.int64)}
 
 
-@pytest.mark.parametrize("sequence_cold", [False, True])
+# which split tables' cold parts are sequence tables: none, all, one (the other pooled)
+SEQUENCES = [frozenset(), frozenset({"t_cat_0", "t_cat_2"}), frozenset({"t_cat_2"})]
+
+
+@pytest.mark.parametrize("sequences", SEQUENCES)
 @pytest.mark.parametrize("parts", PARTS)
-def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> None:
-    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
+def test_split_model_computes_the_same_function(sequences: frozenset, parts) -> None:
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequences, parts)
     for index in range(3):
         b = batch(index)
         loss_p, (_, logits_p, _) = plain(b)
@@ -126,10 +131,10 @@ def test_split_model_computes_the_same_function(sequence_cold: bool, parts) -> N
         assert torch.allclose(loss_p, loss_s, atol=1e-7)
 
 
-@pytest.mark.parametrize("sequence_cold", [False, True])
+@pytest.mark.parametrize("sequences", SEQUENCES)
 @pytest.mark.parametrize("parts", PARTS)
-def test_split_model_trains_the_same_with_sgd(sequence_cold: bool, parts) -> None:
-    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequence_cold, parts)
+def test_split_model_trains_the_same_with_sgd(sequences: frozenset, parts) -> None:
+    plain, split, remap = models(HOT | WHOLE if "cat_1" in parts else HOT, sequences, parts)
     opt_p = torch.optim.SGD(plain.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(split.parameters(), lr=0.5)
     for index in range(5):
