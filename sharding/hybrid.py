@@ -4,10 +4,13 @@
    (Whale's hardware-aware data parallelism), instead of equal shares; then also shares
    capped where the largest-batch ranks' exchange costs more than the dense work it saves.
 2. Hot rows replicated (HugeCTR's hybrid embedding): for each table the hottest h rows
-   become a data-parallel part on every rank when the all-reduce of their gradients costs
-   less than the all-to-all they save on the largest-batch rank; the cold rest then
-   exchanges only its own lookups (a variable-length exchange). h comes from the table's
-   coverage curve; h = rows is a small table replicated whole.
+   become a data-parallel part on every rank. Two rules pick h, and the plans of both are
+   finished and compared: where the all-reduce of their gradients costs less than the
+   all-to-all they save on the largest-batch rank, the cold rest then exchanging only its
+   own lookups (a variable-length exchange); or the least of what the table costs
+   (`_table_cost`), the cold rest exchanged per lookup or kept pooled, counting the lookups
+   the hot rows make local (multi-hot tables). h comes from the table's coverage curve;
+   h = rows is a small table replicated whole.
 3. The rest is cut into pieces small enough to balance (column-wise; a cold part in row
    parts, each its own table), and placed longest first where the step then ends soonest
    as the cost model adds it up (`sharding.placer`): the slowest rank's lookups plus the
@@ -79,8 +82,8 @@ class HybridOptions:
 
     speed_aware: bool = True  # batch shares by device speed; False: equal shares
     hot_rows: bool = True  # replicate a table's hottest rows; False: whole small tables only
-    pooled_hot: bool = True  # hot rows also before a cold part that keeps the pooled exchange
     row_parts: bool = True  # cut cold parts in row parts for balance (memory cuts stay)
+    pooled_hot: bool = True  # hot rows also before a cold part that keeps the pooled exchange
 
 
 def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
