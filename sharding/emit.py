@@ -32,6 +32,7 @@ from torchrec.distributed.sharding_plan import (
 )
 from torchrec.distributed.types import CacheParams, ShardingPlan
 
+from sharding.placer import MAX_CACHE_SHARE
 from sharding.row_parts import cold_part_rows, cold_suffixes
 from sharding.types import Plan, TablePlan, Tier
 
@@ -75,7 +76,7 @@ def _parameter_shardings(
         if device_type == "cpu":
             return "fused"
         if tier == Tier.cached:
-            caches[name] = min(0.99, max(0.01, cache_share))
+            caches[name] = min(MAX_CACHE_SHARE, max(0.01, cache_share))
         return _KERNEL[tier]
 
     for t in plan.tables:

@@ -594,6 +594,7 @@ def _place(
         placer.place(p, inputs.coverage[p.table.name])
     if polish:
         placer.improve(max_moves=2 * len(placer.placed))
+    placer.share_caches()
     return _Placement(inputs, batch, placer, plans, {p.table.name: p for _, _, p in pieces})
 
 

@@ -71,6 +71,10 @@ class Piece:
         return samples * t.lookups_per_sample * self.lookup_share * self.cols * t.weight_bytes
 
 
+WHOLE = -1  # `_cache_sizes`: the piece whole in device memory, not behind a cache
+MAX_CACHE_SHARE = 0.99  # the largest cache, a share of a piece's rows (`sharding.emit`)
+
+
 class Placer:
     """Places pieces one at a time (`place`); `expect` first announces all of them."""
 
@@ -279,6 +283,55 @@ class Placer:
         self.placed.append((p, shard))
         return shard
 
+    def share_caches(self) -> None:
+        """On each rank holding pieces in host memory: its device memory shared anew among
+        its pieces (not groups), each whole in device memory or in host memory behind an
+        HBM cache of its hottest rows, by the lookups each byte serves from HBM
+        (`_cache_sizes`); kept where the rank's lookups get faster. Placed longest first, the
+        pieces that came last found no room for a cache, though the pieces placed before
+        them may serve fewer lookups per byte (TorchRec sizes every cache at once)."""
+        mine: dict[int, list[int]] = {}
+        for i, (_, s) in enumerate(self.placed):
+            if not s.node_reduce:
+                mine.setdefault(s.rank, []).append(i)
+        for r, idx in mine.items():
+            if any(self.placed[i][1].tier != Tier.hbm for i in idx):
+                self._share_caches(r, idx)
+
+    def _share_caches(self, r: int, idx: list[int]) -> None:
+        pieces = [self.placed[i][0] for i in idx]
+        shards = [self.placed[i][1] for i in idx]
+        whole = [self.table_bytes(p) for p in pieces]
+        row_w = [p.cols * p.table.weight_bytes for p in pieces]  # a cache holds weights
+        in_hbm = [w if s.tier == Tier.hbm else s.cache_rows * rw
+                  for s, w, rw in zip(shards, whole, row_w, strict=True)]  # fmt: skip
+        in_host = [0.0 if s.tier == Tier.hbm else w for s, w in zip(shards, whole, strict=True)]
+        hbm = self.free_hbm[r] + sum(in_hbm)
+        if sum(whole) > self.free_host[r] + sum(in_host):
+            return  # every piece behind a cache needs host memory for all its rows
+        looked = [p.looked_up_bytes(self.total) for p in pieces]
+        saved = self.per_byte_host[r] - self.per_byte[r]  # per byte served from HBM
+        hits = [s.hit_rate if s.tier != Tier.hbm else 1.0 for s in shards]
+        coverage = [self.inputs.coverage[p.table.name] for p in pieces]
+        rows = _cache_sizes(pieces, coverage, looked, row_w, whole, hbm)
+        hit = [1.0 if n == WHOLE else p.cache_hit(c, n)
+               for p, c, n in zip(pieces, coverage, rows, strict=True)]  # fmt: skip
+        gain = saved * sum(x * (h - g) for x, h, g in zip(looked, hit, hits, strict=True))
+        if gain <= 1e-12 * self.load[r]:
+            return
+        self.load[r] -= gain
+        self.free_hbm[r] = hbm - sum(
+            w if n == WHOLE else n * rw for w, n, rw in zip(whole, rows, row_w, strict=True)
+        )
+        self.free_host[r] += sum(in_host) - sum(w for w, n in zip(whole, rows, strict=True)
+                                                if n != WHOLE)  # fmt: skip
+        for i, s, n, h in zip(idx, shards, rows, hit, strict=True):
+            if n == WHOLE:
+                new = replace(s, tier=Tier.hbm, hit_rate=1.0, cache_rows=0)
+            else:
+                new = replace(s, tier=Tier.cached if n else Tier.host, hit_rate=h, cache_rows=n)
+            self.placed[i] = (self.placed[i][0], new)
+
     def _alone_s(self, p: Piece) -> float:
         """The step's `score` with the piece whole on the best rank with room in device
         memory (inf if none has)."""
@@ -436,3 +489,43 @@ def _top_two(values: np.ndarray) -> tuple[int, float]:
     others = values.copy()
     others[first] = -np.inf
     return first, float(others.max())
+
+
+def _cache_sizes(
+    pieces: list[Piece], coverage: list[Callable[[int], float]], looked: list[float],
+    row_bytes: list[int], whole: list[float], room: float,
+) -> list[int]:  # fmt: skip
+    """Per piece, the rows of its HBM cache, or WHOLE (in device memory whole), within
+    `room` bytes, greedily by the lookups a byte serves (`looked`: bytes a step per piece).
+    Cache sizes step through powers of two of rows (coverage curves are concave, so a step
+    serves fewer lookups a byte than the one before) up to MAX_CACHE_SHARE of the rows
+    (the largest cache TorchRec's plans take, `sharding.emit`), then the piece whole (its
+    optimizer state too); the last step that fits is cut to the room left."""
+    rows = [0] * len(pieces)
+    hit = [0.0] * len(pieces)
+    top = [int(MAX_CACHE_SHARE * p.rows) for p in pieces]
+
+    def used(j: int) -> float:
+        return whole[j] if rows[j] == WHOLE else rows[j] * row_bytes[j]
+
+    def step(j: int) -> tuple[float, int]:
+        if rows[j] == WHOLE:
+            return 0.0, WHOLE
+        if rows[j] >= top[j]:  # the cache at its largest: the piece whole, if it fits
+            more, nxt, bytes_ = 1.0 - hit[j], WHOLE, whole[j] - used(j)
+        else:
+            nxt = min(top[j], max(1024, 2 * rows[j]), rows[j] + int(room // row_bytes[j]))
+            more = pieces[j].cache_hit(coverage[j], nxt) - hit[j] if nxt > rows[j] else 0.0
+            bytes_ = (nxt - rows[j]) * row_bytes[j]
+        if bytes_ > room or bytes_ <= 0:
+            return 0.0, rows[j]
+        return looked[j] * more / bytes_, nxt
+
+    while True:
+        per_byte, nxt, j = max(((*step(j), j) for j in range(len(pieces))), default=(0, 0, -1))
+        if per_byte <= 0:
+            return rows
+        before = used(j)
+        rows[j] = nxt
+        room -= used(j) - before
+        hit[j] = 1.0 if nxt == WHOLE else pieces[j].cache_hit(coverage[j], nxt)
