@@ -44,10 +44,11 @@ CELLS_FILE = "grid_cells.jsonl"
 @dataclass
 class GridConfig:
     enabled: bool = True
-    cells: int = 64  # (workload, cluster) cells: the named workloads first, then random
+    cells: int = 72  # (workload, cluster) cells: the named workloads first, then random
     clusters: list[str] = field(
-        default_factory=lambda: ["1x8_t4_16g", "1x8_a100_80g", "2x8_h100", "hetero_3node"]
-    )
+        default_factory=lambda: ["1x1_a100_80g", "1x8_t4_16g", "1x8_a100_80g", "2x8_h100",
+                                 "hetero_3node"]
+    )  # fmt: skip
     seed: int = 0  # random suites are seeds seed, seed + 1, ...
     workers: int = 2  # processes planning cells side by side
     # TorchRec's own planner timeout per cell (its `timeout_seconds`), at least: it also

@@ -133,7 +133,8 @@ def test_a_gpu_cluster_must_give_its_links() -> None:
 
 
 def test_presets_have_the_documented_shapes(typed_cfg) -> None:
-    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x8_a100_80g": 8, "1x8_h100": 8,
+    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x1_a100_80g": 1, "1x8_a100_80g": 8,
+             "1x8_h100": 8,
              "2x8_h100": 16, "hetero_3node": 24, "hetero_64": 64}  # fmt: skip
     for name, world in sizes.items():
         ranks = resolve_cluster(typed_cfg([f"cluster={name}"]).cluster)

@@ -429,9 +429,7 @@ def test_one_gpu_with_less_memory_than_the_tables_caches_every_large_table(
     from recsys.app.planning import plan_inputs
     from sharding.placer import Placer
 
-    cfg = typed_cfg(["cluster=1x8_a100_80g", "model=dcnv2_mlperf", "trainer.batch_size=2048"])
-    one = [replace(g, devices=[replace(d, count=1) for d in g.devices]) for g in cfg.cluster.nodes]
-    cfg = replace(cfg, cluster=replace(cfg.cluster, nodes=one))
+    cfg = typed_cfg(["cluster=1x1_a100_80g", "model=dcnv2_mlperf", "trainer.batch_size=2048"])
     inputs = plan_inputs(cfg, None, None)
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
     assert plan.feasible and plan.est_step_ms <= 1.001 * plan.lower_bound_ms
