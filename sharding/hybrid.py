@@ -114,17 +114,19 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     for batch in ranked[:BATCHES_PLACED]:
         plan = evaluate(_hybrid(inputs, batch, options, polish=False), inputs, bound=False)
         best = min(best, plan, key=_step_ms)
-    pooled = _variants(inputs, best.batch_per_rank, options, guides)
     # hot parts before pooled cold parts are each priced alone (`_table_cost`), which
     # misses what many add up to (their all-reduce, less room to balance): the plans
     # without them are finished too
-    finals = [_variants(inputs, best.batch_per_rank, replace(options, pooled_hot=False), guides)]
+    alone = replace(options, pooled_hot=False)
+    finals = [_variants(inputs, best.batch_per_rank, alone, guides)]
     if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
-        recipe = _Recipe(best.batch_per_rank, options, hot=guides[0].hot_rows())
+        recipe = _Recipe(best.batch_per_rank, alone, hot=guides[0].hot_rows())
         finals.append((recipe.plan(inputs), recipe))
     candidates = [min(finals, key=lambda x: _step_ms(x[0]))]
-    if pooled_cold(pooled[0]):
-        candidates.append(pooled)
+    if options.pooled_hot:
+        pooled = _variants(inputs, best.batch_per_rank, options, guides)
+        if pooled_cold(pooled[0]):
+            candidates.append(pooled)
     plan = min((_finish(inputs, *c) for c in candidates), key=_step_ms)
     # the final placement with whichever batch split suits it best
     return with_speed_aware_batch(plan, inputs, guides)
@@ -363,7 +365,6 @@ def _variants(
         tries.append(replace(recipe, options=replace(options, row_parts=False)))
     if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in tables):
         tries.append(replace(recipe, options=replace(options, hot_rows=False, row_parts=False)))
-
     for trial in tries:
         best = min(best, (trial.plan(inputs), trial), key=lambda x: _step_ms(x[0]))
     lean = replace(recipe, options=best_options(best[0], options))
@@ -681,22 +682,30 @@ def _replicated_rows(
         return best[1], best[2]
     cov = inputs.coverage[t.name]
     exchange_s = prices.exchange_s * t.dim * FLOAT_BYTES
-    seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
-    seq_s = seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
+    seq_s = _sequence_s(inputs, t, prices)
     split = options.hot_rows and inputs.cold_only_exchange
     best_h, best_gain = 0, 0.0
     for h in fits if split else [h for h in fits if h == t.rows]:
         allreduce_s = ring_bytes(h * t.dim * t.weight_bytes, inputs.world)
         gain = -allreduce_s / inputs.network.allreduce.bytes_per_s
-        if not split or h == t.rows:
+        if not split or h == t.rows:  # pooled, a cold part still sends a vector a sample
             gain += exchange_s * float(h == t.rows)
-        else:
+        else:  # a table looked up in no sample saves nothing; more than one lookup a
+            # sample counts as one (this rule's, which `_table_cost` does not make)
             looked_up = min(1.0, t.lookups_per_sample)
             gain += cov(h) * looked_up * exchange_s
             gain -= (1 - cov(h)) * t.lookups_per_sample * seq_s
         if gain > best_gain:
             best_h, best_gain = h, gain
     return best_h, 0 < best_h < t.rows
+
+
+def _sequence_s(inputs: PlanInputs, t: TableStats, prices: _Prices) -> float:
+    """Sequence work per cold lookup a sample of a cold part exchanged alone: its owner's
+    for every sample (the placer favours fast owners: the fastest's), and each rank's
+    pooling of its own samples' (the busiest rank's)."""
+    seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
+    return seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
 
 
 def _table_cost(inputs: PlanInputs, t: TableStats, prices: _Prices):
@@ -714,8 +723,7 @@ def _table_cost(inputs: PlanInputs, t: TableStats, prices: _Prices):
     w, lookups = inputs.world, t.lookups_per_sample
     vector_s = prices.exchange_s * t.dim * FLOAT_BYTES
     id_s = prices.exchange_s * ID_BYTES / 2
-    seq = prices.seq_lookup + t.dim * FLOAT_BYTES * prices.seq_byte
-    seq_s = seq.min() * inputs.global_batch + float(np.max(prices.batch * seq))
+    seq_s = _sequence_s(inputs, t, prices)
     owners_s = inputs.global_batch * lookups * t.dim * t.weight_bytes * prices.lookup_s
     columns = min(w, max(1, t.dim // MIN_COLS))
     level = max(prices.level_s, 1e-12)
