@@ -206,6 +206,8 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                 cost = plan_cost(plan, inputs)
                 headroom = min(1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1)
                                for d in plan.devices)  # fmt: skip
+                lookups = [d["lookup_ms"] for d in plan.devices]  # the slowest over the mean
+                imbalance = max(lookups) / max(sum(lookups) / len(lookups), 1e-12)
                 for label, parsed in labels.items():
                     sim, priced, volume = simulate_label(cost, parsed, plan, inputs, profile)
                     points.append({
@@ -218,6 +220,7 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                         "lookup_ms": 1000 * (max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s)),
                         "samples_per_s": sum(plan.batch_per_rank) / sim.step_s,
                         "headroom": headroom, "feasible": plan.feasible,
+                        "lookup_imbalance": imbalance,
                         "planning_s": planning_s,
                     })  # fmt: skip
                     if workers == shown and planner == cfg.planners[0] and not parsed.dedup:
@@ -438,11 +441,13 @@ def table(result: dict) -> str:
                       f"{r['measured_link_ratio']:.2f} |" for r in dedup]  # fmt: skip
             lines.append("")
     lines += ["| family | workers | planner | schedule | step ms | exposed comm ms | scaling "
-              "efficiency | headroom |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "efficiency | headroom | lookup imbalance |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in result["points"]:
         lines.append(f"| {p['family']} | {p['workers']} | {p['planner']} | {p['schedule']} | "
                      f"{p['step_ms']:.2f} | {p['exposed_comm_ms']:.2f} | "
-                     f"{p['scaling_efficiency']:.0%} | {p['headroom']:.0%} |")  # fmt: skip
+                     f"{p['scaling_efficiency']:.0%} | {p['headroom']:.0%} | "
+                     f"{p.get('lookup_imbalance', float('nan')):.2f}x |")  # fmt: skip
     return "\n".join(lines)
 
 
