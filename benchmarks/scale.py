@@ -194,7 +194,7 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
             if spec is None:
                 continue
             for planner in cfg.planners:
-                if planner == "torchrec" and workers > cfg.torchrec_max_workers:
+                if planner.startswith("torchrec") and workers > cfg.torchrec_max_workers:
                     continue
                 tcfg = _compose([f"model={cfg.model}", f"planner={planner}",
                                  f"trainer.batch_size={cfg.batch_per_worker}"])  # fmt: skip

@@ -156,6 +156,16 @@ def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
             kernels += [EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING]
     if not config.torchrec_data_parallel:
         types.remove(ShardingType.DATA_PARALLEL)
+    if config.torchrec_sharding_types is not None:
+        known = {x.value for x in types}
+        unknown = sorted(set(config.torchrec_sharding_types) - known)
+        if unknown or not config.torchrec_sharding_types:
+            raise TorchRecConfigError(
+                f"planner.torchrec_sharding_types={list(config.torchrec_sharding_types)}: "
+                f"{unknown or 'none given'}; on this cluster TorchRec's planner may choose "
+                f"{sorted(known)}"
+            )
+        types = [x for x in types if x.value in config.torchrec_sharding_types]
     out = {}
     for t in inputs.tables:
         cov = inputs.coverage[t.name]
@@ -170,6 +180,10 @@ def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
             cache_params=None if inputs.cpu else cache,
         )
     return out
+
+
+class TorchRecConfigError(UserError, ValueError):
+    """A planner.torchrec_* setting TorchRec's planner cannot take on this cluster."""
 
 
 class _Recorder(NoopPerfModel):

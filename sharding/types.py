@@ -142,6 +142,9 @@ class PlannerConfig:
     # torchrec: may it replicate whole tables (data_parallel)? pipeline=semi_sync turns it
     # off: TorchRec's SemiSync cannot train data-parallel tables (docs/pipelines.md)
     torchrec_data_parallel: bool = True
+    # torchrec: the sharding types it may choose (None: every type it supports here);
+    # [table_row_wise] is the baseline EMBark and MLPerf's GPU runs compare against
+    torchrec_sharding_types: list[str] | None = None
 
 
 # --- the cost model's and the planners' data: what a planner takes and returns ---

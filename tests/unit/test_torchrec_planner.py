@@ -14,6 +14,7 @@ from sharding.memory import DENSE_BYTES_PER_PARAM, table_room
 from sharding.plan_shards import plan_from_layout
 from sharding.torchrec_planner import (
     CoverageCacheStats,
+    TorchRecConfigError,
     cache_load_factor,
     plan_with_torchrec,
     tables_module,
@@ -84,6 +85,19 @@ def test_every_sharding_type_and_kernel_is_offered() -> None:
     no_dp = torchrec_constraints(inputs, PlannerConfig(torchrec_data_parallel=False))
     assert "data_parallel" in cpu["wide"].sharding_types
     assert set(no_dp["wide"].sharding_types) == set(cpu["wide"].sharding_types) - {"data_parallel"}
+
+
+def test_the_sharding_types_can_be_narrowed_to_table_row_wise_the_usual_baseline() -> None:
+    """`planner.torchrec_sharding_types=[table_row_wise]` (conf/planner/torchrec_twrw.yaml):
+    every table's rows over one node; a type TorchRec cannot choose here is named."""
+    tables = [TableStats(f"t{i}", 2_000_000 if i < 4 else 5000, 64, 2.0) for i in range(8)]
+    inputs = inputs_for(TWO_NODES, tables)
+    twrw = PlannerConfig(torchrec_sharding_types=["table_row_wise"])
+    constraints = torchrec_constraints(inputs, twrw)
+    assert all(c.sharding_types == ["table_row_wise"] for c in constraints.values())
+    inputs.cpu = True
+    with pytest.raises(TorchRecConfigError, match=r"\['table_row_wise'\].*may choose"):
+        torchrec_constraints(inputs, twrw)
 
 
 def test_cache_statistics_come_from_the_coverage_curve() -> None:
