@@ -241,7 +241,12 @@ class Placer:
         self.pending_buffers = max(0.0, self.pending_buffers - buffers)
         need = self.hbm_need(p)
         lookup_s = self._lookup_s(p)
-        fits = self.free_hbm >= need
+        # device memory left for the buffers of the pieces still to come (a rank's share):
+        # filled to the brim, it would turn away a later piece that host memory could hold
+        fits = self.free_hbm - self.pending_buffers / len(self.b) >= need
+        host_fits = (self.free_host >= self.table_bytes(p)) & (self.free_hbm >= buffers)
+        if not fits.any() and (self.inputs.cpu or not host_fits.any()):
+            fits = self.free_hbm >= need
         if fits.any():
             r, _ = self._best(p, lookup_s, fits)
             self.free_hbm[r] -= need
@@ -253,7 +258,6 @@ class Placer:
             self.placed.append((p, shard))
             return shard
         need = self.table_bytes(p)
-        host_fits = (self.free_host >= need) & (self.free_hbm >= buffers)
         if self.inputs.cpu or not host_fits.any():
             where = "any rank's memory" if self.inputs.cpu else "device or host memory anywhere"
             raise PlanDoesNotFitError(
