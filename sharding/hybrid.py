@@ -123,7 +123,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         recipe = _Recipe(best.batch_per_rank, alone, hot=guides[0].hot_rows())
         finals.append((recipe.plan(inputs), recipe))
     candidates = [min(finals, key=lambda x: _step_ms(x[0]))]
-    if options.pooled_hot:
+    if options.pooled_hot and pooled_cold(best):  # `best` replicated by the same rule
         pooled = _variants(inputs, best.batch_per_rank, options, guides)
         if pooled_cold(pooled[0]):
             candidates.append(pooled)
