@@ -95,8 +95,10 @@ def _parameter_shardings(
                 s = cold[0]
                 k = kernel(s.tier, name, s.cache_rows / s.rows)
                 per_param[name] = table_wise(rank=s.rank, compute_kernel=k)
-            else:  # column pieces share one kernel: the slowest tier any of them is in
-                k = kernel(t.tier, name, min(s.cache_rows / s.rows for s in cold))
+            else:  # column pieces share one kernel: the slowest tier any of them is in,
+                # and the smallest cache (a piece whole in HBM counts as cached whole)
+                share = min(s.cache_rows / s.rows if s.tier == Tier.cached else 1.0 for s in cold)
+                k = kernel(t.tier, name, share)
                 per_param[name] = column_wise(ranks=[s.rank for s in cold],
                                               size_per_rank=[s.cols for s in cold],
                                               compute_kernel=k)  # fmt: skip

@@ -521,6 +521,23 @@ def test_hybrid_finds_a_plan_wherever_torchrec_does(spec, tables) -> None:
         assert evaluate(PLANNERS["hybrid"](inputs), inputs).feasible
 
 
+def test_column_pieces_partly_cached_emit_the_smallest_cache_not_none() -> None:
+    """A table's column pieces share one TorchRec kernel: one piece behind a cache of half
+    its rows and one whole in HBM emit UVM caching at load factor 0.5 (a piece in HBM
+    counted as cached whole, where it read as an empty cache)."""
+    from sharding.plan_eval import finish_table
+
+    half = [Shard("t0", 0, 1000, 8, Tier.cached, hit_rate=0.9, cache_rows=500),
+            Shard("t0", 1, 1000, 8)]  # fmt: skip
+    table = finish_table(TablePlan("t0", 1000, 16, "", [], Tier.cached, 0, 0, shards=half))
+    plan = Plan("hybrid", "two", [table], [64, 64])
+    ps = to_torchrec_plan(plan, {"t0": "f0"}, "cuda").plan[
+        "model.sparse_arch.embedding_bag_collection"
+    ]
+    assert ps["t0"].compute_kernel == "fused_uvm_caching"
+    assert ps["t0"].cache_params.load_factor == pytest.approx(0.5)
+
+
 def test_a_table_larger_than_any_device_is_cut_in_row_parts_when_columns_run_out() -> None:
     """4-wide rows cannot be cut by columns: the table goes in row parts, each its own
     table on a rank with room, and the TorchRec plan places each part table-wise."""
