@@ -57,9 +57,9 @@ PUBLISHED = [
       "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested2+dedup,"
       "nested4+dedup,nested8+dedup]"]),
     ("scale_multihot", "summary.json",
-     ["benchmarks.scale", "families=[homogeneous]", "workers=[8,64,512,1536]",
-      "planners=[hybrid]", "profile=benchmarks/results/scale/profile_mlperf_multihot.json",
-      "validation=false"]),
+     ["benchmarks.scale", "families=[homogeneous,mixed]", "workers=[8,64,128,512,1536]",
+      "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
+      "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false"]),
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
     ("pipeline_movielens100k", "summary.json",
      ["benchmarks.pipeline", *_SHAPED,
