@@ -27,7 +27,7 @@ def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> No
         assert {"workers", "schedule", "planner", "step_ms", "exposed_comm_ms",
                 "scaling_efficiency", "lookup_imbalance"} <= set(p)  # fmt: skip
         assert 0 < p["step_ms"] and 0 <= p["exposed_comm_ms"] < p["step_ms"]
-        assert 1.0 <= p["lookup_imbalance"] < 8  # the slowest rank's lookups over the mean
+        assert 1 - 1e-9 <= p["lookup_imbalance"] < 8  # the slowest rank's lookups over the mean
     smallest = [p for p in s["points"] if p["workers"] == 8]
     assert all(p["scaling_efficiency"] == pytest.approx(1.0) for p in smallest)
     nested = {(p["workers"], p["planner"]): p for p in s["points"] if p["schedule"] == "nested4"}
