@@ -145,8 +145,9 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
         with interruptible():  # Ctrl-C or SIGTERM: rank 0 writes what the run has so far
             return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device)
     except BaseException:  # noqa: B036 - only to record a stop; re-raised
+        if interrupts.received():  # a second stop signal (Ctrl-C reaches a rank from the
+            interrupts.ignore_further()  # terminal and from its launcher) must not cut in
         if rank == 0 and interrupts.received():
-            interrupts.ignore_further()
             write_interrupted(
                 Path(run_dir),
                 ckpt_root,
