@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sharding.batch_split import dense_s_per_sample
+from sharding.bound import lookup_rates
 from sharding.memory import piece_buffer_bytes, table_room
 from sharding.types import (
     FLOAT_BYTES,
@@ -85,7 +86,7 @@ class Placer:
         self.free_host = np.array(inputs.host_budget(), dtype=np.float64)
         devs = inputs.devices
         # seconds per byte looked up (forward + backward) on each rank, fast and host memory
-        self.per_byte = np.array([(1 + d.emb_bwd_factor) / d.emb_read_bytes_per_s for d in devs])
+        self.per_byte = 1 / np.array(lookup_rates(inputs))
         self.per_byte_host = np.array(
             [(1 + d.emb_bwd_factor) / d.host_read_bytes_per_s for d in devs]
         )
