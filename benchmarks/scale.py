@@ -74,6 +74,7 @@ class ScaleConfig:
         ]
     )
     model: str = "dcnv2_mlperf"
+    precision: str = "fp32"  # the dense part's (`trainer.precision`): MLPerf's runs use bf16
     # the model's profile.json (python -m sharding.profile): the planners' coverage curves
     # and dedup's distinct ids per micro-batch; null: the parametric power law (no +cluster)
     profile: str | None = str(RESULTS / "planners" / "profile_mlperf_synthetic.json")
@@ -162,8 +163,14 @@ def schedules_and_profile(
 ) -> tuple[dict[str, ScheduleLabel], AccessProfile | None]:
     """The parsed schedules and the profile, refused together if a schedule needs counts
     the profile lacks (one line, before anything is planned)."""
+    from recsys.config import Precision
     from sharding.access_profile import AccessProfile
 
+    if cfg.precision not in Precision.__members__:
+        raise SystemExit(
+            f"benchmarks.scale: precision={cfg.precision} is not one of "
+            f"{list(Precision.__members__)} (the dense part's, trainer.precision)"
+        )
     try:
         labels = {label: schedule_of_label(label) for label in cfg.schedules}
         profile = AccessProfile.load(cfg.profile) if cfg.profile else None
@@ -197,7 +204,8 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                 if planner.startswith("torchrec") and workers > cfg.torchrec_max_workers:
                     continue
                 tcfg = _compose([f"model={cfg.model}", f"planner={planner}",
-                                 f"trainer.batch_size={cfg.batch_per_worker}"])  # fmt: skip
+                                 f"trainer.batch_size={cfg.batch_per_worker}",
+                                 f"trainer.precision={cfg.precision}"])  # fmt: skip
                 tcfg = replace(tcfg, cluster=spec)
                 t0 = time.perf_counter()
                 inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
@@ -420,7 +428,8 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
 def table(result: dict) -> str:
     c = result["config"]
     lines = [f"# Scale study (simulated; {result['environment']['date']}, model {c['model']}, "
-             f"batch {c['batch_per_worker']} per worker, oversubscription "
+             f"batch {c['batch_per_worker']} per worker, dense in {c.get('precision', 'fp32')}, "
+             f"oversubscription "
              f"{c['oversubscription']:g})", ""]  # fmt: skip
     v = result.get("validation")
     if v:

@@ -40,3 +40,28 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
         with pytest.raises(ValueError, match="only nested"):
             schedule_of_label(bad)
     assert ScaleConfig().workers[-1] == 1536
+
+
+def test_the_dense_part_is_priced_at_the_precision_asked() -> None:
+    """`precision=bf16` (MLPerf's) prices the dense part on tensor cores: the same workers'
+    step is shorter than at fp32, by no more than the dense part it prices."""
+    from recsys.config import register_configs
+
+    register_configs()
+    from hydra import compose, initialize_config_dir
+
+    from benchmarks.scale import scale_points
+
+    def points(precision: str) -> dict:
+        cfg = ScaleConfig(families={"homogeneous": Family("2x8_h100", 8)}, workers=[8],
+                          planners=["round_robin"], schedules=["plain"], profile=None,
+                          precision=precision, validation=False)  # fmt: skip
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            compose(config_name="config")
+            return scale_points(cfg)[0][0]
+
+    fp32, bf16 = points("fp32"), points("bf16")
+    assert bf16["step_ms"] < 0.8 * fp32["step_ms"]
+    assert bf16["lookup_ms"] == pytest.approx(fp32["lookup_ms"])  # tables stay fp32
+    with pytest.raises(SystemExit, match="precision=fp8 is not one of"):
+        points("fp8")
