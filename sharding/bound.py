@@ -148,14 +148,15 @@ class _Exchanged:
         if w < 2:
             return
         ar_s = ring_bytes(FLOAT_BYTES, w) / inputs.network.allreduce.bytes_per_s
+        seq_lookup = np.array([d.sequence_s_per_lookup for d in inputs.devices])
+        seq_byte = np.array([d.sequence_s_per_byte for d in inputs.devices])
         for t in inputs.tables:
             h = np.unique(np.concatenate([[0], np.geomspace(1, t.rows, 100).round(), [t.rows]]))
             cov = np.array([inputs.coverage[t.name](int(k)) for k in h])
             whole = (h == 0) | (h == t.rows)
             share = np.where(whole, 1.0, np.minimum(1.0, t.lookups_per_sample * (1 - cov)))
             share[h == t.rows] = 0.0  # replicated whole: nothing exchanged
-            seq = min(d.sequence_s_per_lookup + t.dim * FLOAT_BYTES * d.sequence_s_per_byte
-                      for d in inputs.devices)  # fmt: skip
+            seq = float(np.min(seq_lookup + t.dim * FLOAT_BYTES * seq_byte))
             pool = np.where(whole, 0.0, (1 - cov) * t.lookups_per_sample * seq)
             if not split:  # two options only: exchanged whole, or replicated whole
                 h, share = np.array([0, t.rows]), np.array([1.0, 0.0])

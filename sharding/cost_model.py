@@ -219,7 +219,6 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
     bytes, and the bytes of data-parallel copies (all-reduced); its exchange added to `ex`."""
     b, node, world = ex.b, ex.node, ex.world
     by_name = {t.name: t for t in tables}
-    lookup = np.zeros(world)
     seq_lookups = np.zeros(world)  # cold lookups a rank looks up or pools as sequences
     seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
     dp_bytes = 0
@@ -230,6 +229,9 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
             g[0], g[1] = g[0] + 1, g[1] + b[s.rank]
     read_s = np.array([1 / d.emb_read_bytes_per_s for d in devices])
     host_s = np.array([1 / d.host_read_bytes_per_s for d in devices])
+    # per-shard arithmetic on Python floats (a numpy scalar costs ten times as much): the
+    # same float64 operations in the same order
+    reads, hosts, nodes, looked = read_s.tolist(), host_s.tolist(), node.tolist(), [0.0] * world
     local = 0.0  # bytes per sample every rank looks up in its own data-parallel copies
     for s in shards:
         t = by_name[s.table]
@@ -240,7 +242,7 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
             continue
         looked_up = ex.total * t.lookups_per_sample * share * s.cols * t.weight_bytes
         hit = 1.0 if s.tier == Tier.hbm else (s.hit_rate if s.tier == Tier.cached else 0.0)
-        lookup[s.rank] += looked_up * (hit * read_s[s.rank] + (1 - hit) * host_s[s.rank])
+        looked[s.rank] += looked_up * (hit * reads[s.rank] + (1 - hit) * hosts[s.rank])
         if s.sparse_exchange:
             cold = t.lookups_per_sample * share
             seq_lookups[s.rank] += ex.total * cold
@@ -248,10 +250,10 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
             seq_bytes[s.rank] += ex.total * cold * s.cols * FLOAT_BYTES
             seq_bytes += b * cold * s.cols * FLOAT_BYTES
         vec = vectors_per_sample(s, t) * s.cols * FLOAT_BYTES
-        group, members_batch = groups[(s.table, int(node[s.rank]))] if s.node_reduce else (0, 0)
+        group, members_batch = groups[(s.table, nodes[s.rank])] if s.node_reduce else (0, 0)
         ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
         ex.add(s.rank, vec, ids, group, members_batch)
-    lookup += b * local * read_s
+    lookup = np.array(looked) + b * local * read_s
     return lookup, seq_lookups, seq_bytes, dp_bytes
 
 
@@ -294,7 +296,11 @@ class _Exchange:
         self.total = float(batch.sum())
         self.node_batch = np.bincount(node, weights=batch)
         self.world = len(batch)
-        zeros = lambda: np.zeros(self.world)  # noqa: E731
+        # `add`'s per-shard sums: Python floats in lists (numpy scalars cost ten times as
+        # much), numpy arrays from `_bytes` on
+        self._node, self._b = node.tolist(), batch.tolist()
+        self._node_batch = self.node_batch.tolist()
+        zeros = lambda: [0.0] * self.world  # noqa: E731
         self.sent_intra, self.sent_inter, self.recv_intra, self.recv_inter = (
             zeros() for _ in "1234"
         )
@@ -304,13 +310,13 @@ class _Exchange:
     def add(self, owner: int, vec: float, ids: float, group: int = 0, members_batch=0.0) -> None:
         """A shard on `owner`; `group` > 0: one of that many table-row-wise shards of a
         table on the owner's node, whose ranks hold `members_batch` samples."""
-        n = self.node[owner]
-        local = self.node_batch[n] - self.b[owner]  # samples of the owner's node's others
-        remote = self.total - self.node_batch[n]
+        n = self._node[owner]
+        local = self._node_batch[n] - self._b[owner]  # samples of the owner's node's others
+        remote = self.total - self._node_batch[n]
         self.ids_own[owner] += ids
         if group:  # table-row-wise: reduce-scatter in the group, then 1/g of the rest
             scatter = vec * self.total * (group - 1) / group
-            self.sent_intra[owner] += scatter + vec * (self.node_batch[n] - members_batch) / group
+            self.sent_intra[owner] += scatter + vec * (self._node_batch[n] - members_batch) / group
             self.recv_intra[owner] += scatter
             self.sent_inter[owner] += vec * remote / group
             self.cross_own[owner] += vec / group
@@ -351,23 +357,23 @@ class _Exchange:
         """Per rank (sent within its node, received within, sent across, received across),
         for the embeddings (one way) and for the ids."""
         b, node = self.b, self.node
+        sent_intra, sent_inter, vec_own, ids_own, cross_own, member_vec = map(
+            np.array, (self.sent_intra, self.sent_inter, self.vec_own, self.ids_own,
+                       self.cross_own, self.member_vec)
+        )  # fmt: skip
         per_node = lambda x: np.bincount(node, weights=x, minlength=len(self.node_batch))  # noqa: E731
-        vec_node, ids_node, cross_node = (
-            per_node(self.vec_own),
-            per_node(self.ids_own),
-            per_node(self.cross_own),
-        )
+        vec_node, ids_node, cross_node = per_node(vec_own), per_node(ids_own), per_node(cross_own)
         # vectors arrive for a rank's own samples from every owner but itself
-        recv_intra = self.recv_intra + b * (vec_node[node] - self.vec_own)
-        recv_inter = self.recv_inter + b * (vec_node.sum() - vec_node[node])
+        recv_intra = np.array(self.recv_intra) + b * (vec_node[node] - vec_own)
+        recv_inter = np.array(self.recv_inter) + b * (vec_node.sum() - vec_node[node])
         recv_inter += b * (cross_node.sum() - cross_node[node])
-        recv_intra += b * (cross_node[node] - self.member_vec)  # from a group it is not in
+        recv_intra += b * (cross_node[node] - member_vec)  # from a group it is not in
         # ids go the other way: from every rank to each owner, for the sender's samples
-        ids_sent_intra = b * (ids_node[node] - self.ids_own)
+        ids_sent_intra = b * (ids_node[node] - ids_own)
         ids_sent_inter = b * (ids_node.sum() - ids_node[node])
-        ids_recv_intra = self.ids_own * (self.node_batch[node] - b)
-        ids_recv_inter = self.ids_own * (self.total - self.node_batch[node])
-        return ((self.sent_intra, recv_intra, self.sent_inter, recv_inter),
+        ids_recv_intra = ids_own * (self.node_batch[node] - b)
+        ids_recv_inter = ids_own * (self.total - self.node_batch[node])
+        return ((sent_intra, recv_intra, sent_inter, recv_inter),
                 (ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter))  # fmt: skip
 
 

@@ -20,7 +20,7 @@
    pieces that fit no device's fast memory go to host memory with an HBM cache of their
    hottest rows (sized by the coverage curve and the free HBM); when placement still fails,
    every piece is cut finer and the hot rows get less room, until it fits or cannot.
-5. Shapes (GPU clusters of up to 32 ranks): each pooled table in turn whole, in column
+5. Shapes (GPU clusters): each pooled table in turn whole, in column
    pieces or as a table-row-wise group, kept where the cost model's whole step (the ids'
    exchange and the schedule included, which the placer's score leaves out) gets faster.
 The predicted step of the slowest rank is what this minimises, under each rank's capacity.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from sharding.cost_model import exposed_exchange_passes, ring_bytes, vectors_per
 from sharding.memory import batch_bytes_per_sample, dense_bytes
 from sharding.placer import Piece, Placer
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import check_fits, evaluate, finish_table, plan_cost
+from sharding.plan_eval import check_fits, evaluate, finish_table, shards_cost
 from sharding.row_parts import cold_part_rows
 from sharding.types import (
     ALL_RANKS,
@@ -73,7 +73,6 @@ BALANCE_PIECES = 4  # pieces are cut to about 1 / (this x ranks) of all pieces' 
 # pieces' ids outweigh a vector (`_group_worth`); those and every other whole one, each
 # placed as a group only where that ends the step sooner than on one rank
 NO_GROUPS, WORTH_GROUPS, EACH_GROUP = 0, 1, 2
-EACH_GROUP_MAX_RANKS = 32  # EACH_GROUP is tried on up to this many ranks (planning time)
 
 
 @dataclass(frozen=True)
@@ -127,15 +126,12 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         pooled = _variants(inputs, best.batch_per_rank, options, guides)
         if pooled_cold(pooled[0]):
             candidates.append(pooled)
-    plan = min((_finish(inputs, *c) for c in candidates), key=_step_ms)
+    if inputs.world > SEARCH_FULL_RANKS:  # planning time: the searches refine the best only
+        candidates = [min(candidates, key=lambda x: _step_ms(x[0]))]
+    plan = min((_reshape(inputs, *_tune_replication(inputs, *c)) for c in candidates),
+               key=_step_ms)  # fmt: skip
     # the final placement with whichever batch split suits it best
     return with_speed_aware_batch(plan, inputs, guides)
-
-
-def _finish(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
-    """A candidate's replication and table shapes searched, judged by the cost model."""
-    plan, recipe = _tune_replication(inputs, plan, recipe)
-    return _reshape(inputs, plan, recipe)
 
 
 @dataclass(frozen=True)
@@ -158,9 +154,11 @@ class _Recipe:
                           self.groups, self.shapes, self.pooled)  # fmt: skip
 
 
-REPLICATION_TRIALS = (8, 4)  # tables tried: on up to 32 ranks, on more (planning time)
+REPLICATION_TRIALS = (8, 4)  # moves tried: up to SEARCH_FULL_RANKS ranks, on more
 BATCHES_PLACED = 2  # batch splits besides speed shares placed anew
-TUNE_MAX_SIZE = 20_000  # tables x ranks above which the replication search is skipped
+# on more ranks than this, the searches make fewer trials and refine the best candidate
+# family only (planning time: docs/planning.md's goals)
+SEARCH_FULL_RANKS = 32
 
 
 def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[Plan, _Recipe]:
@@ -169,7 +167,7 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     step): replicate the smallest exchanged tables, or stop replicating the largest
     replicated ones, first in bulk (the smallest half, quarter, eighth; the largest half,
     quarter), then one table at a time, keeping a change when the whole plan steps faster."""
-    if len(inputs.tables) * inputs.world > TUNE_MAX_SIZE or inputs.world < 2:
+    if inputs.world < 2:
         return plan, recipe
     hot = {t.name: t.replicated_rows for t in plan.tables}
     recipe = replace(recipe, pooled=pooled_cold(plan))
@@ -181,7 +179,7 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     moves += [{n: 0 for n in drop[: len(drop) // k]} for k in (2, 4)]
     singles = [x for pair in zip(drop, add, strict=False) for x in pair]
     moves += [{n: 0 if hot[n] else rows[n]} for n in singles + drop[len(add) :] + add[len(drop) :]]
-    moves = [m for m in moves if m][: REPLICATION_TRIALS[inputs.world > 32]]
+    moves = [m for m in moves if m][: REPLICATION_TRIALS[inputs.world > SEARCH_FULL_RANKS]]
     # trials compared on greedy placements, the one kept then polished
     current = replace(recipe, hot=hot).plan(inputs, polish=False)
     kept = None
@@ -197,8 +195,7 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     return plan, recipe
 
 
-RESHAPE_MAX_RANKS = 32  # the shape search runs on up to this many ranks (planning time)
-RESHAPE_TRIALS = 256  # shape trials a climb makes at most (planning time)
+RESHAPE_TRIALS = (256, 64)  # shape trials a climb makes at most: up to SEARCH_FULL_RANKS, more
 RESHAPE_ROUNDS = 4  # climbs, each followed by a fresh placement with its shapes
 CLIMB_MOVES = 4  # the placer's local-search moves after each trial shape
 GROUP = "group"  # a table's cold part as a table-row-wise group (`Placer.place_group`)
@@ -210,10 +207,9 @@ def _reshape(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
     and the schedule, which may hide it under dense work). A round climbs (`_climb`) from
     the recipe's placement, then places every piece anew longest first with the shapes it
     found; rounds go on while that placement steps faster than the best so far. On GPU
-    clusters of up to RESHAPE_MAX_RANKS ranks (planning time); CPU clusters keep the greedy
+    clusters (RESHAPE_TRIALS: fewer trials on large ones); CPU clusters keep the greedy
     placement their measured results in docs/benchmarks.md were made with."""
-    if (inputs.cpu or inputs.world > RESHAPE_MAX_RANKS
-            or len(inputs.tables) * inputs.world > TUNE_MAX_SIZE):  # fmt: skip
+    if inputs.cpu:
         return plan
     best = plan
     for _ in range(RESHAPE_ROUNDS):
@@ -252,18 +248,19 @@ def _climb(made: _Placement, inputs: PlanInputs) -> dict | None:
     for q, s in placer.placed:
         if q.table.name in shapes:
             shapes[q.table.name] = GROUP if s.node_reduce else shapes[q.table.name] + 1
-    best = _quick_ms(made.plan(), inputs)
+    best = _quick_ms(made, inputs)
     changed, trials = False, 0
+    most = RESHAPE_TRIALS[inputs.world > SEARCH_FULL_RANKS]
     for p in wholes:
         for shape in _shapes(p, inputs, grouping):
-            if shape == shapes[p.table.name] or trials >= RESHAPE_TRIALS:
+            if shape == shapes[p.table.name] or trials >= most:
                 continue
             trials += 1
             state = placer.snapshot()
             placer.take(p.table.name)
             if _put(placer, p, shape, inputs):
                 placer.improve(max_moves=CLIMB_MOVES)
-                ms = _quick_ms(made.plan(), inputs)
+                ms = _quick_ms(made, inputs)
                 if ms < best * (1 - 1e-9):
                     best, changed = ms, True
                     shapes[p.table.name] = shape
@@ -272,9 +269,12 @@ def _climb(made: _Placement, inputs: PlanInputs) -> dict | None:
     return shapes if changed else None
 
 
-def _quick_ms(plan: Plan, inputs: PlanInputs) -> float:
-    """The plan's step under the cost model, without the checks and report of `evaluate`."""
-    return plan_cost(plan, inputs).step_s(inputs.schedule, inputs.micro_batches) * 1000
+def _quick_ms(made: _Placement, inputs: PlanInputs) -> float:
+    """The placement's step under the cost model, without the checks and report of
+    `evaluate`."""
+    shards = [s for t in made.tables() for s in t.shards]
+    cost = shards_cost(shards, made.batch, inputs)
+    return cost.step_s(inputs.schedule, inputs.micro_batches) * 1000
 
 
 def _shapes(p: Piece, inputs: PlanInputs, grouping: bool) -> list:
@@ -342,10 +342,12 @@ def _guided_batch(inputs: PlanInputs, guide: BoundGuide) -> list[int]:
     if not guide.node_shares:
         return capped_batch(big_b, sample_s, int(math.ceil(guide.largest_batch)))
     weights = np.zeros(inputs.world)
+    mates: dict[int, list[int]] = {}
     for r in inputs.ranks:
-        mates = [q.rank for q in inputs.ranks if q.node == r.node]
-        speed = 1.0 / sample_s[mates]
-        weights[r.rank] = guide.node_shares[r.node] * (1.0 / sample_s[r.rank]) / speed.sum()
+        mates.setdefault(r.node, []).append(r.rank)
+    speed = {node: (1.0 / sample_s[ranks]).sum() for node, ranks in mates.items()}
+    for r in inputs.ranks:
+        weights[r.rank] = guide.node_shares[r.node] * (1.0 / sample_s[r.rank]) / speed[r.node]
     return proportional_batch(big_b, list(np.maximum(weights, 1e-9)))
 
 
@@ -371,8 +373,7 @@ def _variants(
     others = [replace(lean, uncut=True)]
     if group_ready(inputs):  # large pooled tables TorchRec's table-row-wise way instead
         others.append(replace(lean, groups=WORTH_GROUPS))
-        if inputs.world <= EACH_GROUP_MAX_RANKS:
-            others.append(replace(lean, groups=EACH_GROUP))
+        others.append(replace(lean, groups=EACH_GROUP))
     for trial in others:
         plan = trial.plan(inputs)
         if guides is not None:
@@ -382,16 +383,17 @@ def _variants(
     return best
 
 
-def _group_worth(p: Piece, pieces: int, inputs: PlanInputs) -> bool:
+def _group_worth(p: Piece, pieces: int, inputs: PlanInputs, smallest_hbm: float) -> bool:
     """A pooled whole table goes table-row-wise when the ids its `pieces` column pieces
     would add outweigh a vector: each column piece receives every id (8 bytes a lookup),
     while the group receives each id once and reduce-scatters whole vectors within the
-    node; by memory too, when even narrow columns are large."""
+    node; by memory too, when even narrow columns are large (`smallest_hbm`: the least
+    device memory of any rank, less the reserve)."""
     if not _groupable(p, inputs):
         return False
     ids = p.table.lookups_per_sample * p.lookup_share * ID_BYTES
     narrowest = p.rows * inputs.row_bytes(MIN_COLS)
-    return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or narrowest > min(inputs.hbm_budget())
+    return (pieces - 1) * ids >= p.cols * FLOAT_BYTES or narrowest > smallest_hbm
 
 
 def _groupable(p: Piece, inputs: PlanInputs) -> bool:
@@ -563,6 +565,7 @@ def _place(
     split: list[tuple[float, int, Piece]] = []
     cuts: dict[str, tuple[float, list[Piece]]] = {}  # a group's pieces, if it finds no room
     tie = itertools.count()  # equal costs pop in the order pushed
+    smallest_hbm = min(inputs.hbm_budget())
 
     def push(cost: float, cut: list[Piece]) -> None:
         for q in cut:
@@ -574,7 +577,9 @@ def _place(
         shape = shapes.get(p.table.name)  # `_reshape`'s, where memory allows it
         if isinstance(shape, int) and p.rows * inputs.row_bytes(p.table.dim // shape) <= limit:
             cut = [replace(p, cols=p.table.dim // shape)] * shape
-        worth = shape == GROUP or (shape is None and groups and _group_worth(p, len(cut), inputs))
+        worth = shape == GROUP or (
+            shape is None and groups and _group_worth(p, len(cut), inputs, smallest_hbm)
+        )
         either = shape is None and groups == EACH_GROUP and len(cut) == 1 and _groupable(p, inputs)
         if worth or either:
             cuts[p.table.name] = (cost, cut)  # rows over a node, instead of these pieces
@@ -623,17 +628,30 @@ class _Placement:
     placer: Placer
     plans: dict[str, TablePlan]
     wholes: dict[str, Piece]
+    # per table, its placed shards and the table finished from them: `_climb` asks for the
+    # plan after each trial, which moves one table's pieces
+    finished: dict[str, tuple[list, TablePlan]] = field(default_factory=dict)
 
     def plan(self) -> Plan:
+        tables = [replace(t, shards=list(t.shards)) for t in self.tables()]
+        return Plan("hybrid", self.inputs.cluster, tables, self.batch)
+
+    def tables(self) -> list[TablePlan]:
+        """Each table finished from its placed shards (kept: not to be changed)."""
         placed: dict[str, list[tuple[int, Shard]]] = {name: [] for name in self.plans}
         for p, shard in self.placer.placed:
             placed[p.table.name].append((p.part, shard))
         tables = []
         for t in self.inputs.tables:  # row parts in part order, column pieces as placed
-            base = self.plans[t.name]
-            shards = base.shards + [s for _, s in sorted(placed[t.name], key=lambda x: x[0])]
-            tables.append(finish_table(replace(base, shards=shards)))
-        return Plan("hybrid", self.inputs.cluster, tables, self.batch)
+            shards = placed[t.name]
+            kept = self.finished.get(t.name)
+            if kept is None or kept[0] != shards:  # == on the same Shard objects: fast
+                base = self.plans[t.name]
+                ordered = [s for _, s in sorted(shards, key=lambda x: x[0])]
+                kept = shards, finish_table(replace(base, shards=base.shards + ordered))
+                self.finished[t.name] = kept
+            tables.append(kept[1])
+        return tables
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ else host memory with an HBM cache).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from sharding.batch_split import equal_batch
@@ -49,7 +51,7 @@ def round_robin(inputs: PlanInputs) -> Plan:
 def greedy_size(inputs: PlanInputs) -> Plan:
     tables = inputs.tables
     order = sorted(range(len(tables)), key=lambda i: -tables[i].rows * tables[i].dim)
-    inputs_sorted = PlanInputs(**{**inputs.__dict__, "tables": [inputs.tables[i] for i in order]})
+    inputs_sorted = replace(inputs, tables=[inputs.tables[i] for i in order])
     plan = _simple(inputs_sorted, "greedy_size", lambda i, t, free, need: int(np.argmax(free)))
     by_name = {tp.name: tp for tp in plan.tables}
     plan.tables = [by_name[t.name] for t in inputs.tables]

@@ -389,8 +389,13 @@ class PlanInputs:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of one stored value: the tables' (one precision a model; the widest if not)."""
-        return max((t.weight_bytes for t in self.tables), default=FLOAT_BYTES)
+        """Bytes of one stored value: the tables' (one precision a model; the widest if not).
+        Kept for the tables list it was taken from (the placer asks per piece it sizes)."""
+        tables, kept = self.tables, self.__dict__.get("_weight_bytes")
+        if kept is None or kept[0] is not tables or kept[1] != len(tables):
+            kept = (tables, len(tables), max((t.weight_bytes for t in tables), default=FLOAT_BYTES))
+            self.__dict__["_weight_bytes"] = kept
+        return kept[2]
 
     def row_bytes(self, cols: int) -> int:
         per_value = self.weight_bytes + self.optimizer.per_value_bytes

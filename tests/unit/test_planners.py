@@ -625,7 +625,7 @@ def test_the_shape_search_finds_a_faster_plan_than_the_placement_it_starts_from(
     # is finished too, and may win without any search
     options = hybrid_module.HybridOptions(pooled_hot=False)
     searched = evaluate(hybrid_module.hybrid(inputs, options), inputs)
-    monkeypatch.setattr(hybrid_module, "RESHAPE_MAX_RANKS", 0)  # the search off
+    monkeypatch.setattr(hybrid_module, "RESHAPE_TRIALS", (0, 0))  # the search off
     greedy = evaluate(hybrid_module.hybrid(inputs, options), inputs)
     assert searched.feasible and searched.est_step_ms < 0.9 * greedy.est_step_ms
 
