@@ -100,9 +100,12 @@ def plan_from_layout(name: str, layout: Sequence[dict], inputs: PlanInputs) -> P
     so the cost model judges it like any other; each table keeps TorchRec's sharding type."""
     shards = shards_from_layout(layout, inputs.tables, inputs.world, inputs.coverage)
     kind = {row["table"]: row["sharding_type"] for row in layout}
+    by_table: dict[str, list[Shard]] = {}
+    for s in shards:
+        by_table.setdefault(s.table, []).append(s)
     tables = []
     for t in inputs.tables:
-        own = [s for s in shards if s.table == t.name]
+        own = by_table.get(t.name, [])
         if not own:
             raise LayoutError(f"the layout does not place table '{t.name}'")
         dp = all(s.dp for s in own)
