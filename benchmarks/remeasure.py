@@ -60,6 +60,11 @@ PUBLISHED = [
      ["benchmarks.scale", "families=[homogeneous,mixed]", "workers=[8,64,128,512,1536]",
       "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
       "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false"]),
+    ("scale_multihot_bf16", "summary.json",  # the dense part at MLPerf's precision
+     ["benchmarks.scale", "families=[homogeneous,mixed]", "workers=[8,64,128,512,1536]",
+      "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
+      "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false",
+      "precision=bf16"]),
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
     ("pipeline_movielens100k", "summary.json",
      ["benchmarks.pipeline", *_SHAPED,
@@ -74,7 +79,11 @@ PUBLISHED = [
 _DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4"}  # <name>_<cluster> already
 # the sets a set's run reads, which PUBLISHED's order runs first (benchmarks.scale validates
 # its simulator against the calibration's and the emulated pipeline's measured steps)
-DEPENDS = {"scale": ("calibrate", "pipeline_emu_mixed4"), "scale_multihot": ("calibrate",)}
+DEPENDS = {
+    "scale": ("calibrate", "pipeline_emu_mixed4"),
+    "scale_multihot": ("calibrate",),
+    "scale_multihot_bf16": ("calibrate",),
+}
 # result sets that compare stacks, each run adding its own stack's rows: never stale
 ACROSS_STACKS = {"tbe_cpu"}
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
