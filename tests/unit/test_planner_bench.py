@@ -83,3 +83,22 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     bigger = replace(cluster, global_batch=2 * cluster.global_batch)  # same name, other cells
     with pytest.raises(UserError, match="another grid .*clusters"):
         run_grid(cfg, {"two": bigger}, named, tmp_path)
+
+
+def test_the_planning_time_goals_are_planned_with_every_search() -> None:
+    """`at_scale`'s other cases: random tables on 16 H100 ranks, MLPerf's multi-hot tables on
+    512 H100s; each plan feasible, at or above its bound, its planning time recorded."""
+    from hydra import initialize_config_dir
+
+    from benchmarks.planners import PlannerBenchConfig, planning_time_goals
+    from recsys import CONF_DIR
+    from recsys.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        goals = planning_time_goals(PlannerBenchConfig(scale_tables=12))
+    assert list(goals) == ["12_tables_16_ranks", "mlperf_multihot_512_h100"]
+    assert [(g["tables"], g["devices"]) for g in goals.values()] == [(12, 16), (26, 512)]
+    for g in goals.values():
+        assert g["feasible"] and g["planning_s"] > 0
+        assert g["est_step_ms"] >= g["lower_bound_ms"] * (1 - 1e-9)
