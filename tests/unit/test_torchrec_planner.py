@@ -128,6 +128,50 @@ def test_every_plan_torchrec_rated_is_priced_and_its_choice_kept() -> None:
         assert {t.name for t in plan.tables} == {t.name for t in tables}
 
 
+def test_memoized_estimator_lookups_leave_torchrecs_estimates_and_choice_unchanged(
+    monkeypatch,
+) -> None:
+    """`memoize_estimator_lookups` (TorchRec 1.9.2 scans `dir(config)` per estimate): every
+    plan TorchRec rates, its own estimate of each and its choice, the same as with its own
+    lookups, which it then scans a small fraction as often."""
+    from torchrec.distributed.planner.estimator import annotations
+
+    from sharding.torchrec_planner import memoize_estimator_lookups
+
+    scans = {"n": 0}
+    own = {}  # TorchRec's lookups, under any memoizing an earlier test did
+    for name in ("_get_annotated_method", "_get_coefficient_method"):
+        own[name] = getattr(annotations, name)
+        while getattr(own[name], "memoized", False):
+            own[name] = own[name].original
+
+    def counted(lookup):
+        def scan(*args):
+            scans["n"] += 1
+            return lookup(*args)
+
+        return scan
+
+    tables = [TableStats(f"t{i}", 2_000_000 if i < 3 else 5000, 64, 2.0) for i in range(6)]
+    inputs = inputs_for(TWO_NODES, tables)
+    runs = []
+    for memoize in (True, False):
+        for name, lookup in own.items():
+            monkeypatch.setattr(annotations, name, counted(lookup))
+        if memoize:
+            memoize_estimator_lookups()
+        else:  # TorchRec's lookups as they come
+            monkeypatch.setattr("sharding.torchrec_planner.memoize_estimator_lookups", lambda: None)
+        scans["n"] = 0
+        runs.append(
+            (plan_with_torchrec(tables_module(inputs), inputs, PlannerConfig()), scans["n"])
+        )
+    (fast, fast_scans), (slow, slow_scans) = runs
+    assert fast.proposals == slow.proposals and fast.own_estimate_ms == slow.own_estimate_ms
+    assert str(fast.plan) == str(slow.plan)
+    assert 0 < 10 * fast_scans < slow_scans
+
+
 def test_uvm_caching_shards_hold_their_cache_in_hbm_and_miss_at_host_speed() -> None:
     inputs = inputs_for(TWO_NODES, [TableStats("t", 1_000_000, 64)])
     layout = [
