@@ -90,8 +90,11 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     - batch splits (`batch_candidates`), each placed with every idea allowed;
     - for the best split, the same without row parts and without split tables (the
       sequence exchange has a fixed cost per step that no single table's decision sees),
-      and with the hot rows the bound's optimum picks at its prices;
-    - the best of those with each table's shape searched (`_reshape`).
+      and with the hot rows the bound's optimum picks at its prices; and the family whose
+      hot parts sit before pooled cold parts (`pooled_hot`);
+    - each family's best with whole-table replication (`_tune_replication`) and each
+      table's shape (`_reshape`) searched; past SEARCH_FULL_RANKS ranks the better family
+      only.
     Without `options.speed_aware`, equal shares only."""
     options = options or HybridOptions()
     check_inputs(inputs)
