@@ -71,7 +71,7 @@ from sharding.cluster import local_world_size
 from sharding.errors import UserError
 from sharding.memory import table_room
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import evaluate
+from sharding.plan_eval import evaluate, plan_cost
 from sharding.plan_shards import plan_from_layout, plan_layout
 from sharding.types import Coverage, Plan, PlanDoesNotFitError, PlanInputs, PlannerConfig
 
@@ -372,17 +372,28 @@ def torchrec_plans(
     chosen = evaluate(plan_from_layout("torchrec", plan_layout(result.plan), inputs), inputs)
     chosen.planning_s = result.planning_s
     chosen.torchrec_text = str(result.plan)
-    best = chosen
-    seen = set()
-    for _, layout in result.proposals:
-        key = repr(layout)
-        if key in seen:
-            continue
-        seen.add(key)
-        plan = evaluate(plan_from_layout("torchrec", layout, inputs), inputs, bound=False)
-        if (plan.feasible, -plan.est_step_ms) > (best.feasible, -best.est_step_ms):
-            best = plan
+    layouts = list({repr(layout): layout for _, layout in result.proposals}.values())
+    best = _fastest(chosen, [plan_from_layout("torchrec", x, inputs) for x in layouts], inputs)
     if best is not chosen:
         best.lower_bound_ms, best.planning_s = chosen.lower_bound_ms, chosen.planning_s
         best.planner = "torchrec_best"
     return TorchRecPlans(chosen, best, result.own_estimate_ms, len(result.proposals), result)
+
+
+def _fastest(chosen: Plan, rated: list[Plan], inputs: PlanInputs) -> Plan:
+    """The fastest plan that fits among `chosen` (evaluated) and `rated`, the first of equals
+    (the fastest of all where none fits). Each rated plan is priced by its step alone, then
+    checked in full fastest first until one fits: checking every plan in full took longer
+    than TorchRec's own search on many tables."""
+    steps = [1000 * plan_cost(p, inputs).step_s(inputs.schedule, inputs.micro_batches)
+             for p in rated]  # fmt: skip
+    order = sorted(range(len(rated)), key=steps.__getitem__)  # stable: the first of equals
+    for i in order:
+        if chosen.feasible and steps[i] >= chosen.est_step_ms:
+            return chosen  # nothing faster fits
+        plan = evaluate(rated[i], inputs, bound=False)
+        if plan.feasible:
+            return plan
+    if order and steps[order[0]] < chosen.est_step_ms:  # none fits: the fastest
+        return rated[order[0]]
+    return chosen

@@ -11,6 +11,7 @@ from recsys.models.dlrm import build_model
 from sharding.batch_split import equal_batch
 from sharding.hybrid import MIN_COLS
 from sharding.memory import DENSE_BYTES_PER_PARAM, table_room
+from sharding.plan_eval import evaluate
 from sharding.plan_shards import plan_from_layout
 from sharding.torchrec_planner import (
     CoverageCacheStats,
@@ -126,6 +127,12 @@ def test_every_plan_torchrec_rated_is_priced_and_its_choice_kept() -> None:
     for _, layout in plans.result.proposals[:20]:
         plan = plan_from_layout("torchrec", layout, inputs)
         assert {t.name for t in plan.tables} == {t.name for t in tables}
+    # the best is what checking every rated plan in full finds: the fastest that fits
+    every = [evaluate(plan_from_layout("torchrec", x, inputs), inputs, bound=False)
+             for _, x in plans.result.proposals]  # fmt: skip
+    fits = [p.est_step_ms for p in every if p.feasible]
+    assert fits and plans.best_ours.feasible
+    assert plans.best_ours.est_step_ms == min(fits + [plans.chosen.est_step_ms])
 
 
 def test_memoized_estimator_lookups_leave_torchrecs_estimates_and_choice_unchanged(
