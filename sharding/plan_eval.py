@@ -42,12 +42,15 @@ def _merge_columns_on_one_rank(tp: TablePlan) -> None:
     cold = [s for s in tp.shards if not s.dp]
     if len(cold) < 2 or tp.cold_parts > 1 or any(s.node_reduce for s in cold):
         return
-    merged: dict[tuple, Shard] = {}
+    first: dict[tuple, Shard] = {}  # each rank's (and tier's) first piece, and all its columns
+    cols: dict[tuple, int] = {}
     for s in cold:
         key = (s.rank, s.tier, s.hit_rate, s.cache_rows, s.lookup_share, s.sparse_exchange)
-        merged[key] = replace(merged[key], cols=merged[key].cols + s.cols) if key in merged else s
-    if len(merged) < len(cold):
-        tp.shards = [s for s in tp.shards if s.dp] + list(merged.values())
+        first.setdefault(key, s)
+        cols[key] = cols.get(key, 0) + s.cols
+    if len(first) < len(cold):
+        merged = [replace(s, cols=cols[k]) if cols[k] != s.cols else s for k, s in first.items()]
+        tp.shards = [s for s in tp.shards if s.dp] + merged
 
 
 def finish_table(tp: TablePlan) -> TablePlan:
