@@ -167,7 +167,8 @@ def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
 
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:
-    """Hybrid planning time: 1,000 tables (Criteo-like sizes) on 1,536 mixed devices."""
+    """Hybrid planning time: 1,000 tables (Criteo-like sizes) on 1,536 mixed devices, and
+    the other planning-time goals (`goals`: `planning_time_goals`)."""
     import recsys.app.planning as cli
     from sharding.types import (
         ClusterSpec,
