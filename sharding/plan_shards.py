@@ -103,16 +103,44 @@ def plan_from_layout(name: str, layout: Sequence[dict], inputs: PlanInputs) -> P
     by_table: dict[str, list[Shard]] = {}
     for s in shards:
         by_table.setdefault(s.table, []).append(s)
-    tables = []
-    for t in inputs.tables:
-        own = by_table.get(t.name, [])
-        if not own:
-            raise LayoutError(f"the layout does not place table '{t.name}'")
-        dp = all(s.dp for s in own)
-        tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
-                       hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
-                       shards=own)  # fmt: skip
-        tp = finish_table(tp)
-        tp.sharding_type = kind[t.name]
-        tables.append(tp)
+    tables = [_table_plan(t, by_table.get(t.name, []), kind.get(t.name)) for t in inputs.tables]
     return Plan(name, inputs.cluster, tables, equal_batch(inputs.global_batch, inputs.world))
+
+
+def _table_plan(t: TableStats, own: list[Shard], kind: str | None) -> TablePlan:
+    if not own:
+        raise LayoutError(f"the layout does not place table '{t.name}'")
+    dp = all(s.dp for s in own)
+    tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
+                   hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
+                   shards=own)  # fmt: skip
+    tp = finish_table(tp)
+    tp.sharding_type = kind
+    return tp
+
+
+class LayoutShards:
+    """The shards of many layouts of the same tables, as `plan_from_layout(...).shards()`
+    gives them (the same shards in the same order), each table's kept by its row: TorchRec's
+    rated plans differ from each other in a few tables."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+        self.kept: dict[tuple, list[Shard]] = {}
+
+    def __call__(self, layout: Sequence[dict]) -> list[Shard]:
+        inputs = self.inputs
+        rows = {row["table"]: row for row in layout}
+        out: list[Shard] = []
+        for t in inputs.tables:
+            row = rows.get(t.name)
+            if row is None:
+                raise LayoutError(f"the layout does not place table '{t.name}'")
+            key = (t.name, row["sharding_type"], row["compute_kernel"],
+                   row.get("cache_load_factor"),
+                   tuple((s["rank"], s["rows"], s["cols"]) for s in row["shards"]))  # fmt: skip
+            if key not in self.kept:
+                own = shards_from_layout([row], inputs.tables, inputs.world, inputs.coverage)
+                self.kept[key] = _table_plan(t, own, row["sharding_type"]).shards
+            out += self.kept[key]
+        return out

@@ -71,8 +71,8 @@ from sharding.cluster import local_world_size
 from sharding.errors import UserError
 from sharding.memory import table_room
 from sharding.plan_check import check_inputs
-from sharding.plan_eval import evaluate, plan_cost
-from sharding.plan_shards import plan_from_layout, plan_layout
+from sharding.plan_eval import evaluate, shards_cost
+from sharding.plan_shards import LayoutShards, plan_from_layout, plan_layout
 from sharding.types import Coverage, Plan, PlanDoesNotFitError, PlanInputs, PlannerConfig
 
 CACHE_HIT_TARGET = 0.9  # a UVM cache's starting size: the hottest rows with this hit rate
@@ -373,27 +373,31 @@ def torchrec_plans(
     chosen.planning_s = result.planning_s
     chosen.torchrec_text = str(result.plan)
     layouts = list({repr(layout): layout for _, layout in result.proposals}.values())
-    best = _fastest(chosen, [plan_from_layout("torchrec", x, inputs) for x in layouts], inputs)
+    best = _fastest(chosen, layouts, inputs)
     if best is not chosen:
         best.lower_bound_ms, best.planning_s = chosen.lower_bound_ms, chosen.planning_s
         best.planner = "torchrec_best"
     return TorchRecPlans(chosen, best, result.own_estimate_ms, len(result.proposals), result)
 
 
-def _fastest(chosen: Plan, rated: list[Plan], inputs: PlanInputs) -> Plan:
-    """The fastest plan that fits among `chosen` (evaluated) and `rated`, the first of equals
-    (the fastest of all where none fits). Each rated plan is priced by its step alone, then
-    checked in full fastest first until one fits: checking every plan in full took longer
-    than TorchRec's own search on many tables."""
-    steps = [1000 * plan_cost(p, inputs).step_s(inputs.schedule, inputs.micro_batches)
-             for p in rated]  # fmt: skip
-    order = sorted(range(len(rated)), key=steps.__getitem__)  # stable: the first of equals
+def _fastest(chosen: Plan, layouts: list[list[dict]], inputs: PlanInputs) -> Plan:
+    """The fastest plan that fits among `chosen` (evaluated) and the rated `layouts`, the
+    first of equals (the fastest of all where none fits). Each rated plan is priced by its
+    step alone (`LayoutShards`), then checked in full fastest first until one fits: checking
+    every plan in full took longer than TorchRec's own search on many tables."""
+    shards, batch = LayoutShards(inputs), equal_batch(inputs.global_batch, inputs.world)
+    steps = [1000 * shards_cost(shards(x), batch, inputs).step_s(inputs.schedule,
+                                                                 inputs.micro_batches)
+             for x in layouts]  # fmt: skip
+    order = sorted(range(len(layouts)), key=steps.__getitem__)  # stable: the first of equals
+    fastest = None  # evaluated, where none fits
     for i in order:
         if chosen.feasible and steps[i] >= chosen.est_step_ms:
             return chosen  # nothing faster fits
-        plan = evaluate(rated[i], inputs, bound=False)
+        plan = evaluate(plan_from_layout("torchrec", layouts[i], inputs), inputs, bound=False)
         if plan.feasible:
             return plan
-    if order and steps[order[0]] < chosen.est_step_ms:  # none fits: the fastest
-        return rated[order[0]]
-    return chosen
+        fastest = plan if i == order[0] else fastest
+    if chosen.feasible or fastest is None or steps[order[0]] >= chosen.est_step_ms:
+        return chosen  # it fits and nothing faster does, or nothing fits and it is fastest
+    return fastest  # nothing fits: the fastest

@@ -135,6 +135,32 @@ def test_every_plan_torchrec_rated_is_priced_and_its_choice_kept() -> None:
     assert plans.best_ours.est_step_ms == min(fits + [plans.chosen.est_step_ms])
 
 
+@pytest.mark.parametrize("reserve", [0.15, 0.96, 0.97, 0.99])
+def test_the_best_rated_plan_is_the_fastest_that_fits_whatever_fits(reserve) -> None:
+    """`_fastest` (priced by step, checked fastest first) against checking every rated plan
+    in full, with memory reserves under which all of them fit (0.15), some and the first
+    (0.96), some but not the first (0.97), none (0.99): the fastest that fits, the first on
+    equal steps; where none fits, the fastest."""
+    from dataclasses import replace
+
+    from sharding.torchrec_planner import _fastest
+
+    tables = [TableStats(f"t{i}", 2_000_000 if i < 4 else 5000, 64, 2.0) for i in range(8)]
+    inputs = inputs_for(TWO_NODES, tables)
+    rated = torchrec_plans(inputs, PlannerConfig()).result.proposals
+    tight = replace(inputs, reserve=reserve)
+    layouts = [x for _, x in rated]
+    chosen = evaluate(plan_from_layout("torchrec", layouts[0], tight), tight)
+    every = [evaluate(plan_from_layout("torchrec", x, tight), tight, bound=False) for x in layouts]
+    want = chosen
+    for plan in every:
+        if (plan.feasible, -plan.est_step_ms) > (want.feasible, -want.est_step_ms):
+            want = plan
+    got = _fastest(chosen, layouts, tight)
+    assert (got.feasible, got.est_step_ms) == (want.feasible, want.est_step_ms)
+    assert [t.shards for t in got.tables] == [t.shards for t in want.tables]
+
+
 def test_memoized_estimator_lookups_leave_torchrecs_estimates_and_choice_unchanged(
     monkeypatch,
 ) -> None:
