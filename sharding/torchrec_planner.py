@@ -280,7 +280,8 @@ def memoize_estimator_lookups() -> None:
     scanning `dir(config)` on every call (`estimator.annotations._get_annotated_method` and
     `_get_coefficient_method`): 2.5 million scans on 769 tables, most of its planning time.
     A config's methods are its class's, so each lookup is memoized per (config, marker,
-    sharding type): the same methods come back, TorchRec's estimates and plans unchanged."""
+    sharding type): the same methods come back, TorchRec's estimates and plans unchanged.
+    The memo holds each config it saw (a few per planning run) for the process's life."""
     from torchrec.distributed.planner.estimator import annotations
 
     for name in ("_get_annotated_method", "_get_coefficient_method"):

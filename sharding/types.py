@@ -390,7 +390,8 @@ class PlanInputs:
     @property
     def weight_bytes(self) -> int:
         """Bytes of one stored value: the tables' (one precision a model; the widest if not).
-        Kept for the tables list it was taken from (the placer asks per piece it sizes)."""
+        Kept for the tables list it was taken from (the placer asks per piece it sizes):
+        `tables` is replaced (`replace(inputs, tables=...)`), never changed item by item."""
         tables, kept = self.tables, self.__dict__.get("_weight_bytes")
         if kept is None or kept[0] is not tables or kept[1] != len(tables):
             kept = (tables, len(tables), max((t.weight_bytes for t in tables), default=FLOAT_BYTES))

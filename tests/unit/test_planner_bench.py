@@ -85,7 +85,7 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
         run_grid(cfg, {"two": bigger}, named, tmp_path)
 
 
-def test_the_planning_time_goals_are_planned_with_every_search() -> None:
+def test_the_planning_time_goals_are_planned_and_timed() -> None:
     """`at_scale`'s other cases: random tables on 16 H100 ranks, MLPerf's multi-hot tables on
     512 H100s; each plan feasible, at or above its bound, its planning time recorded."""
     from hydra import initialize_config_dir
