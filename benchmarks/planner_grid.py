@@ -44,7 +44,7 @@ CELLS_FILE = "grid_cells.jsonl"
 @dataclass
 class GridConfig:
     enabled: bool = True
-    cells: int = 72  # (workload, cluster) cells: the named workloads first, then random
+    cells: int = 400  # (workload, cluster) cells: the named workloads first, then random
     clusters: list[str] = field(
         default_factory=lambda: ["1x1_a100_80g", "1x8_t4_16g", "1x8_a100_80g", "2x8_h100",
                                  "hetero_3node"]
@@ -53,8 +53,8 @@ class GridConfig:
     workers: int = 2  # processes planning cells side by side
     # TorchRec's own planner timeout per cell (its `timeout_seconds`), at least: it also
     # gets as long as hybrid took on the cell; it keeps the best plan found by then
-    torchrec_timeout_s: float = 60.0
-    layouts: int = 4  # layouts generated from seeds layout_seed, layout_seed + 1, ...
+    torchrec_timeout_s: float = 30.0
+    layouts: int = 11  # layouts generated from seeds layout_seed, layout_seed + 1, ...
     layout_seed: int = 1000
     layout_max_ranks: int = 512
     profile: str | None = None  # a measured profile.json of the MLPerf tables; None: measure
