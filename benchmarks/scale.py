@@ -113,6 +113,22 @@ def cluster_at(name: str, family: Family, workers: int, oversubscription: float,
     return replace(base, name=f"{name}_{workers}", nodes=nodes, network=net)
 
 
+def plan_at(cfg: ScaleConfig, spec, planner: str, profile: AccessProfile | None
+            ) -> tuple[Plan, PlanInputs, float]:  # fmt: skip
+    """`planner`'s plan of the study's model on the cluster `spec`, `cfg.batch_per_worker`
+    samples a worker, what it was planned from, and the seconds planning took."""
+    from recsys.app.planning import make_plan, plan_inputs
+
+    tcfg = _compose([f"model={cfg.model}", f"planner={planner}",
+                     f"trainer.batch_size={cfg.batch_per_worker}",
+                     f"trainer.precision={cfg.precision}"])  # fmt: skip
+    tcfg = replace(tcfg, cluster=spec)
+    t0 = time.perf_counter()
+    inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
+    plan = make_plan(tcfg, inputs)
+    return plan, inputs, time.perf_counter() - t0
+
+
 @dataclass(frozen=True)
 class ScheduleLabel:
     """A schedule label parsed: `plain`, `sparse_dist`, `semi_sync` (SparseDist's ids ahead,
@@ -188,7 +204,6 @@ def schedules_and_profile(
 
 def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
     """Every (family, size, planner, schedule) point, and the plans' timelines source."""
-    from recsys.app.planning import make_plan, plan_inputs
     from sharding.plan_eval import plan_cost
 
     labels, profile = schedules_and_profile(cfg)
@@ -203,14 +218,7 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
             for planner in cfg.planners:
                 if planner.startswith("torchrec") and workers > cfg.torchrec_max_workers:
                     continue
-                tcfg = _compose([f"model={cfg.model}", f"planner={planner}",
-                                 f"trainer.batch_size={cfg.batch_per_worker}",
-                                 f"trainer.precision={cfg.precision}"])  # fmt: skip
-                tcfg = replace(tcfg, cluster=spec)
-                t0 = time.perf_counter()
-                inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
-                plan = make_plan(tcfg, inputs)
-                planning_s = time.perf_counter() - t0
+                plan, inputs, planning_s = plan_at(cfg, spec, planner, profile)
                 cost = plan_cost(plan, inputs)
                 headroom = min(1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1)
                                for d in plan.devices)  # fmt: skip
