@@ -86,7 +86,10 @@ def torchrec_topology(inputs: PlanInputs) -> Topology:
     if inputs.cpu:
         caps = {"hbm_cap": [0] * world, "ddr_cap": room}
     else:
-        caps = {"hbm_cap": room, "ddr_cap": [int(x) for x in inputs.host_budget()]}
+        # at least a byte: TorchRec 1.9.2 sizes row-wise shards in proportion to the devices'
+        # HBM and divides by its sum, which no room anywhere makes zero (a byte fits no shard)
+        caps = {"hbm_cap": [max(1, x) for x in room],
+                "ddr_cap": [int(x) for x in inputs.host_budget()]}  # fmt: skip
     per_ms = 1e-3  # TorchRec's bandwidths are bytes per millisecond
     net = inputs.network
     mean = lambda xs: float(np.mean(xs))  # noqa: E731

@@ -243,6 +243,18 @@ def test_plan_that_cannot_fit_names_every_rank_and_the_fix(typed_cfg) -> None:
     assert "cluster=" in msg and "model=" in msg
 
 
+def test_gpus_with_no_room_for_tables_get_no_plan_not_a_torchrec_crash() -> None:
+    """Dense parameters larger than every GPU's memory leave no room anywhere: TorchRec is
+    told a byte per device (its row-wise sizing divides by their sum) and finds no plan."""
+    from dataclasses import replace
+
+    inputs = replace(inputs_for(TWO_NODES, [TableStats("t", 159, 128)]), dense_params=10**10)
+    assert max(table_room(inputs, equal_batch(inputs.global_batch, inputs.world))) <= 0
+    assert [d.storage.hbm for d in torchrec_topology(inputs).devices] == [1] * inputs.world
+    with pytest.raises(PlanDoesNotFitError, match="INSUFFICIENT_STORAGE"):
+        torchrec_plans(inputs, PlannerConfig(torchrec_timeout_s=5))
+
+
 def test_mlperf_tables_plan_on_meta_for_a_gpu_node(typed_cfg) -> None:
     from recsys.app.planning import plan_inputs
 
