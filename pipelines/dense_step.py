@@ -94,7 +94,7 @@ class DeferredGrads(TorchFunctionMode):
     `F.linear(x, W, b)` (nn.Linear, DCN's cross kernels) keeps `x` and the output's
     gradient; `t + p` with `p` broadcast over leading dims (DCN's cross bias) keeps the
     output's gradient. `accumulate` then computes, for the whole batch in data order,
-    `x^T g` and `g.sum(0)`: what autograd computes in the plain loop. Any other use of a
+    `g^T x` and `g.sum(0)`: what autograd computes in the plain loop. Any other use of a
     parameter gets a per-micro-batch leaf whose gradients are summed (within rounding; named
     in `inexact`).
     """
@@ -176,9 +176,11 @@ class DeferredGrads(TorchFunctionMode):
                 x, g = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
                 if inverse is not None and len(x) == batch:
                     x, g = x[inverse], g[inverse]
-                # what autograd computes for F.linear's weight (in the dtype the op ran in;
-                # autocast's cast back to the parameter's dtype is `_add_grad`'s)
-                _add_grad(w, x.t().mm(g).t())
+                # what autograd computes for F.linear's weight, g^T x with the operands in
+                # that order (x^T g transposed rounds differently at some shapes, e.g. 80
+                # inputs to 8 outputs: DeepFM's deep layer), in the dtype the op ran in;
+                # autocast's cast back to the parameter's dtype is `_add_grad`'s
+                _add_grad(w, g.t().mm(x))
                 if b is not None:
                     _add_grad(b, g.sum(0))
             else:

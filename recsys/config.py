@@ -70,8 +70,12 @@ class DatasetConfig(SyntheticConfig):
 
 
 class Arch(str, Enum):
-    dlrm = "dlrm"  # dot interaction
-    dcnv2 = "dcnv2"  # low-rank DCN cross layers (MLPerf DLRM-DCNv2)
+    """TorchRec's models (`torchrec.models`), each `model(dense, sparse) -> logits`."""
+
+    dlrm = "dlrm"  # DLRM: dot interaction
+    dcnv2 = "dcnv2"  # DLRM_DCN: low-rank DCN cross layers (MLPerf DLRM-DCNv2)
+    projection = "projection"  # DLRM_Projection: dot interaction of two projected branches
+    deepfm = "deepfm"  # SimpleDeepFMNN: factorization machine beside a deep interaction
 
 
 class TableDtype(str, Enum):
@@ -92,6 +96,13 @@ class ModelConfig:
     over_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 1])
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 512
+    # projection: each branch's MLP over the F + 1 pooled vectors; its last size a
+    # multiple of embedding_dim (the branch's projected vectors)
+    interaction_branch1_layer_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    interaction_branch2_layer_sizes: list[int] = field(default_factory=lambda: [64, 32])
+    # deepfm: the deep interaction's output size (its dense arch is
+    # dense_arch_layer_sizes = [hidden, embedding_dim], its over arch one linear layer)
+    deep_fm_dimension: int = 8
     # what the tables store (TorchRec's DataType): fp16 halves their memory and the bytes
     # a lookup reads; lookups still return fp32, and the fused update rounds to fp16
     table_dtype: TableDtype = TableDtype.fp32
@@ -126,6 +137,25 @@ def validate_model_config(cfg: ModelConfig) -> None:
         raise ModelConfigError(
             f"model '{cfg.name}': over_arch_layer_sizes must end in 1 (one logit), got "
             f"{list(cfg.over_arch_layer_sizes)}"
+        )
+    arch = Arch(cfg.arch)
+    if arch == Arch.projection:
+        for name in ("interaction_branch1_layer_sizes", "interaction_branch2_layer_sizes"):
+            sizes = list(getattr(cfg, name))
+            if not sizes or sizes[-1] % cfg.embedding_dim:
+                raise ModelConfigError(
+                    f"model '{cfg.name}' (arch=projection): {name}={sizes} must end in a "
+                    f"multiple of embedding_dim ({cfg.embedding_dim}): the branch's output is "
+                    f"that many projected vectors"
+                )
+    if arch == Arch.deepfm and (len(cfg.dense_arch_layer_sizes) != 2
+                                or list(cfg.over_arch_layer_sizes) != [1]
+                                or cfg.deep_fm_dimension < 1):  # fmt: skip
+        raise ModelConfigError(
+            f"model '{cfg.name}' (arch=deepfm): TorchRec's SimpleDeepFMNN has a dense arch of "
+            f"two layers (dense_arch_layer_sizes=[hidden, {cfg.embedding_dim}], got "
+            f"{list(cfg.dense_arch_layer_sizes)}), one output layer (over_arch_layer_sizes="
+            f"[1], got {list(cfg.over_arch_layer_sizes)}) and deep_fm_dimension >= 1"
         )
 
 

@@ -29,12 +29,7 @@ class ModelCost:
 def model_cost(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None = None) -> ModelCost:
     model = build_model(cfg, dense_device=torch.device("meta"))
     dense = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
-    features = len(cfg.num_embeddings_per_feature) + 1  # tables + the bottom MLP's output
-    interaction = (
-        dot_interaction_flops(features, cfg.embedding_dim)
-        if Arch(cfg.arch) == Arch.dlrm
-        else 0.0  # DCN's cross layers are parameters, counted in dense
-    )
+    interaction = _interaction_flops(cfg)
     pooling = lookups_per_sample or {}
     tables = [
         TableStats(
@@ -50,16 +45,35 @@ def model_cost(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None = N
                      cfg.dense_in_features)  # fmt: skip
 
 
+def _interaction_flops(cfg: ModelConfig) -> float:
+    """FLOPs per sample of the feature interaction's parameter-free work (its parameters'
+    are counted with the dense part's)."""
+    features, dim = len(cfg.num_embeddings_per_feature) + 1, cfg.embedding_dim  # + bottom MLP
+    arch = Arch(cfg.arch)
+    if arch == Arch.dlrm:
+        return dot_interaction_flops(features, dim)
+    if arch == Arch.projection:  # one branch's projected vectors dotted with the other's
+        f1 = cfg.interaction_branch1_layer_sizes[-1] // dim
+        f2 = cfg.interaction_branch2_layer_sizes[-1] // dim
+        return 2.0 * f1 * f2 * dim
+    if arch == Arch.deepfm:  # the factorization machine: a square of sums, a sum of squares
+        return 4.0 * features * dim
+    return 0.0  # DCN's cross layers are parameters
+
+
 def _activation_bytes(model: torch.nn.Module, cfg: ModelConfig) -> float:
-    """Bytes TorchRec's DLRM / DLRM_DCN dense part saves for backward per sample: the
-    bottom MLP, the interaction over the pooled embeddings, the top MLP."""
+    """Bytes the model's dense part saves for backward per sample: the bottom MLP, the
+    interaction over the pooled embeddings, the top MLP."""
     model = model.to("meta")  # buffers too (the interaction's indices)
     meta = torch.device("meta")
-    features = len(cfg.num_embeddings_per_feature)
+    names = [f"cat_{i}" for i in range(len(cfg.num_embeddings_per_feature))]
 
     def forward(b: int) -> object:
         dense = model.dense_arch(torch.empty(b, cfg.dense_in_features, device=meta))
-        pooled = torch.empty(b, features, cfg.embedding_dim, device=meta, requires_grad=True)
+        pooled = torch.empty(b, len(names), cfg.embedding_dim, device=meta, requires_grad=True)
+        if Arch(cfg.arch) == Arch.deepfm:  # its interaction takes each feature's by name
+            by_name = dict(zip(names, pooled.unbind(1), strict=True))
+            return model.over_arch(model.inter_arch(dense, by_name))
         return model.over_arch(model.inter_arch(dense, pooled))
 
     return saved_bytes_per_sample(forward)

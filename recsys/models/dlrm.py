@@ -1,4 +1,7 @@
-"""DLRM and DLRM-DCNv2 built from TorchRec's modules (their config: `recsys.config.ModelConfig`).
+"""TorchRec's models (`torchrec.models`: DLRM, DLRM_DCN, DLRM_Projection, SimpleDeepFMNN)
+built from a `recsys.config.ModelConfig`, each as `model(dense, sparse) -> logits` inside
+TorchRec's `DLRMTrain` (BCE with logits): the contract every pipeline trains
+(docs/training.md, "Models").
 
 The embedding tables are one EmbeddingBagCollection, one table per categorical feature
 (`t_cat_<i>` serves feature `cat_<i>`: TorchRec's Criteo names, `cat_0` .. `cat_25`, and on
@@ -9,7 +12,8 @@ from __future__ import annotations
 
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.models.deepfm import SimpleDeepFMNN
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from torchrec.modules.embedding_configs import DataType
 
 from recsys.config import Arch, ModelConfig, TableDtype, validate_model_config
@@ -51,19 +55,7 @@ def build_model(
     """
     validate_model_config(cfg)
     ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("meta"))
-    common = dict(
-        embedding_bag_collection=ebc,
-        dense_in_features=cfg.dense_in_features,
-        dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
-        over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
-        dense_device=dense_device,
-    )
-    if cfg.arch == Arch.dcnv2:
-        model = DLRM_DCN(
-            **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim
-        )
-    else:
-        model = DLRM(**common)
+    model = build_torchrec_model(cfg, ebc, dense_device)
     hot_rows, cold_parts = hot_rows or {}, cold_parts or {}
     from recsys.models.split import is_split
 
@@ -84,5 +76,39 @@ def build_model(
             split, cold = sequence_cold_configs(split, sequence_cold)
             ec = EmbeddingCollection(tables=cold, device=meta) if cold else None
         split_ebc = EmbeddingBagCollection(tables=split, device=meta)
-        model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec)
+        keyed = Arch(cfg.arch) == Arch.deepfm  # its interaction takes pooled vectors by name
+        model.sparse_arch = SplitSparseArch(split_ebc, feature_names(cfg), ec, keyed)
     return DLRMTrain(model)
+
+
+def build_torchrec_model(cfg: ModelConfig, ebc: EmbeddingBagCollection,
+                         dense_device: torch.device) -> torch.nn.Module:  # fmt: skip
+    """The model `cfg.arch` names over the collection `ebc`, its dense part on `dense_device`."""
+    arch = Arch(cfg.arch)
+    if arch == Arch.deepfm:
+        with dense_device:
+            model = SimpleDeepFMNN(cfg.dense_in_features, ebc, cfg.dense_arch_layer_sizes[0],
+                                   cfg.deep_fm_dimension)  # fmt: skip
+        # TorchRec's over arch ends in a sigmoid; the train module's loss takes logits
+        *layers, last = model.over_arch.model
+        assert isinstance(last, torch.nn.Sigmoid), model.over_arch
+        model.over_arch.model = torch.nn.Sequential(*layers)
+        return model
+    common = dict(
+        embedding_bag_collection=ebc,
+        dense_in_features=cfg.dense_in_features,
+        dense_arch_layer_sizes=list(cfg.dense_arch_layer_sizes),
+        over_arch_layer_sizes=list(cfg.over_arch_layer_sizes),
+        dense_device=dense_device,
+    )
+    if arch == Arch.dcnv2:
+        return DLRM_DCN(
+            **common, dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim
+        )
+    if arch == Arch.projection:
+        return DLRM_Projection(
+            **common,
+            interaction_branch1_layer_sizes=list(cfg.interaction_branch1_layer_sizes),
+            interaction_branch2_layer_sizes=list(cfg.interaction_branch2_layer_sizes),
+        )
+    return DLRM(**common)

@@ -97,17 +97,20 @@ def sequence_cold_configs(
 
 class SplitSparseArch(SparseArch):
     """DLRM's SparseArch over a split collection: returns B x F x D for the original F
-    features, each split feature's hot and cold pooled embeddings summed. Cold parts in
-    `ec` (an EmbeddingCollection) are pooled here, after their exchange."""
+    features, each split feature's hot and cold pooled embeddings summed (`keyed`: a dict
+    of each feature's B x D instead, what DeepFM's interaction indexes by name). Cold parts
+    in `ec` (an EmbeddingCollection) are pooled here, after their exchange."""
 
     def __init__(
         self,
         ebc: EmbeddingBagCollection,
         feature_names: list[str],
         ec: EmbeddingCollection | None = None,
+        keyed: bool = False,
     ) -> None:
         super().__init__(ebc)
         self.embedding_collection = ec
+        self._keyed = keyed
         bags = set(self._sparse_feature_names)
         sequences = set()
         if ec is not None:
@@ -123,7 +126,7 @@ class SplitSparseArch(SparseArch):
         self._sparse_feature_names = list(feature_names)
         self.F = len(feature_names)
 
-    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor | dict[str, torch.Tensor]:
         pooled = self.embedding_bag_collection(features).to_dict()
         if self._sequences:  # cold parts looked up as sequences, pooled here
             sequences = self.embedding_collection(features)
@@ -140,6 +143,8 @@ class SplitSparseArch(SparseArch):
             for c in parts[1:]:
                 v = v + pooled[c]
             values.append(v)
+        if self._keyed:
+            return dict(zip(self._sparse_feature_names, values, strict=True))
         return torch.cat(values, dim=1).reshape(-1, self.F, self.D)
 
 

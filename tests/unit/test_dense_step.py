@@ -7,10 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.models.dlrm import DLRMTrain
 
 from pipelines.dense_step import DeferredGrads, alignment, compute_dtype, loss_seed
 from pipelines.exchange import micro_sizes
+from recsys.config import Arch, ModelConfig
+from recsys.models.dlrm import build_torchrec_model
 from recsys.models.shares import SharedBatchDLRMTrain
 
 FEATURES = 4
@@ -30,13 +32,11 @@ def _model(arch: str, shared: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=50,
                                  feature_names=[f"f{i}"]) for i in range(FEATURES)]  # fmt: skip
-    common = dict(embedding_bag_collection=EmbeddingBagCollection(tables=tables),
-                  dense_in_features=13, dense_arch_layer_sizes=[64, 16],
-                  over_arch_layer_sizes=[64, 1])  # fmt: skip
-    if arch == "dcnv2":
-        model = DLRM_DCN(**common, dcn_num_layers=3, dcn_low_rank_dim=32)
-    else:
-        model = DLRM(**common)
+    cfg = ModelConfig(arch=Arch(arch), num_embeddings_per_feature=[50] * FEATURES,
+                      embedding_dim=16, dense_arch_layer_sizes=[64, 16],
+                      over_arch_layer_sizes=[1] if arch == "deepfm" else [64, 1],
+                      dcn_num_layers=3, dcn_low_rank_dim=32)  # fmt: skip
+    model = build_torchrec_model(cfg, EmbeddingBagCollection(tables=tables), torch.device("cpu"))
     return SharedBatchDLRMTrain(model, 2, 512) if shared else DLRMTrain(model)
 
 
@@ -73,7 +73,7 @@ def _micro_batched(train, params, data, order, n: int, align: int):
     return torch.cat(logits)[inverse], deferred
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dcnv2"])
+@pytest.mark.parametrize("arch", ["dlrm", "dcnv2", "projection", "deepfm"])
 @pytest.mark.parametrize("shared", [False, True], ids=["mean_loss", "scaled_sum_loss"])
 @pytest.mark.parametrize(
     ("batch", "n", "clustered"), [(256, 4, False), (256, 3, True), (200, 3, False), (256, 8, True)]

@@ -88,3 +88,74 @@ def test_replicated_fp16_rows_update_as_fbgemm_does() -> None:
     assert runs["ours16"].dtype == torch.float16 and torch.isfinite(runs["ours16"]).all()
     assert torch.allclose(runs["ours16"].float(), runs["torchrec"], atol=2e-3)
     assert not torch.isfinite(runs["torchrec16"]).all()  # what this class exists for
+
+
+ARCHS = {Arch.dlrm: "DLRM", Arch.dcnv2: "DLRM_DCN", Arch.projection: "DLRM_Projection",
+         Arch.deepfm: "SimpleDeepFMNN"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["dlrm_small", "dcnv2_small", "projection_small", "deepfm_small"])
+def test_every_torchrec_model_trains_as_dense_sparse_to_logits(typed_cfg, name) -> None:
+    """Each `model=` option: TorchRec's model inside DLRMTrain, `model(dense, sparse)`
+    giving one logit a sample (DeepFM's sigmoid left to the loss); the cost model's
+    inputs work it out on meta."""
+    from torchrec import EmbeddingBagCollection
+    from torchrec.models.dlrm import DLRMTrain
+
+    from recsys.config import SyntheticConfig
+    from recsys.data.synthetic import SyntheticCriteo
+    from recsys.models.cost_inputs import model_cost
+    from recsys.models.dlrm import build_torchrec_model
+
+    cfg = typed_cfg([f"model={name}"]).model
+    assert type(build_model(cfg, torch.device("meta")).model).__name__ == ARCHS[cfg.arch]
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(table_configs(cfg))  # on CPU: the train module's are meta
+    train = DLRMTrain(build_torchrec_model(cfg, ebc, torch.device("cpu")))
+    names = [f"cat_{i}" for i in range(len(cfg.num_embeddings_per_feature))]
+    batch = SyntheticCriteo(SyntheticConfig(), cfg.num_embeddings_per_feature, names,
+                            cfg.dense_in_features, 64).batch("train", 0, 0)  # fmt: skip
+    loss, (_, logits, _) = train(batch)
+    assert logits.shape == (64,) and torch.isfinite(loss)
+    assert not any(isinstance(m, torch.nn.Sigmoid) for m in train.modules())
+    cost = model_cost(cfg)
+    assert cost.dense_params == sum(p.numel() for n, p in train.named_parameters()
+                                    if "embedding_bags" not in n)  # fmt: skip
+    assert cost.activation_bytes_per_sample > 0
+    assert (cost.interaction_flops_per_sample > 0) == (cfg.arch != Arch.dcnv2)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"arch": "projection", "interaction_branch1_layer_sizes": [64, 20]},
+         "interaction_branch1_layer_sizes"),
+        ({"arch": "deepfm"}, "over_arch_layer_sizes"),  # TorchRec's one output layer
+        ({"arch": "deepfm", "over_arch_layer_sizes": [1], "dense_arch_layer_sizes": [16]},
+         "dense_arch_layer_sizes"),
+    ],
+)  # fmt: skip
+def test_bad_shapes_of_the_other_models_fail_naming_the_field(change: dict, field: str) -> None:
+    with pytest.raises(ModelConfigError, match=field):
+        build_model(ModelConfig(**change), dense_device=torch.device("cpu"))
+
+
+def test_a_split_collection_gives_deepfm_each_features_pooled_vector_by_name() -> None:
+    """DeepFM's interaction indexes pooled vectors by feature: the keyed split arch gives
+    the same vectors as the stacked one DLRM takes."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+
+    from recsys.models.split import SplitSparseArch
+
+    torch.manual_seed(0)
+    tables = [EmbeddingBagConfig(name=f"t_f{i}", embedding_dim=8, num_embeddings=20,
+                                 feature_names=[f"f{i}"]) for i in range(3)]  # fmt: skip
+    ebc = EmbeddingBagCollection(tables)
+    kjt = KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.randint(0, 20, (12,)),
+                            lengths=torch.full((6,), 2))  # fmt: skip
+    names = ["f0", "f1", "f2"]
+    stacked = SplitSparseArch(ebc, names)(kjt)
+    keyed = SplitSparseArch(ebc, names, keyed=True)(kjt)
+    assert list(keyed) == names
+    for i, f in enumerate(names):
+        assert torch.equal(keyed[f], stacked[:, i])
