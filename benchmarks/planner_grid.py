@@ -241,11 +241,16 @@ def run_grid(
                   f"hybrid {_ms(h)} torchrec {_ms(t)} "
                   f"({f'{ratio:.2f}x' if ratio else '-'}) {time.perf_counter() - start:.0f} s",
                   flush=True)  # fmt: skip
+    elapsed = time.perf_counter() - start
     order = {(w.name, c): k for k, (w, c) in enumerate((workloads[i], c) for i, c in jobs)}
     rows.sort(key=lambda r: (order[(r["suite"], r["cluster"])], GRID_PLANNERS.index(r["planner"])))
-    return summarize(rows) | {"workloads": [{"name": w.name, "tables": len(w.tables),
-                                             "weights_gb": w.weights_bytes() / 2**30, **w.source}
-                                            for w in workloads]}  # fmt: skip
+    return summarize(rows) | {
+        "workloads": [{"name": w.name, "tables": len(w.tables),
+                       "weights_gb": w.weights_bytes() / 2**30, **w.source} for w in workloads],
+        # this run's wall time and the cells an earlier, stopped run had planned; a whole
+        # grid's wall time is about `cell_seconds` / `workers`
+        "elapsed_s": elapsed, "cells_resumed": len(jobs) - len(todo), "workers": cfg.workers,
+    }  # fmt: skip
 
 
 def _ms(row: dict) -> str:
@@ -306,11 +311,13 @@ def summarize(rows: list[dict]) -> dict:
         c["min_speedup_vs_torchrec"] = float(np.min(s)) if s else None
     gaps = [r["gap_to_bound"] for r in rows if r["planner"] == "hybrid" and "gap_to_bound" in r]
     cut = [r for r in rows if r["planner"] == "torchrec" and r.get("search_cut")]
+    # every cell's planning, whichever run planned it (torchrec_own shares torchrec's search)
+    seconds = sum(r["planning_s"] for r in rows if r["planner"] != "torchrec_own")
     return {"cells": rows, "wins": wins, "hybrid_losses": losses, "hybrid_ties": ties,
             "worst_vs_torchrec": worst, "clusters": clusters, "cell_count": len(cells),
             "median_gap_to_bound": float(np.median(gaps)) if gaps else None,
             "max_gap_to_bound": float(np.max(gaps)) if gaps else None,
-            "torchrec_searches_cut": len(cut)}  # fmt: skip
+            "torchrec_searches_cut": len(cut), "cell_seconds": seconds}  # fmt: skip
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

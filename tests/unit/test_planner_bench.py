@@ -11,7 +11,8 @@ from benchmarks.planner_grid import summarize, table
 
 def _row(suite: str, cluster: str, planner: str, ms: float | None) -> dict:
     return {"suite": suite, "cluster": cluster, "planner": planner, "tables": 10,
-            "feasible": ms is not None, "est_step_ms": ms if ms is not None else 0.0}  # fmt: skip
+            "feasible": ms is not None, "est_step_ms": ms if ms is not None else 0.0,
+            "planning_s": 0.5}  # fmt: skip
 
 
 def _cell(suite: str, cluster: str, **ms: float | None) -> list[dict]:
@@ -30,6 +31,7 @@ def test_summary_lists_each_losing_cell_once_with_its_fastest_rival() -> None:
     )
     g = summarize(rows)
     assert g["cell_count"] == 5
+    assert g["cell_seconds"] == pytest.approx(5 * 4 * 0.5)  # torchrec_own: torchrec's search
     assert g["wins"] == {"hybrid": 2, "torchrec": 1, "torchrec_own": 0, "greedy_size": 1,
                          "round_robin": 0}  # fmt: skip
     losses = {(x["suite"], x["planner"], x["hybrid_ms"]) for x in g["hybrid_losses"]}
@@ -68,7 +70,8 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     cfg = GridConfig(cells=2, clusters=["two"], workers=1, torchrec_timeout_s=5, spec=spec)
     named = [random_suite(100, spec)]
     first = run_grid(cfg, {"two": cluster}, named, tmp_path)
-    assert first["cell_count"] == 2
+    assert first["cell_count"] == 2 and first["cells_resumed"] == 0
+    assert first["cell_seconds"] <= first["elapsed_s"]  # one worker: cells one after another
     assert all(r["search_limit_s"] >= 5 for r in first["cells"] if r["planner"] == "torchrec")
     lines = (tmp_path / CELLS_FILE).read_text().splitlines()
     assert len(lines) == 3  # the grid's settings, then one line a cell
@@ -76,6 +79,7 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     capsys.readouterr()
     again = run_grid(cfg, {"two": cluster}, named, tmp_path)
     assert "1 of 2 cells from" in capsys.readouterr().out
+    assert again["cells_resumed"] == 1
     key = lambda r: (r["suite"], r["planner"])  # noqa: E731
     assert sorted(map(key, again["cells"])) == sorted(map(key, first["cells"]))
     with pytest.raises(UserError, match="another grid .*seed"):
