@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -104,7 +105,12 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     guides = bound_guides(inputs)
     # batch splits ranked on the speed shares' placement; the two most promising placed
     # anew (greedy), the best of those then polished
-    best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs, False)
+    try:
+        best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs,
+                        False)  # fmt: skip
+    except PlanDoesNotFitError:  # a fast rank's larger batch left its tables no room
+        best = evaluate(_hybrid(inputs, equal_batch(inputs.global_batch, inputs.world), options,
+                                polish=False), inputs, False)  # fmt: skip
     ranked = sorted(
         other_batches(inputs, guides, best),
         key=lambda batch: _step_ms(
@@ -114,21 +120,25 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         ),
     )
     for batch in ranked[:BATCHES_PLACED]:
-        plan = evaluate(_hybrid(inputs, batch, options, polish=False), inputs, bound=False)
+        try:
+            plan = evaluate(_hybrid(inputs, batch, options, polish=False), inputs, bound=False)
+        except PlanDoesNotFitError:  # this split leaves some rank's tables no room
+            continue
         best = min(best, plan, key=_step_ms)
     # hot parts before pooled cold parts are each priced alone (`_table_cost`), which
     # misses what many add up to (their all-reduce, less room to balance): the plans
     # without them are finished too
     alone = replace(options, pooled_hot=False)
-    finals = [_variants(inputs, best.batch_per_rank, alone, guides)]
+    finals = _fitting(lambda: _variants(inputs, best.batch_per_rank, alone, guides))
     if options.hot_rows and guides[0].split:  # the bound's own hot rows at its prices
         recipe = _Recipe(best.batch_per_rank, alone, hot=guides[0].hot_rows())
-        finals.append((recipe.plan(inputs), recipe))
-    candidates = [min(finals, key=lambda x: _step_ms(x[0]))]
-    if options.pooled_hot and pooled_cold(best):  # `best` replicated by the same rule
-        pooled = _variants(inputs, best.batch_per_rank, options, guides)
-        if pooled_cold(pooled[0]):
-            candidates.append(pooled)
+        finals += _fitting(lambda: (recipe.plan(inputs), recipe))
+    candidates = [min(finals, key=lambda x: _step_ms(x[0]))] if finals else []
+    if options.pooled_hot and pooled_cold(best) or not candidates:  # the same rule as `best`
+        pooled = _fitting(lambda: _variants(inputs, best.batch_per_rank, options, guides))
+        candidates += [c for c in pooled if pooled_cold(c[0]) or not candidates]
+    if not candidates:  # only `best`'s own greedy placement fits
+        candidates = [(best, _Recipe(best.batch_per_rank, options))]
     if inputs.world > SEARCH_FULL_RANKS:  # planning time: the searches refine the best only
         candidates = [min(candidates, key=lambda x: _step_ms(x[0]))]
     plan = min((_reshape(inputs, *_tune_replication(inputs, *c)) for c in candidates),
@@ -157,6 +167,15 @@ class _Recipe:
                           self.groups, self.shapes, self.pooled)  # fmt: skip
 
 
+def _fitting(make: Callable[[], tuple[Plan, _Recipe]]) -> list[tuple[Plan, _Recipe]]:
+    """`[make()]`, or `[]` where the candidate finds no room: a search goes on without it
+    (a batch split, a variant or a trial that fits nowhere is no reason to plan nothing)."""
+    try:
+        return [make()]
+    except PlanDoesNotFitError:
+        return []
+
+
 REPLICATION_TRIALS = (8, 4)  # moves tried: up to SEARCH_FULL_RANKS ranks, on more
 BATCHES_PLACED = 2  # batch splits besides speed shares placed anew
 # on more ranks than this, the searches make fewer trials and refine the best candidate
@@ -183,18 +202,20 @@ def _tune_replication(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> tuple[
     singles = [x for pair in zip(drop, add, strict=False) for x in pair]
     moves += [{n: 0 if hot[n] else rows[n]} for n in singles + drop[len(add) :] + add[len(drop) :]]
     moves = [m for m in moves if m][: REPLICATION_TRIALS[inputs.world > SEARCH_FULL_RANKS]]
-    # trials compared on greedy placements, the one kept then polished
-    current = replace(recipe, hot=hot).plan(inputs, polish=False)
-    kept = None
+    # trials compared on greedy placements, the one kept then polished; one that finds no
+    # room is skipped
+    start = _fitting(lambda: (replace(recipe, hot=hot).plan(inputs, polish=False), recipe))
+    if not start:
+        return plan, recipe
+    current, kept = start[0][0], None
     for move in moves:
         trial = replace(recipe, hot=hot | move)
-        candidate = trial.plan(inputs, polish=False)
-        if _step_ms(candidate) < _step_ms(current) * (1 - 1e-9):
-            current, kept, hot = candidate, trial, trial.hot
-    if kept is not None:
-        polished = kept.plan(inputs)
-        if _step_ms(polished) < _step_ms(plan):
-            return polished, kept
+        candidate = _fitting(lambda t=trial: (t.plan(inputs, polish=False), t))
+        if candidate and _step_ms(candidate[0][0]) < _step_ms(current) * (1 - 1e-9):
+            current, kept, hot = candidate[0][0], trial, trial.hot
+    polished = _fitting(lambda: (kept.plan(inputs), kept)) if kept is not None else []
+    if polished and _step_ms(polished[0][0]) < _step_ms(plan):
+        return polished[0]
     return plan, recipe
 
 
@@ -216,7 +237,10 @@ def _reshape(inputs: PlanInputs, plan: Plan, recipe: _Recipe) -> Plan:
         return plan
     best = plan
     for _ in range(RESHAPE_ROUNDS):
-        made = recipe.placement(inputs)
+        try:
+            made = recipe.placement(inputs)
+        except PlanDoesNotFitError:  # this recipe's placement finds no room any more
+            break
         shapes = _climb(made, inputs)
         if shapes is None:
             break
@@ -371,14 +395,18 @@ def _variants(
     if options.hot_rows and any(0 < t.replicated_rows < t.rows for t in tables):
         tries.append(replace(recipe, options=replace(options, hot_rows=False, row_parts=False)))
     for trial in tries:
-        best = min(best, (trial.plan(inputs), trial), key=lambda x: _step_ms(x[0]))
+        for made in _fitting(lambda t=trial: (t.plan(inputs), t)):
+            best = min(best, made, key=lambda x: _step_ms(x[0]))
     lean = replace(recipe, options=best_options(best[0], options))
     others = [replace(lean, uncut=True)]
     if group_ready(inputs):  # large pooled tables TorchRec's table-row-wise way instead
         others.append(replace(lean, groups=WORTH_GROUPS))
         others.append(replace(lean, groups=EACH_GROUP))
     for trial in others:
-        plan = trial.plan(inputs)
+        made = _fitting(lambda t=trial: (t.plan(inputs), t))
+        if not made:
+            continue
+        plan = made[0][0]
         if guides is not None:
             plan = with_speed_aware_batch(plan, inputs, guides)
             trial = replace(trial, batch=plan.batch_per_rank)
