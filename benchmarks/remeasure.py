@@ -65,6 +65,7 @@ PUBLISHED = [
       "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
       "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false",
       "precision=bf16"]),
+    ("two_d", "summary.json", ["benchmarks.two_d"]),  # hybrid's plan vs synchronous 2D groups
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
     ("pipeline_movielens100k", "summary.json",
      ["benchmarks.pipeline", *_SHAPED,
@@ -83,6 +84,7 @@ DEPENDS = {
     "scale": ("calibrate", "pipeline_emu_mixed4"),
     "scale_multihot": ("calibrate",),
     "scale_multihot_bf16": ("calibrate",),
+    "two_d": ("calibrate",),
 }
 # result sets that compare stacks, each run adding its own stack's rows: never stale
 ACROSS_STACKS = {"tbe_cpu"}

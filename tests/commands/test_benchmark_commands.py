@@ -67,3 +67,25 @@ def test_benchmarks_update_the_published_results_only_with_save(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-3000:]
     published = json.loads((tmp_path / "published" / "data.json").read_text())
     assert published == json.loads((tmp_path / "run" / "data.json").read_text())
+
+
+def test_two_d_prices_each_group_against_hybrids_plan(tmp_path: Path) -> None:
+    """Each group size that divides the cluster into whole nodes is priced beside hybrid's
+    plan; smaller groups sync more rows with more replicas; a stale schedule is refused."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    base = [sys.executable, "-m", "benchmarks.two_d", "workers=[32]", "groups=[8,12,16,32]",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = subprocess.run([*base, "schedules=[sparse_dist,nested2]"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (hybrid,) = s["hybrid"]
+    assert [p["group"] for p in s["points"]] == [8, 16]  # 12: not whole nodes; 32: all of it
+    eight, sixteen = s["points"]
+    assert eight["sync_mb_per_rank"] > sixteen["sync_mb_per_rank"] > 0
+    for p in s["points"]:
+        assert p["vs_hybrid"] == pytest.approx(hybrid["step_ms"] / p["step_ms"])
+        assert p["schedule"] in ("sparse_dist", "nested2")
+    stale = subprocess.run([*base, "schedules=[semi_sync]"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert stale.returncode != 0 and "must be exact" in stale.stderr
