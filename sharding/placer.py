@@ -16,6 +16,7 @@ device has room.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -509,22 +510,37 @@ def _cache_sizes(
     rows = [0] * len(pieces)
     hit = [0.0] * len(pieces)
     top = [int(MAX_CACHE_SHARE * p.rows) for p in pieces]
+    # per piece, its step at its current size while the room left is at least `need` (the
+    # room only shrinks): (per_byte, nxt, need); None: work it out. A step cut to the room
+    # left depends on the room, so it is never kept
+    kept: list[tuple[float, int, float] | None] = [None] * len(pieces)
 
     def used(j: int) -> float:
         return whole[j] if rows[j] == WHOLE else rows[j] * row_bytes[j]
 
     def step(j: int) -> tuple[float, int]:
+        k = kept[j]
+        if k is not None and k[2] <= room:
+            return k[0], k[1]
         if rows[j] == WHOLE:
+            kept[j] = (0.0, WHOLE, -math.inf)
             return 0.0, WHOLE
         if rows[j] >= top[j]:  # the cache at its largest: the piece whole, if it fits
             more, nxt, bytes_ = 1.0 - hit[j], WHOLE, whole[j] - used(j)
+            full = True
         else:
-            nxt = min(top[j], max(1024, 2 * rows[j]), rows[j] + int(room // row_bytes[j]))
+            step_to = min(top[j], max(1024, 2 * rows[j]))
+            nxt = min(step_to, rows[j] + int(room // row_bytes[j]))
+            full = nxt == step_to
             more = pieces[j].cache_hit(coverage[j], nxt) - hit[j] if nxt > rows[j] else 0.0
             bytes_ = (nxt - rows[j]) * row_bytes[j]
-        if bytes_ > room or bytes_ <= 0:
+        if bytes_ > room or bytes_ <= 0:  # no step now, nor with less room later
+            kept[j] = (0.0, rows[j], -math.inf)
             return 0.0, rows[j]
-        return looked[j] * more / bytes_, nxt
+        value = looked[j] * more / bytes_
+        if full:  # the same while the room holds it
+            kept[j] = (value, nxt, bytes_)
+        return value, nxt
 
     while True:
         per_byte, nxt, j = max(((*step(j), j) for j in range(len(pieces))), default=(0, 0, -1))
@@ -532,5 +548,6 @@ def _cache_sizes(
             return rows
         before = used(j)
         rows[j] = nxt
+        kept[j] = None
         room -= used(j) - before
         hit[j] = 1.0 if nxt == WHOLE else pieces[j].cache_hit(coverage[j], nxt)
