@@ -44,6 +44,8 @@ from sharding.calibration import CalibrationError, load_calibration
 from sharding.types import ClusterSpec
 
 EQUAL_RTOL = 1e-5
+# TorchRec's pipelines whose steps use this batch's embeddings (no staleness)
+TORCHREC_EXACT = ("sparse_dist", "sparse_dist_lite", "fused_sparse_dist")
 
 
 @dataclass
@@ -266,15 +268,11 @@ def run(cfg: PipelineBenchConfig) -> dict:
                           if cfg.fast_link else None)  # fmt: skip
             multi = _rows(pipes, multi_slow, multi_fast)
     rows = _rows(cfg.pipelines, slow, fast)
-    by = {r["pipeline"]: r for r in rows}
     result = {
         "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
-        "speedup_vs_sparse_dist": _speedups(rows, "sparse_dist"),
-        "speedup_vs_semi_sync": _speedups(rows, "semi_sync"),
         "exposed_comm_ms": {r["pipeline"]: r["exposed_comm_ms"] for r in rows},
         "equal_to_plain": {r["pipeline"]: r["equal_to_plain"] for r in rows},
-        "plain_comm_share": _comm_share(by),
-        "rows": rows,
+        **_summary(rows),
         "link": link,
         "burst_sensitivity": sensitivity,
         "clustering": clustering_stats(cfg),
@@ -315,12 +313,36 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
 
 
 def _summary(rows: list[dict]) -> dict:
+    """The speed-ups over sparse_dist, semi_sync and the fastest staleness-free TorchRec
+    pipeline that ran, and the setting's overlap limit with each row's step over it."""
+    by = {r["pipeline"]: r for r in rows}
+    best = max((by[p] for p in TORCHREC_EXACT if p in by), key=lambda r: r["samples_per_s"],
+               default=None)  # fmt: skip
+    limit = overlap_limit_ms(by)
+    for r in rows:
+        r["over_overlap_limit"] = None if limit is None else r["step_ms"] / limit
     return {
         "rows": rows,
         "speedup_vs_sparse_dist": _speedups(rows, "sparse_dist"),
         "speedup_vs_semi_sync": _speedups(rows, "semi_sync"),
-        "plain_comm_share": _comm_share({r["pipeline"]: r for r in rows}),
-    }
+        "best_torchrec_exact": best and {"pipeline": best["pipeline"],
+                                         "samples_per_s": best["samples_per_s"]},
+        "speedup_vs_best_torchrec_exact": {} if best is None else {
+            r["pipeline"]: r["samples_per_s"] / best["samples_per_s"]
+            for r in rows if r["pipeline"].startswith("nested")},
+        "overlap_limit_ms": limit,
+        "plain_comm_share": _comm_share(by),
+    }  # fmt: skip
+
+
+def overlap_limit_ms(by: dict[str, dict]) -> float | None:
+    """The step no pipeline can beat on this link: the longer of the plain loop's compute
+    alone (its step over the fast link) and its exchange alone (its step here less that);
+    None without the plain loop's fast-link run."""
+    plain = by.get("plain")
+    if plain is None or plain["fast_link_step_ms"] is None:
+        return None
+    return max(plain["fast_link_step_ms"], plain["exposed_comm_ms"])
 
 
 def speedups(pipelines: dict[str, float], base: str) -> dict[str, float]:
@@ -345,8 +367,8 @@ def _comm_share(by: dict[str, dict]) -> float | None:
 def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
     lines = ["| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
              "link MB (run) | equal to plain (max rel loss diff) | waits ms/step: ids, "
-             "chunks, gradients, all-reduce |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "chunks, gradients, all-reduce | step / overlap limit |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for x in rows:
         speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
         equal = "-"  # no plain loop in the runs: nothing to compare with
@@ -357,8 +379,31 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
         lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
                      f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
                      f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
-                     f"{equal} | {_waits(x.get('wait_ms_per_step'))} |")  # fmt: skip
+                     f"{equal} | {_waits(x.get('wait_ms_per_step'))} | "
+                     f"{_times(x.get('over_overlap_limit'))} |")  # fmt: skip
     return lines
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _headline(m: dict) -> list[str]:
+    """The fastest staleness-free TorchRec pipeline, nested against it, the overlap limit."""
+    lines = []
+    best = m.get("best_torchrec_exact")
+    if best:
+        vs = ", ".join(f"{p} {x:.2f}x" for p, x in m["speedup_vs_best_torchrec_exact"].items())
+        lines.append(
+            f"Fastest staleness-free TorchRec pipeline: {best['pipeline']} "
+            f"({best['samples_per_s']:,.0f} samples/s); against it: {vs or '-'}."
+        )
+    if m.get("overlap_limit_ms") is not None:
+        lines.append(
+            f"Overlap limit: {m['overlap_limit_ms']:.1f} ms (the longer of the plain "
+            f"loop's compute alone, its fast-link step, and its exchange alone)."
+        )
+    return [*lines, ""] if lines else []
 
 
 def _ms(value: float | None) -> str:
@@ -384,13 +429,13 @@ def table(r: dict) -> str:
              f"{r['link']['chunked_rate_ratio']:.2f}x the rate.", "",
              f"The plain loop spends {share:.0%} of its step on the link (its step time here "
              f"minus over a {c['fast_rate']} link)." if share is not None else "", ""]  # fmt: skip
-    lines += _row_lines(r["rows"], r["speedup_vs_sparse_dist"])
+    lines += _headline(r) + _row_lines(r["rows"], r["speedup_vs_sparse_dist"])
     if r.get("multi_hot"):
         m = r["multi_hot"]
         share = m["plain_comm_share"]
         spends = f"; the plain loop spends {share:.0%} of its step on the link" if share else ""
         lines += ["", f"Multi-hot bags (dataset.hotness={m['hotness']}){spends}:", ""]
-        lines += _row_lines(m["rows"], m["speedup_vs_sparse_dist"])
+        lines += _headline(m) + _row_lines(m["rows"], m["speedup_vs_sparse_dist"])
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
         lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",

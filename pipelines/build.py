@@ -10,7 +10,11 @@ from torchrec.distributed.train_pipeline import (
     TrainPipelineBase,
     TrainPipelineSparseDist,
 )
-from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
+from torchrec.distributed.train_pipeline.train_pipelines import (
+    TrainPipelineFusedSparseDist,
+    TrainPipelineSemiSync,
+    TrainPipelineSparseDistLite,
+)
 from torchrec.distributed.types import ShardingPlan
 
 from pipelines import torchrec_cpu
@@ -63,6 +67,12 @@ def build_pipeline(
         return TrainPipelineBase(model, optimizer, device)
     if name == PipelineName.sparse_dist:
         return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+    if name == PipelineName.sparse_dist_lite:
+        return TrainPipelineSparseDistLite(model, optimizer, device, execute_all_batches=True)
+    if name == PipelineName.fused_sparse_dist:
+        if device.type == "cpu":
+            torchrec_cpu.install()
+        return TrainPipelineFusedSparseDist(model, optimizer, device, execute_all_batches=True)
     if name == PipelineName.semi_sync:
         if device.type == "cpu":
             torchrec_cpu.install()

@@ -10,6 +10,12 @@ class PipelineName(str, Enum):
     plain = "plain"  # next batch, forward, backward, step; nothing overlapped
     base = "base"  # TorchRec's TrainPipelineBase (batch copy overlapped only)
     sparse_dist = "sparse_dist"  # TorchRec's TrainPipelineSparseDist
+    # TorchRec's TrainPipelineSparseDistLite: one batch in flight, its ids' all-to-all in the
+    # step (not overlapped), for little memory
+    sparse_dist_lite = "sparse_dist_lite"
+    # TorchRec's TrainPipelineFusedSparseDist: the next batch's lookup overlaps this batch's
+    # optimizer step (the tables update in the fused backward, before it)
+    fused_sparse_dist = "fused_sparse_dist"
     semi_sync = "semi_sync"  # TorchRec's TrainPipelineSemiSync: embeddings one step stale
     nested = "nested"  # ours: dual-buffer lookahead + frozen-window micro-batches
 

@@ -58,7 +58,10 @@ from sharding.types import (
 # Train pipelines by name (pipelines.types.PipelineName) -> the schedule that models them.
 # TorchRec's SemiSync hides the embedding exchange under the previous batch's dense work
 # (one step stale), which the nested schedule's many-micro-batch limit approximates.
+# Lite keeps the ids' all-to-all in the step; the fused pipeline's lookup under the optimizer
+# step is not priced (the dense optimizer step is not a stage of the model)
 _PIPELINE_SCHEDULES = {"plain": "plain", "base": "plain", "sparse_dist": "sparse_dist",
+                       "sparse_dist_lite": "plain", "fused_sparse_dist": "sparse_dist",
                        "semi_sync": "nested", "nested": "nested"}  # fmt: skip
 
 

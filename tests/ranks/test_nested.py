@@ -151,24 +151,27 @@ ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=
 
 
 DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
+# each model's overrides of debug=tiny's DLRM (docs/training.md, "Models")
+ARCHS = {"dlrm": [], "dcnv2": DCN, "projection": ["model.arch=projection"],
+         "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"]}  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, world) -> None:
-    """The matrix of docs/pipelines.md: row-wise Adagrad embeddings, each dense optimizer,
-    DLRM and DCNv2 (all six pairs in one job), 2 and 3 ranks (3: `dense_allreduce=per_tensor`,
-    the reduction both sides share), N = 1, 2, 3, 4, 8 with each mode on and off; 256
-    samples per rank, so every micro-batch is a whole number of 32-sample units. TorchRec's
-    plan: data-parallel tables on 3 ranks, table-wise on 2."""
+    """The matrix of docs/pipelines.md: row-wise Adagrad embeddings, each dense optimizer
+    on DLRM and DCNv2, dense Adagrad on DLRM_Projection and DeepFM (all eight pairs in one
+    job), 2 and 3 ranks (3: `dense_allreduce=per_tensor`, the reduction both sides share),
+    N = 1, 2, 3, 4, 8 with each mode on and off; 256 samples per rank, so every micro-batch
+    is a whole number of 32-sample units. TorchRec's plan: data-parallel tables on 3 ranks,
+    table-wise on 2."""
     bases = {}
-    for arch in ("dlrm", "dcnv2"):
-        for dense in ("sgd", "adagrad", "adam"):
+    for arch, model in ARCHS.items():
+        for dense in ("sgd", "adagrad", "adam") if arch in ("dlrm", "dcnv2") else ("adagrad",):
             bases[f"{arch}-{dense}"] = [
                 "debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
                 "trainer.sparse_optimizer=rowwise_adagrad", f"trainer.dense_optimizer={dense}",
-                *(DCN if arch == "dcnv2" else []),
-                *(["trainer.dense_allreduce=per_tensor"] if world > 2 else []),
+                *model, *(["trainer.dense_allreduce=per_tensor"] if world > 2 else []),
             ]  # fmt: skip
     _equal_to_plain(tmp_path, bases, world, plan_of=_torchrec_default_plan)
 

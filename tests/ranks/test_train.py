@@ -70,6 +70,17 @@ def test_sparse_dist_pipeline_equals_the_plain_loop(tmp_path: Path) -> None:
         assert run["input"]["build_ms_per_batch"] > 0 and not run["input"]["pinned"]
 
 
+def test_torchrecs_newer_exact_pipelines_equal_the_plain_loop(tmp_path: Path) -> None:
+    """SparseDistLite (ids' all-to-all in the step) and FusedSparseDist (the next lookup
+    under the optimizer step) use this batch's embeddings: the plain loop's losses."""
+    plain = train(compose_config(TINY), tmp_path / "plain")
+    for pipeline in ("sparse_dist_lite", "fused_sparse_dist"):
+        other = train(compose_config(TINY + [f"pipeline={pipeline}"]), tmp_path / pipeline)
+        assert other["pipeline"] == pipeline and other["steps"] == plain["steps"]
+        assert other["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-6), pipeline
+        assert other["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6), pipeline
+
+
 @pytest.mark.parametrize("pipeline", ["plain", "sparse_dist", "nested"])
 def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, pipeline) -> None:
     common = TINY + [f"pipeline={pipeline}", "trainer.max_steps=8", "trainer.eval_every=0"]

@@ -84,3 +84,24 @@ def test_each_set_of_runs_has_its_own_directories(tmp_path, monkeypatch) -> None
     for _ in range(2):  # the main runs, then the sweep at the same burst
         bench._train_all(cfg, None, "24kb", tmp_path, ["sparse_dist"])
     assert len(dirs) == len(set(dirs)) == 2
+
+
+def test_nested_is_compared_with_the_fastest_exact_torchrec_pipeline_and_the_limit() -> None:
+    """semi_sync is stale, so never the exact baseline even when fastest; the overlap limit
+    is the longer of the plain loop's compute alone (fast link) and its exchange alone."""
+    slow = {"plain": _run(100.0, [0.5]), "sparse_dist": _run(80.0, [0.5]),
+            "fused_sparse_dist": _run(110.0, [0.5]), "semi_sync": _run(150.0, [0.6]),
+            "nested4": _run(132.0, [0.5])}  # fmt: skip
+    fast = {k: _run(250.0, [0.5]) for k in slow}  # 16 ms a step: compute alone
+    summary = _summary(_rows(list(slow), slow, fast))
+    assert summary["best_torchrec_exact"] == {"pipeline": "fused_sparse_dist",
+                                              "samples_per_s": 110.0}  # fmt: skip
+    assert summary["speedup_vs_best_torchrec_exact"] == {"nested4": pytest.approx(1.2)}
+    # plain: 40 ms a step, 16 of them compute alone, 24 its exchange alone
+    assert summary["overlap_limit_ms"] == pytest.approx(24.0)
+    by = {r["pipeline"]: r for r in summary["rows"]}
+    assert by["plain"]["over_overlap_limit"] == pytest.approx(40 / 24)
+    assert by["nested4"]["over_overlap_limit"] == pytest.approx((4000 / 132) / 24)
+    none = _summary(_rows(["nested4"], {"nested4": slow["nested4"]}, None))
+    assert none["best_torchrec_exact"] is None and none["overlap_limit_ms"] is None
+    assert none["speedup_vs_best_torchrec_exact"] == {}
