@@ -68,7 +68,7 @@ def build_pipeline(
     if name == PipelineName.sparse_dist:
         return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
     if name == PipelineName.sparse_dist_lite:
-        return TrainPipelineSparseDistLite(model, optimizer, device, execute_all_batches=True)
+        return TrainPipelineSparseDistLite(model, optimizer, device)  # runs every batch itself
     if name == PipelineName.fused_sparse_dist:
         if device.type == "cpu":
             torchrec_cpu.install()
