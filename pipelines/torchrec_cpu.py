@@ -1,6 +1,7 @@
-"""Small shims that let TorchRec's SemiSync pipeline run on CPU ranks, each still needed
-on TorchRec 1.9.2 / torch 2.14.1 (re-checked: without any one of them `pipeline=semi_sync`
-fails on CPU ranks, tests/ranks/test_train.py):
+"""Small shims that let TorchRec's SemiSync and FusedSparseDist pipelines run on CPU ranks,
+each still needed on TorchRec 1.9.2 / torch 2.14.1 (re-checked: without any one of them
+`pipeline=semi_sync` fails on CPU ranks, and without all of them `fused_sparse_dist` does;
+tests/ranks/test_train.py):
 - `Tensor.record_stream` rejects a CPU stream (TorchRec records its KJTs on the streams
   that consume them);
 - the pipelined forward assumes a CUDA device when it has no stream;

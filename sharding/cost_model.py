@@ -200,6 +200,7 @@ def step_cost(
         ids_a2a_parts_s=ids_parts,
         emb_a2a_parts_s=emb_parts,
         allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
+        allreduce_bytes=grad_bytes,
         comm_cpu_s=_comm_cpu_s(
             ex,
             network,

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from sharding.cost_model import allreduce_s
 from sharding.distinct import expected_distinct
-from sharding.types import FLOAT_BYTES, NetworkCost, Plan, PlanInputs, StepCost
+from sharding.types import NetworkCost, Plan, PlanInputs, StepCost
 
 
 def replica_sync_bytes(group_plan: Plan, group: PlanInputs, world: int) -> float:
@@ -49,14 +49,10 @@ def two_d_cost(group_plan: Plan, group_cost: StepCost, group: PlanInputs, world:
     sync after it."""
     if world % group.world:
         raise ValueError(f"2D groups of {group.world} ranks do not divide {world} ranks")
-    by_name = {t.name: t for t in group.tables}
-    grad_bytes = group.dense_params * FLOAT_BYTES + sum(
-        s.rows * s.cols * by_name[s.table].weight_bytes for s in group_plan.shards() if s.dp
-    )
     sync = replica_sync_bytes(group_plan, group, world)
     return replace(
         group_cost,
-        allreduce_s=allreduce_s(grad_bytes, world, network)
+        allreduce_s=allreduce_s(group_cost.allreduce_bytes, world, network)
         + allreduce_s(sync, world // group.world, network),
         allreduce_link="nic",
     )

@@ -289,6 +289,7 @@ class StepCost:
     input_copy_s: list[float] = field(default_factory=list)
     host_input_s: list[float] = field(default_factory=list)  # per rank: its host work
     allreduce_link: str = "fabric"  # the all-reduce's queue: "nic" when it crosses nodes
+    allreduce_bytes: float = 0.0  # what it reduces: dense gradients and replicated rows'
     # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
     # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
     comm_cpu_s: dict[str, list[float]] = field(default_factory=dict)
