@@ -515,13 +515,19 @@ def _placement(
     `polish`: the local search after the greedy pass; `uncut`: no cuts for balance, only
     for memory; `groups`: which whole tables may go TorchRec's table-row-wise way, where
     `group_ready`; `shapes`: per table, `_reshape`'s GROUP or number of column pieces); on a
-    memory failure, again with pieces half as large and half the room for hot rows, until
-    it fits (or pieces cannot get smaller)."""
-    limit, share = math.inf, MAX_REPLICATED_SHARE
+    memory failure, again with half the room for hot rows and either pieces half as large
+    (a piece found no room for its rows) or twice the device memory kept for buffers (a
+    piece host memory holds found no device room for its buffers: smaller pieces would
+    only add buffers), until it fits (or pieces cannot get smaller)."""
+    limit, share, reserve = math.inf, MAX_REPLICATED_SHARE, 1.0
     for _ in range(MAX_FIT_TRIES):
         try:
-            return _place(inputs, batch, options, limit, share, (hot, pooled), polish, uncut,
-                          groups, shapes or {})  # fmt: skip
+            return _place(inputs, batch, options, (limit, share, reserve), (hot, pooled),
+                          polish, uncut, groups, shapes or {})  # fmt: skip
+        except _NoBufferRoom:
+            if reserve >= inputs.world:
+                break
+            share, reserve = share / 2, reserve * 2
         except _TooLarge as e:
             if e.need <= 1:
                 break
@@ -538,6 +544,10 @@ def _placement(
 class _TooLarge(Exception):
     def __init__(self, need: float) -> None:
         self.need = need  # bytes of the piece that found no room
+
+
+class _NoBufferRoom(Exception):
+    """A piece host memory holds found no device room for its buffers."""
 
 
 def _replicate(
@@ -579,15 +589,16 @@ def _place(
     inputs: PlanInputs,
     batch: list[int],
     options: HybridOptions,
-    limit: float,
-    share: float,
+    room: tuple[float, float, float],
     asked: tuple[dict | None, frozenset],
     polish: bool,
     uncut: bool,
     groups: int,
     shapes: dict,
 ) -> _Placement:
+    limit, share, placer_reserve = room  # `_placement`'s
     placer = Placer(inputs, batch, speed_aware=True)
+    placer.buffer_reserve = placer_reserve
     plans, pieces = _replicate(inputs, batch, options, share, asked, placer)
     total = sum(c for c, _, _ in pieces)
     target = total / (BALANCE_PIECES * inputs.world) if pieces and not uncut else math.inf
@@ -627,6 +638,8 @@ def _place(
         if not placer.fits_somewhere(p):
             if not (placer.room >= p.buffer_bytes(placer.total)).any():  # however it is cut
                 raise PlanDoesNotFitError(no_room_for_buffers(inputs, p, placer))
+            if placer.buffers_fit_nowhere(p):
+                raise _NoBufferRoom
             raise _TooLarge(p.rows * inputs.row_bytes(p.cols))
         placer.place(p, inputs.coverage[p.table.name])
     if polish:

@@ -122,6 +122,9 @@ class Placer:
         self.recv_intra, self.recv_inter = np.zeros(w), np.zeros(w)
         self.placed: list[tuple[Piece, Shard]] = []  # in placement order (`improve` moves)
         self.pending_buffers = 0.0  # buffers of the expected pieces not yet placed
+        # how much of them each rank keeps free when a piece goes to its fast memory: its
+        # share (1), or more where the pieces left for host memory found none
+        self.buffer_reserve = 1.0
 
     def expect(self, pieces: list[Piece]) -> None:
         """Pieces still to place: until placed, every rank receives their vectors (counted
@@ -221,6 +224,12 @@ class Placer:
         """Device bytes the piece takes in fast memory: its rows and its buffers."""
         return self.table_bytes(p) + p.buffer_bytes(self.total)
 
+    def buffers_fit_nowhere(self, p: Piece) -> bool:
+        """Whether host memory would hold the piece but no device has room for its
+        buffers (fast memory taken by the pieces placed before it)."""
+        host = self.free_host >= self.table_bytes(p)
+        return bool(host.any() and not (self.free_hbm >= p.buffer_bytes(self.total)).any())
+
     def fits_somewhere(self, p: Piece) -> bool:
         buffers = p.buffer_bytes(self.total)
         host = (self.free_host >= self.table_bytes(p)) & (self.free_hbm >= buffers)
@@ -245,7 +254,8 @@ class Placer:
         lookup_s = self._lookup_s(p)
         # device memory left for the buffers of the pieces still to come (a rank's share):
         # filled to the brim, it would turn away a later piece that host memory could hold
-        fits = self.free_hbm - self.pending_buffers / len(self.b) >= need
+        reserve = min(1.0, self.buffer_reserve / len(self.b)) * self.pending_buffers
+        fits = self.free_hbm - reserve >= need
         host_fits = (self.free_host >= self.table_bytes(p)) & (self.free_hbm >= buffers)
         if not fits.any() and (self.inputs.cpu or not host_fits.any()):
             fits = self.free_hbm >= need

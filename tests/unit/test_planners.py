@@ -539,6 +539,26 @@ def test_a_candidate_placement_that_finds_no_room_is_skipped_not_the_end(typed_c
     assert plan.feasible and plan.est_step_ms < 298.6  # TorchRec's best in that cell
 
 
+def test_pieces_host_memory_holds_keep_device_room_for_their_buffers(typed_cfg) -> None:
+    """A grid cell (random suite 21 on generated layout 1008: two L4s and a T4, 365 tables,
+    52 GiB against 48 GiB of HBM, ample host): every piece in host memory still needs its
+    input and output buffers in device memory. Filled to its even share of the buffers
+    still to come, one rank's room ran out first and hybrid cut the pieces smaller (more
+    buffers) until it gave up, where TorchRec had a 1,208 ms plan. It now keeps more room
+    for buffers (and less for hot rows) and plans."""
+    from benchmarks.planner_grid import workload_for
+    from recsys.app.planning import plan_inputs
+    from sharding.layouts import random_layout
+    from sharding.suites import SuiteSpec, random_suite
+
+    cfg = typed_cfg(["model=dcnv2_mlperf", "trainer.batch_size=2048", "trainer.precision=bf16"])
+    cfg.cluster = random_layout(1008)
+    inputs = workload_for(plan_inputs(cfg, None, None), random_suite(21, SuiteSpec()))
+    plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert plan.feasible and plan.est_step_ms < 1207.6  # TorchRec's best in that cell
+    assert any(s.tier != Tier.hbm for t in plan.tables for s in t.shards)
+
+
 def test_column_pieces_partly_cached_emit_the_smallest_cache_not_none() -> None:
     """A table's column pieces share one TorchRec kernel: one piece behind a cache of half
     its rows and one whole in HBM emit UVM caching at load factor 0.5 (a piece in HBM
