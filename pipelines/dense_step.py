@@ -45,15 +45,35 @@ def compute_dtype(train: torch.nn.Module, inputs: torch.dtype) -> torch.dtype:
 
 
 def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The train module's loss as a function of (logits, labels): TorchRec's `DLRMTrain`
-    has `loss_fn` (BCEWithLogitsLoss); a module whose loss is a scaled sum declares
-    `loss_reduction = "sum"` and has `loss_fn` too."""
+    """The train module's loss as a function of (logits, labels), once the train module is
+    found to meet the contract micro-batches need (docs/training.md, "Models"): TorchRec's
+    `DLRMTrain` has `loss_fn` (BCEWithLogitsLoss); a module whose loss is a scaled sum
+    declares `loss_reduction = "sum"` and has `loss_fn` too. Each sample's logit and loss
+    must depend on that sample alone: batch norm, or a loss over the batch (in-batch
+    negatives), would change with the micro-batches and is refused here, at start."""
     fn = getattr(train, "loss_fn", None)
     if fn is None or not hasattr(train, "model"):
         raise NotImplementedError(
             f"pipeline=nested needs a train module like TorchRec's DLRMTrain (a `model` "
             f"giving logits and a `loss_fn(logits, labels)`); {type(train).__name__} has "
             f"{'no loss_fn' if fn is None else 'no model'}. Use pipeline=sparse_dist"
+        )
+    for name, m in train.model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase):
+            raise NotImplementedError(
+                f"pipeline=nested: the model's '{name}' is a {type(m).__name__}, whose "
+                f"statistics are taken over the batch; micro-batches would change them (and "
+                f"the result). Use pipeline=sparse_dist, or a per-sample norm (LayerNorm)"
+            )
+    per_sample = isinstance(fn, torch.nn.modules.loss._Loss) or getattr(
+        train, "loss_reduction", "mean") == "sum"  # fmt: skip
+    if not (per_sample or getattr(train, "per_sample_loss", False)):
+        raise NotImplementedError(
+            f"pipeline=nested: {type(train).__name__}.loss_fn ({type(fn).__name__}) is not "
+            f"one of torch's per-sample losses, so it may couple samples (e.g. in-batch "
+            f"negatives), which micro-batches would change. Use pipeline=sparse_dist, or set "
+            f"`per_sample_loss = True` on the train module if each sample's loss depends on "
+            f"that sample alone"
         )
     return fn
 

@@ -76,6 +76,7 @@ class Arch(str, Enum):
     dcnv2 = "dcnv2"  # DLRM_DCN: low-rank DCN cross layers (MLPerf DLRM-DCNv2)
     projection = "projection"  # DLRM_Projection: dot interaction of two projected branches
     deepfm = "deepfm"  # SimpleDeepFMNN: factorization machine beside a deep interaction
+    two_tower = "two_tower"  # query and candidate towers, their outputs' dot product
 
 
 class TableDtype(str, Enum):
@@ -103,6 +104,11 @@ class ModelConfig:
     # deepfm: the deep interaction's output size (its dense arch is
     # dense_arch_layer_sizes = [hidden, embedding_dim], its over arch one linear layer)
     deep_fm_dimension: int = 8
+    # two_tower: the first query_features categorical features (and the dense features,
+    # through the dense arch) feed the query tower, the rest the candidate tower; both
+    # towers are MLPs of tower_layer_sizes (over_arch_layer_sizes is not used)
+    query_features: int = 13
+    tower_layer_sizes: list[int] = field(default_factory=lambda: [64, 32])
     # what the tables store (TorchRec's DataType): fp16 halves their memory and the bytes
     # a lookup reads; lookups still return fp32, and the fused update rounds to fp16
     table_dtype: TableDtype = TableDtype.fp32
@@ -148,6 +154,15 @@ def validate_model_config(cfg: ModelConfig) -> None:
                     f"multiple of embedding_dim ({cfg.embedding_dim}): the branch's output is "
                     f"that many projected vectors"
                 )
+    features = len(cfg.num_embeddings_per_feature)
+    if arch == Arch.two_tower and not (0 < cfg.query_features < features
+                                       and cfg.tower_layer_sizes):  # fmt: skip
+        raise ModelConfigError(
+            f"model '{cfg.name}' (arch=two_tower): query_features={cfg.query_features} must "
+            f"leave each tower at least one of the {features} categorical features (1 to "
+            f"{features - 1}), and tower_layer_sizes ({list(cfg.tower_layer_sizes)}) at least "
+            f"one layer"
+        )
     if arch == Arch.deepfm and (len(cfg.dense_arch_layer_sizes) != 2
                                 or list(cfg.over_arch_layer_sizes) != [1]
                                 or cfg.deep_fm_dimension < 1):  # fmt: skip

@@ -58,6 +58,8 @@ def _interaction_flops(cfg: ModelConfig) -> float:
         return 2.0 * f1 * f2 * dim
     if arch == Arch.deepfm:  # the factorization machine: a square of sums, a sum of squares
         return 4.0 * features * dim
+    if arch == Arch.two_tower:  # the two towers' outputs dotted
+        return 2.0 * cfg.tower_layer_sizes[-1]
     return 0.0  # DCN's cross layers are parameters
 
 
@@ -71,6 +73,8 @@ def _activation_bytes(model: torch.nn.Module, cfg: ModelConfig) -> float:
     def forward(b: int) -> object:
         dense = model.dense_arch(torch.empty(b, cfg.dense_in_features, device=meta))
         pooled = torch.empty(b, len(names), cfg.embedding_dim, device=meta, requires_grad=True)
+        if Arch(cfg.arch) == Arch.two_tower:
+            return model.interact(dense, pooled)
         if Arch(cfg.arch) == Arch.deepfm:  # its interaction takes each feature's by name
             by_name = dict(zip(names, pooled.unbind(1), strict=True))
             return model.over_arch(model.inter_arch(dense, by_name))

@@ -1,7 +1,7 @@
-"""TorchRec's models (`torchrec.models`: DLRM, DLRM_DCN, DLRM_Projection, SimpleDeepFMNN)
-built from a `recsys.config.ModelConfig`, each as `model(dense, sparse) -> logits` inside
-TorchRec's `DLRMTrain` (BCE with logits): the contract every pipeline trains
-(docs/training.md, "Models").
+"""TorchRec's models (`torchrec.models`: DLRM, DLRM_DCN, DLRM_Projection, SimpleDeepFMNN;
+and a two-tower model, `recsys.models.two_tower`) built from a `recsys.config.ModelConfig`,
+each as `model(dense, sparse) -> logits` inside TorchRec's `DLRMTrain` (BCE with logits):
+the contract every pipeline trains (docs/training.md, "Models").
 
 The embedding tables are one EmbeddingBagCollection, one table per categorical feature
 (`t_cat_<i>` serves feature `cat_<i>`: TorchRec's Criteo names, `cat_0` .. `cat_25`, and on
@@ -85,6 +85,11 @@ def build_torchrec_model(cfg: ModelConfig, ebc: EmbeddingBagCollection,
                          dense_device: torch.device) -> torch.nn.Module:  # fmt: skip
     """The model `cfg.arch` names over the collection `ebc`, its dense part on `dense_device`."""
     arch = Arch(cfg.arch)
+    if arch == Arch.two_tower:
+        from recsys.models.two_tower import TwoTower
+
+        return TwoTower(ebc, cfg.dense_in_features, list(cfg.dense_arch_layer_sizes),
+                        cfg.query_features, list(cfg.tower_layer_sizes), dense_device)  # fmt: skip
     if arch == Arch.deepfm:
         with dense_device:
             model = SimpleDeepFMNN(cfg.dense_in_features, ebc, cfg.dense_arch_layer_sizes[0],

@@ -153,14 +153,16 @@ ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=
 DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
 # each model's overrides of debug=tiny's DLRM (docs/training.md, "Models")
 ARCHS = {"dlrm": [], "dcnv2": DCN, "projection": ["model.arch=projection"],
-         "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"]}  # fmt: skip
+         "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"],
+         "two_tower": ["model.arch=two_tower"]}  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, world) -> None:
     """The matrix of docs/pipelines.md: row-wise Adagrad embeddings, each dense optimizer
-    on DLRM and DCNv2, dense Adagrad on DLRM_Projection and DeepFM (2 ranks; all pairs in
+    on DLRM and DCNv2, dense Adagrad on DLRM_Projection, DeepFM and the two-tower model
+    (2 ranks; all pairs in
     one job), 2 and 3 ranks (3: `dense_allreduce=per_tensor`, the reduction both sides share),
     N = 1, 2, 3, 4, 8 with each mode on and off; 256 samples per rank, so every micro-batch
     is a whole number of 32-sample units. TorchRec's plan: data-parallel tables on 3 ranks,

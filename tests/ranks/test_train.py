@@ -81,6 +81,21 @@ def test_torchrecs_newer_exact_pipelines_equal_the_plain_loop(tmp_path: Path) ->
         assert other["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6), pipeline
 
 
+def test_the_two_tower_model_trains_under_every_pipeline(tmp_path: Path) -> None:
+    """model=two_tower_small over debug=tiny's tables: the staleness-free pipelines give the
+    plain loop's losses; SemiSync (one step stale, on a plan without replicated tables) trains."""
+    common = TINY + ["model=two_tower_small", "trainer.eval_every=0"]
+    plain = train(compose_config(common), tmp_path / "plain")
+    assert plain["model"] == "two_tower_small" and all(map(math.isfinite, plain["step_losses"]))
+    for pipeline in ("sparse_dist_lite", "fused_sparse_dist", "nested", "semi_sync"):
+        other = train(compose_config(common + [f"pipeline={pipeline}"]), tmp_path / pipeline)
+        assert other["pipeline"] == pipeline and other["steps"] == plain["steps"], pipeline
+        if pipeline == "semi_sync":  # its own plan (no data-parallel tables), one step stale
+            assert all(map(math.isfinite, other["step_losses"]))
+        else:
+            assert other["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-6), pipeline
+
+
 @pytest.mark.parametrize("pipeline", ["plain", "sparse_dist", "nested"])
 def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, pipeline) -> None:
     common = TINY + [f"pipeline={pipeline}", "trainer.max_steps=8", "trainer.eval_every=0"]

@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRMTrain
 
-from pipelines.dense_step import DeferredGrads, alignment, compute_dtype, loss_seed
+from pipelines.dense_step import (
+    DeferredGrads,
+    alignment,
+    batch_loss_fn,
+    compute_dtype,
+    loss_seed,
+)
 from pipelines.exchange import micro_sizes
 from recsys.config import Arch, ModelConfig
 from recsys.models.dlrm import build_torchrec_model
@@ -35,7 +41,7 @@ def _model(arch: str, shared: bool) -> torch.nn.Module:
     cfg = ModelConfig(arch=Arch(arch), num_embeddings_per_feature=[50] * FEATURES,
                       embedding_dim=16, dense_arch_layer_sizes=[64, 16],
                       over_arch_layer_sizes=[1] if arch == "deepfm" else [64, 1],
-                      dcn_num_layers=3, dcn_low_rank_dim=32)  # fmt: skip
+                      dcn_num_layers=3, dcn_low_rank_dim=32, query_features=2)  # fmt: skip
     model = build_torchrec_model(cfg, EmbeddingBagCollection(tables=tables), torch.device("cpu"))
     return SharedBatchDLRMTrain(model, 2, 512) if shared else DLRMTrain(model)
 
@@ -73,7 +79,7 @@ def _micro_batched(train, params, data, order, n: int, align: int):
     return torch.cat(logits)[inverse], deferred
 
 
-@pytest.mark.parametrize("arch", ["dlrm", "dcnv2", "projection", "deepfm"])
+@pytest.mark.parametrize("arch", ["dlrm", "dcnv2", "projection", "deepfm", "two_tower"])
 @pytest.mark.parametrize("shared", [False, True], ids=["mean_loss", "scaled_sum_loss"])
 @pytest.mark.parametrize(
     ("batch", "n", "clustered"), [(256, 4, False), (256, 3, True), (200, 3, False), (256, 8, True)]
@@ -162,3 +168,28 @@ def test_under_bf16_autocast_micro_batches_give_the_plain_loops_gradients(
     assert torch.equal(train.loss_fn(logits, labels), loss.detach())
     differ = [k for k, p in params.items() if not torch.equal(p.grad, want[k])]
     assert not differ and not deferred.inexact, differ
+
+
+def test_a_model_whose_samples_interact_is_refused_at_start_naming_why() -> None:
+    """Micro-batches keep each sample's logit and loss only if they depend on that sample
+    alone: batch norm in the model, or a loss over the batch (in-batch negatives), is
+    refused before training, naming the module or the loss; the contract's models pass."""
+
+    class InBatchSoftmax(torch.nn.Module):  # each query against every candidate of the batch
+        def forward(self, logits, labels):
+            return F.cross_entropy(logits[:, None] * logits[None, :], torch.arange(len(logits)))
+
+    train = _model("two_tower", shared=False)
+    assert batch_loss_fn(train) is train.loss_fn
+    train.loss_fn = InBatchSoftmax()
+    with pytest.raises(NotImplementedError, match="InBatchSoftmax.*couple samples"):
+        batch_loss_fn(train)
+    train.per_sample_loss = True  # the module's author vouches for it
+    assert batch_loss_fn(train) is train.loss_fn
+
+    normed = _model("dlrm", shared=False)
+    normed.model.dense_arch.model = torch.nn.Sequential(
+        torch.nn.BatchNorm1d(13), normed.model.dense_arch.model
+    )
+    with pytest.raises(NotImplementedError, match="dense_arch.model.0.*BatchNorm1d"):
+        batch_loss_fn(normed)

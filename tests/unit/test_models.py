@@ -91,10 +91,12 @@ def test_replicated_fp16_rows_update_as_fbgemm_does() -> None:
 
 
 ARCHS = {Arch.dlrm: "DLRM", Arch.dcnv2: "DLRM_DCN", Arch.projection: "DLRM_Projection",
-         Arch.deepfm: "SimpleDeepFMNN"}  # fmt: skip
+         Arch.deepfm: "SimpleDeepFMNN", Arch.two_tower: "TwoTower"}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["dlrm_small", "dcnv2_small", "projection_small", "deepfm_small"])
+@pytest.mark.parametrize(
+    "name", ["dlrm_small", "dcnv2_small", "projection_small", "deepfm_small", "two_tower_small"]
+)
 def test_every_torchrec_model_trains_as_dense_sparse_to_logits(typed_cfg, name) -> None:
     """Each `model=` option: TorchRec's model inside DLRMTrain, `model(dense, sparse)`
     giving one logit a sample (DeepFM's sigmoid left to the loss); the cost model's
@@ -133,6 +135,8 @@ def test_every_torchrec_model_trains_as_dense_sparse_to_logits(typed_cfg, name) 
         ({"arch": "deepfm"}, "over_arch_layer_sizes"),  # TorchRec's one output layer
         ({"arch": "deepfm", "over_arch_layer_sizes": [1], "dense_arch_layer_sizes": [16]},
          "dense_arch_layer_sizes"),
+        ({"arch": "two_tower", "query_features": 26}, "query_features"),  # no candidate side
+        ({"arch": "two_tower", "tower_layer_sizes": []}, "tower_layer_sizes"),
     ],
 )  # fmt: skip
 def test_bad_shapes_of_the_other_models_fail_naming_the_field(change: dict, field: str) -> None:
