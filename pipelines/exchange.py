@@ -1,5 +1,6 @@
-"""The pooled-embedding all-to-all of a table-wise (or column-wise) sharded group, in
-micro-batch chunks, forward and backward, as plain asynchronous collectives.
+"""The pooled-embedding all-to-all of a table-wise (or column-wise) sharded group, and the
+reduce-scatter of a row-wise one, in micro-batch chunks, forward and backward, as plain
+asynchronous collectives.
 
 TorchRec's `PooledEmbeddingsAllToAll` moves a whole batch and puts its backward inside
 autograd, where the engine waits for it at once. Here each chunk is its own
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+from torchrec.distributed.types import Awaitable
 
 
 def micro_sizes(batch: int, n: int, align: int = 1) -> list[int]:
@@ -79,6 +83,7 @@ class ChunkedPooledExchange:
         self.rank = dist.get_rank(pg)
         self.dims = list(dim_sum_per_rank)
         self.local_dim = self.dims[self.rank]
+        self.width = sum(self.dims)  # of what a rank receives for its samples
         self.col_starts = [sum(self.dims[:o]) for o in range(len(self.dims))]
 
     def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
@@ -137,3 +142,135 @@ class ChunkedPooledExchange:
             return out
 
         return Pending(work, finish)
+
+
+class ChunkedReduceScatter:
+    """Forward and backward exchange of one row-wise group in micro-batch chunks.
+
+    Each rank holds a block of rows of every table in the group, so its lookup output is a
+    partial sum for every rank's samples (all ranks' samples x the group's columns);
+    TorchRec reduce-scatters it (`PooledEmbeddingsReduceScatter`). Here chunk k goes as an
+    all-to-all of every rank's chunk-k rows, and each rank sums what it receives in rank
+    order: the order `OrderedReduceScatter` gives every other pipeline, so the sums are
+    the same (a collective's own order can depend on the tensor's size: gloo's does).
+    Backward, the reduce-scatter's adjoint: my chunk's gradient goes to every rank (an
+    all-gather), divided by the world size where TorchRec divides it."""
+
+    def __init__(self, pg: dist.ProcessGroup, width: int) -> None:
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.world = dist.get_world_size(pg)
+        self.width = width
+
+    def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
+        send = torch.cat([local[plan.rows(s, k)].reshape(-1) for s in range(self.world)])
+        mine = plan.sizes[self.rank][k]
+        recv = local.new_empty(self.world * mine * self.width)
+        work = dist.all_to_all_single(
+            recv,
+            send,
+            output_split_sizes=[mine * self.width] * self.world,
+            input_split_sizes=[plan.sizes[s][k] * self.width for s in range(self.world)],
+            group=self.pg,
+            async_op=True,
+        )
+        return Pending(work, lambda: ordered_sum(recv.view(self.world, mine, self.width)))
+
+    def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor) -> Pending:
+        mine = plan.sizes[self.rank][k]
+        send = grad.reshape(-1).repeat(self.world)
+        recv_sizes = [plan.sizes[s][k] * self.width for s in range(self.world)]
+        recv = grad.new_empty(sum(recv_sizes))
+        work = dist.all_to_all_single(
+            recv,
+            send,
+            output_split_sizes=recv_sizes,
+            input_split_sizes=[mine * self.width] * self.world,
+            group=self.pg,
+            async_op=True,
+        )
+
+        def finish() -> torch.Tensor:
+            if get_gradient_division():
+                recv.div_(self.world)
+            for s, part in enumerate(recv.split(recv_sizes)):
+                out[plan.rows(s, k)] = part.view(plan.sizes[s][k], self.width)
+            return out
+
+        return Pending(work, finish)
+
+
+def ordered_sum(parts: torch.Tensor) -> torch.Tensor:
+    """Sum over the first dimension, left to right (rank 0's partial first)."""
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+class _OrderedReduceScatterFn(torch.autograd.Function):
+    """`ChunkedReduceScatter` for a whole batch, with autograd: forward an all-to-all of
+    each rank's rows and a sum in rank order; backward an all-gather of the gradient."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, splits: list[int], pg: dist.ProcessGroup):
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+        width = local.shape[1]
+        recv = local.new_empty(world * splits[rank] * width)
+        dist.all_to_all_single(recv, local.contiguous().view(-1),
+                               output_split_sizes=[splits[rank] * width] * world,
+                               input_split_sizes=[b * width for b in splits], group=pg)  # fmt: skip
+        ctx.splits, ctx.pg, ctx.width = splits, pg, width
+        return ordered_sum(recv.view(world, splits[rank], width))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        splits, pg, width = ctx.splits, ctx.pg, ctx.width
+        world = len(splits)
+        recv = grad.new_empty(sum(splits) * width)
+        dist.all_to_all_single(recv, grad.contiguous().view(-1).repeat(world),
+                               output_split_sizes=[b * width for b in splits],
+                               input_split_sizes=[grad.numel()] * world, group=pg)  # fmt: skip
+        if get_gradient_division():
+            recv.div_(world)
+        return recv.view(sum(splits), width), None, None
+
+
+class _Ready(Awaitable[torch.Tensor]):
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self._value = value
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._value
+
+
+class OrderedReduceScatter(torch.nn.Module):
+    """In place of TorchRec's `PooledEmbeddingsReduceScatter` in a row-wise group's output
+    dist: the same result up to the order of the sum (ranks' partials added in rank order,
+    as `ChunkedReduceScatter` adds each chunk's), the same bytes on the wire as a ring
+    reduce-scatter. Installed in every pipeline on CPU ranks (`install_ordered_reduce_scatter`)
+    so that the nested pipeline's chunks sum as the plain loop does at any world size."""
+
+    def __init__(self, pg: dist.ProcessGroup) -> None:
+        super().__init__()
+        self._pg = pg
+
+    def forward(self, local_embs: torch.Tensor,
+                input_splits: list[int] | None = None) -> Awaitable[torch.Tensor]:  # fmt: skip
+        world = dist.get_world_size(self._pg)
+        splits = list(input_splits) if input_splits else [local_embs.shape[0] // world] * world
+        return _Ready(_OrderedReduceScatterFn.apply(local_embs, splits, self._pg))
+
+
+def install_ordered_reduce_scatter(model: torch.nn.Module) -> int:
+    """Every row-wise group of the model's sharded collections reduces with
+    `OrderedReduceScatter`; the number of groups changed."""
+    changed = 0
+    for m in model.modules():
+        if isinstance(m, ShardedEmbeddingBagCollection):
+            for od in m._output_dists:
+                if isinstance(od, RwPooledEmbeddingDist) and od._codecs is None:
+                    od._dist = OrderedReduceScatter(od._pg)
+                    changed += 1
+    return changed

@@ -8,8 +8,8 @@ Then, after the micro-batches, the lookups' backward: the TBE's fused update, on
 batch on the whole batch's gradient.
 
 Supported: pooled `EmbeddingBagCollection`s sharded table-wise, column-wise,
-table-column-wise or data-parallel. Other sharded modules raise at construction, naming
-the module and the sharding type.
+table-column-wise, row-wise or data-parallel. Other sharded modules raise at construction,
+naming the module and the sharding type.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torchrec.distributed.embeddingbag import (
     ShardedEmbeddingBagCollection,
 )
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_configs import PoolingType
@@ -35,7 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.clustering import cluster_order
 from pipelines.dedup import BatchLookups, DedupBatch, DedupExchange, route_distinct
 from pipelines.dense_step import alignment, compute_dtype
-from pipelines.exchange import ChunkedPooledExchange, ChunkPlan, Pending
+from pipelines.exchange import ChunkedPooledExchange, ChunkedReduceScatter, ChunkPlan, Pending
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
               ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
@@ -47,7 +48,7 @@ class _Group:
 
     sharding_type: str
     lookup: torch.nn.Module
-    exchange: ChunkedPooledExchange | None  # None: data-parallel, no exchange
+    exchange: ChunkedPooledExchange | ChunkedReduceScatter | None  # None: data-parallel
     dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
     # what TorchRec's output dist applies to what it receives (column-wise tables sharing
     # ranks: a column permutation); per sample, so applied to each chunk as it arrives
@@ -119,22 +120,33 @@ class Step:
 def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
     if isinstance(dist_module, DpPooledEmbeddingDist):
         return None
-    if isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED:
+    row_wise = sharding_type == ShardingType.ROW_WISE.value
+    rw = isinstance(dist_module, RwPooledEmbeddingDist) and row_wise
+    if rw or (isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED):
         if dist_module._codecs is not None:
             raise NotImplementedError(
                 f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
                 f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
             )
+        if rw:
+            return ChunkedReduceScatter(dist_module._pg, sum(dist_module._embedding_dims))
         return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
     raise NotImplementedError(
         f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
-        f"table_wise, column_wise, table_column_wise and data_parallel pooled tables. Use "
+        f"table_wise, column_wise, table_column_wise, row_wise and data_parallel pooled "
+        f"tables. Use "
         f"pipeline=sparse_dist, or a plan without {sharding_type} tables"
     )
 
 
 def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:
     """The unique-row exchange of a sum-pooled table-wise / column-wise group."""
+    if not isinstance(group.exchange, ChunkedPooledExchange):
+        raise NotImplementedError(
+            f"pipeline.dedup: '{fqn}' is sharded {group.sharding_type}, whose owners send "
+            f"partial sums of every bag, not rows; dedup moves the unique rows of table-wise "
+            f"and column-wise tables only. Use pipeline.dedup=false for this plan"
+        )
     pooling = {t.pooling for t in sharding.embedding_tables()}
     if pooling != {PoolingType.SUM}:
         raise NotImplementedError(

@@ -259,7 +259,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             for g, group in enumerate(m.groups):
                 if group.exchange is not None:
                     sends[mi][k][g].wait()
-                    empty = grads[mi][g].new_zeros(0, sum(group.exchange.dims))
+                    empty = grads[mi][g].new_zeros(0, group.exchange.width)
                     state = step.modules[mi].dedup[g]
                     backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
 

@@ -19,6 +19,38 @@ def all_reduce_rank(timeout_s: float) -> dict:
     return {"rank": rank, "world": world, "sum": float(t)}
 
 
+def reduce_scatters(timeout_s: float) -> dict:
+    """TorchRec's row-wise reduce-scatter and `OrderedReduceScatter` on the same partial
+    sums (each rank its own): each one's output and input gradient on even batches; on
+    uneven ones (TorchRec's backward all-gather takes equal sizes only on gloo), ours
+    and every rank's partials gathered and added in rank order."""
+    from torchrec.distributed.dist_data import PooledEmbeddingsReduceScatter
+
+    from pipelines.exchange import OrderedReduceScatter
+
+    rank, world = launch.init_distributed(timeout_s)
+    gen = torch.Generator().manual_seed(rank)
+    out = {"rank": rank}
+    for case, splits in (("even", [7] * world), ("uneven", [5 + 3 * r for r in range(world)])):
+        local = torch.randn(sum(splits), 12, generator=gen) * 10 ** torch.randn(1, generator=gen)
+        seed = torch.randn(splits[rank], 12, generator=gen)
+        modules = {"ordered": OrderedReduceScatter(dist.group.WORLD)}
+        if case == "even":
+            modules["torchrec"] = PooledEmbeddingsReduceScatter(dist.group.WORLD)
+        else:
+            every = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(every, local)
+            first = sum(splits[:rank])
+            mine = [t[first : first + splits[rank]] for t in every]
+            out["uneven_reference"] = sum(mine[1:], mine[0].clone()).numpy()
+        for name, module in modules.items():
+            x = local.clone().requires_grad_()
+            y = module(x, input_splits=splits).wait()
+            y.backward(seed)
+            out[f"{case}_{name}"] = (y.detach().numpy(), x.grad.numpy())
+    return out
+
+
 def one_rank_raises(timeout_s: float) -> dict:
     rank, _ = launch.init_distributed(timeout_s)
     if rank == 1:

@@ -25,6 +25,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_step import per_tensor_comm_hook
+from pipelines.exchange import install_ordered_reduce_scatter
 from recsys import launch
 from recsys.checkpoint import CheckpointMismatchError, saved_split
 from recsys.collectives import all_reduce_sum
@@ -287,6 +288,8 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         plan = for_cpu_ranks(plan)
     set_precision(model, tcfg.precision, device)
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
+        install_ordered_reduce_scatter(model)
     per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
     if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
         model._dmp_wrapped_module.register_comm_hook(None, per_tensor_comm_hook)

@@ -151,6 +151,8 @@ ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=
 
 
 DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
+# bags of 0 to 20 ids over debug=tiny's 26 features, two always empty
+MULTI_HOT = "dataset.hotness=[0,2,1,3,5,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,20,4,10,3,1,0]"
 # each model's overrides of debug=tiny's DLRM (docs/training.md, "Models")
 ARCHS = {"dlrm": [], "dcnv2": DCN, "projection": ["model.arch=projection"],
          "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"],
@@ -189,15 +191,51 @@ def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, w
     terms than a shuffle of the samples reorders. Measured on 2 ranks (10 steps): dedup's
     loss residual 1.8e-6 against 1.8e-7 to 8.1e-7 for three shuffles; held to 4x the largest
     of three (docs/pipelines.md)."""
-    hotness = [0, 2, 1, 3, 5, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 20, 4, 10, 3, 1, 0]
     base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
-            *ADAGRAD, f"dataset.hotness=[{','.join(map(str, hotness))}]"]  # fmt: skip
+            *ADAGRAD, MULTI_HOT]  # fmt: skip
     if world > 2:
         base.append("trainer.dense_allreduce=per_tensor")
     variants = [(1, False, False, False), (3, True, True, False), (4, False, False, False),
                 (8, True, True, False), (4, False, False, True), (2, True, True, True)]  # fmt: skip
     _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan, variants=variants,
                     shuffles=3, noise_factor=4.0)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_nested_is_bit_identical_on_a_row_wise_plan(tmp_path: Path, world) -> None:
+    """TorchRec's planner told row_wise only, for a GPU cluster, the plan rehearsed on CPU
+    ranks (`trainer.rehearse_on_cpu`): every table's rows in even blocks over all ranks,
+    each rank's lookups partial sums for every rank's samples. Nested reduce-scatters them
+    chunk by chunk, summing in rank order as every pipeline does on CPU ranks
+    (`pipelines.exchange.OrderedReduceScatter`), so the result is the plain loop's at any
+    world size; one-hot and multi-hot bags, with clustering and the lookahead (dedup moves
+    rows, which row-wise owners do not send: refused at start, tested in
+    test_nested_pieces)."""
+    base = ["debug=tiny", "trainer.batch_size=256", "cluster=1x8_a100_80g",
+            f"cluster.nodes.0.devices.0.count={world}", "trainer.rehearse_on_cpu=true",
+            "planner.torchrec_sharding_types=[row_wise]", *ADAGRAD,
+            *(["trainer.dense_allreduce=per_tensor"] if world > 2 else [])]  # fmt: skip
+    variants = [(1, False, False, False), (3, True, True, False), (4, False, True, False),
+                (8, True, False, False)]  # fmt: skip
+    bases = {"one-hot": base, "multi-hot": [*base, MULTI_HOT]}
+    _equal_to_plain(tmp_path, bases, world, variants=variants)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ordered_reduce_scatter_is_torchrecs_up_to_the_order_of_the_sum(world) -> None:
+    """What every pipeline on CPU ranks reduces row-wise tables with: TorchRec's result
+    within rounding and the same input gradient bit for bit (an all-gather, divided by the
+    world size as TorchRec's); with uneven batches, the partials added in rank order."""
+    job = spawn_ranks(rank_jobs.reduce_scatters, world, args=(30.0,), timeout_s=120)
+    for r in raise_on_failure(job, "reduce-scatters"):
+        (want, want_grad), (got, got_grad) = r["even_torchrec"], r["even_ordered"]
+        assert got.shape == want.shape == (7, 12)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+        assert np.array_equal(got_grad, want_grad)
+        got, _ = r["uneven_ordered"]
+        assert got.shape == (5 + 3 * r["rank"], 12)
+        assert np.array_equal(got, r["uneven_reference"])
 
 
 def _torchrec_default_plan(cfg):

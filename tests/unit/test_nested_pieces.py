@@ -76,8 +76,8 @@ def test_cluster_order_leaves_single_micro_batch_alone() -> None:
 def test_unsupported_sharding_is_named() -> None:
     from pipelines.lookups import _group_exchange
 
-    with pytest.raises(NotImplementedError, match="row_wise.*pipeline=sparse_dist"):
-        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "row_wise")
+    with pytest.raises(NotImplementedError, match="table_row_wise.*pipeline=sparse_dist"):
+        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "table_row_wise")
 
 
 def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> None:
@@ -91,12 +91,15 @@ def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> Non
         return ShardingPlan({"model.sparse_arch.ebc": {"t_cat_0": ps}})
 
     nested = PipelineConfig(name=PipelineName.nested)
-    why = unsupported_sharding(nested, plan("row_wise"))
-    assert why and "'t_cat_0'" in why and "row_wise" in why and "pipeline=sparse_dist" in why
-    for kind in ("table_wise", "column_wise", "table_column_wise", "data_parallel"):
+    why = unsupported_sharding(nested, plan("table_row_wise"))
+    assert why and "'t_cat_0'" in why and "table_row_wise" in why and "pipeline=sparse_dist" in why
+    for kind in ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel"):
         assert unsupported_sharding(nested, plan(kind)) is None
     sparse_dist = PipelineConfig(name=PipelineName.sparse_dist)
-    assert unsupported_sharding(sparse_dist, plan("row_wise")) is None  # it runs any plan
+    assert unsupported_sharding(sparse_dist, plan("table_row_wise")) is None  # it runs any plan
+    dedup = PipelineConfig(name=PipelineName.nested, dedup=True)  # row-wise owners send sums
+    assert "pipeline.dedup=false" in unsupported_sharding(dedup, plan("row_wise"))
+    assert unsupported_sharding(dedup, plan("table_wise")) is None
     cached = plan("table_wise")
     cached.plan["model.sparse_arch.ebc"]["t_cat_0"].compute_kernel = "fused_uvm_caching"
     assert unsupported_sharding(nested, cached) is None
