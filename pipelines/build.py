@@ -23,7 +23,8 @@ from pipelines.plain import PlainPipeline
 from pipelines.types import PipelineConfig, PipelineName
 
 # what the nested pipeline's exchange handles (pipelines/lookups.py); data_parallel stays local
-NESTED_SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
+NESTED_SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "row_wise",
+                    "table_row_wise", "data_parallel")  # fmt: skip
 
 
 def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
@@ -42,9 +43,10 @@ def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
                     f"(fused_uvm_caching), whose cache the lookahead cannot keep consistent; "
                     f"set pipeline.lookahead=false, or plan it without caching"
                 )
-            if cfg.dedup and ps.sharding_type == "row_wise":
+            if cfg.dedup and ps.sharding_type in ("row_wise", "table_row_wise"):
                 return (
-                    f"pipeline.dedup=true: table '{table}' of {module} is sharded row_wise, "
+                    f"pipeline.dedup=true: table '{table}' of {module} is sharded "
+                    f"{ps.sharding_type}, "
                     f"whose owners send partial sums of every bag, not rows; dedup moves the "
                     f"unique rows of table-wise and column-wise tables. Set pipeline.dedup=false"
                 )

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.dist_data import PooledEmbeddingsAllToAll
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import Awaitable
 
 
@@ -200,6 +202,102 @@ class ChunkedReduceScatter:
         return Pending(work, finish)
 
 
+class ChunkedTwRwExchange:
+    """Forward and backward exchange of one table-row-wise group in micro-batch chunks.
+
+    A node's tables are cut in row blocks over its L ranks, each rank's lookups partial
+    sums for the samples of every rank; TorchRec reduce-scatters them within the node (local
+    rank j receives the sums for the samples of the ranks of local rank j on every node,
+    its cross group) and then all-to-alls across nodes within the cross group (each rank
+    receives its samples with every node's columns). The local lookup output holds the
+    samples cross group by cross group (local rank j, then node by node: TorchRec's
+    staggered id all-to-all). Per chunk: the within-node reduce-scatter as an all-to-all
+    with the partials added in local-rank order (`OrderedReduceScatter`'s order), then the
+    cross-node all-to-all of the sums; backward the reverse, each stage's gradient divided
+    by its group's size where TorchRec divides it."""
+
+    def __init__(self, intra_pg: dist.ProcessGroup, cross_pg: dist.ProcessGroup,
+                 dim_sum_per_node: list[int], rank: int) -> None:  # fmt: skip
+        self.intra_pg, self.cross_pg = intra_pg, cross_pg
+        self.local = dist.get_world_size(intra_pg)
+        self.nodes = dist.get_world_size(cross_pg)
+        self.local_rank, self.node = rank % self.local, rank // self.local
+        self.dims = list(dim_sum_per_node)  # each node's columns
+        self.width = sum(self.dims)
+        self.node_dim = self.dims[self.node]
+
+    def _group(self, j: int) -> list[int]:
+        """The ranks of local rank j, node by node (a cross group)."""
+        return [n * self.local + j for n in range(self.nodes)]
+
+    def _rows(self, plan: ChunkPlan, s: int, k: int) -> slice | torch.Tensor:
+        """Rank s's chunk-k samples' rows in the staggered lookup output."""
+        order = [r for j in range(self.local) for r in self._group(j)]
+        offset = sum(plan.batch_per_rank[r] for r in order[: order.index(s)])
+        at = plan.samples(s, k)
+        return slice(at.start + offset, at.stop + offset) if isinstance(at, slice) else at + offset
+
+    def _sizes(self, plan: ChunkPlan, j: int, k: int) -> list[int]:
+        return [plan.sizes[r][k] for r in self._group(j)]
+
+    def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
+        mine = plan.sizes[self.local * self.node + self.local_rank][k]
+        send = torch.cat([local[self._rows(plan, r, k)].reshape(-1)
+                          for j in range(self.local) for r in self._group(j)])  # fmt: skip
+        group = sum(self._sizes(plan, self.local_rank, k))  # my cross group's chunk
+        recv = local.new_empty(self.local * group * self.node_dim)
+        work = dist.all_to_all_single(
+            recv, send, output_split_sizes=[group * self.node_dim] * self.local,
+            input_split_sizes=[sum(self._sizes(plan, j, k)) * self.node_dim
+                               for j in range(self.local)],
+            group=self.intra_pg, async_op=True)  # fmt: skip
+
+        def finish() -> torch.Tensor:
+            work.wait()
+            summed = ordered_sum(recv.view(self.local, group, self.node_dim))
+            out = local.new_empty(mine * self.width)
+            to = [b * self.node_dim for b in self._sizes(plan, self.local_rank, k)]
+            dist.all_to_all_single(out, summed.reshape(-1), group=self.cross_pg,
+                                   output_split_sizes=[mine * d for d in self.dims],
+                                   input_split_sizes=to)  # fmt: skip
+            parts = out.split([mine * d for d in self.dims])
+            return torch.cat([p.view(mine, d) for p, d in zip(parts, self.dims, strict=True)], 1)
+
+        return Pending(None, finish)
+
+    def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor) -> Pending:
+        mine = grad.shape[0]
+        starts = [sum(self.dims[:n]) for n in range(self.nodes)]
+        send = torch.cat([grad[:, c : c + d].reshape(-1)
+                          for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
+        sizes = self._sizes(plan, self.local_rank, k)
+        recv = grad.new_empty(sum(sizes) * self.node_dim)
+        work = dist.all_to_all_single(
+            recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
+            input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
+            async_op=True)  # fmt: skip
+
+        def finish() -> torch.Tensor:
+            work.wait()
+            if get_gradient_division():  # the cross all-to-all's backward, as TorchRec's
+                recv.div_(self.nodes)
+            every = [sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)]
+            gathered = grad.new_empty(sum(every))
+            dist.all_to_all_single(gathered, recv.repeat(self.local), output_split_sizes=every,
+                                   input_split_sizes=[recv.numel()] * self.local,
+                                   group=self.intra_pg)  # fmt: skip
+            if get_gradient_division():  # the reduce-scatter's backward
+                gathered.div_(self.local)
+            parts = iter(gathered.split([b * self.node_dim for j in range(self.local)
+                                         for b in self._sizes(plan, j, k)]))  # fmt: skip
+            for j in range(self.local):
+                for r in self._group(j):
+                    out[self._rows(plan, r, k)] = next(parts).view(-1, self.node_dim)
+            return out
+
+        return Pending(None, finish)
+
+
 def ordered_sum(parts: torch.Tensor) -> torch.Tensor:
     """Sum over the first dimension, left to right (rank 0's partial first)."""
     total = parts[0].clone()
@@ -264,13 +362,23 @@ class OrderedReduceScatter(torch.nn.Module):
 
 
 def install_ordered_reduce_scatter(model: torch.nn.Module) -> int:
-    """Every row-wise group of the model's sharded collections reduces with
-    `OrderedReduceScatter`; the number of groups changed."""
+    """Every row-wise and table-row-wise group of the model's sharded collections reduces
+    with `OrderedReduceScatter` (table-row-wise: within the node, before TorchRec's own
+    all-to-all across nodes); the number of groups changed."""
     changed = 0
     for m in model.modules():
-        if isinstance(m, ShardedEmbeddingBagCollection):
-            for od in m._output_dists:
-                if isinstance(od, RwPooledEmbeddingDist) and od._codecs is None:
-                    od._dist = OrderedReduceScatter(od._pg)
-                    changed += 1
+        if not isinstance(m, ShardedEmbeddingBagCollection):
+            continue
+        for od in m._output_dists:
+            if isinstance(od, RwPooledEmbeddingDist) and od._codecs is None:
+                od._dist = OrderedReduceScatter(od._pg)
+                changed += 1
+            elif isinstance(od, TwRwPooledEmbeddingDist) and not (
+                od._intra_codecs or od._cross_codecs
+            ):
+                od._intra_dist = OrderedReduceScatter(od._intra_pg)
+                od._cross_dist = PooledEmbeddingsAllToAll(  # what TorchRec makes on first use
+                    pg=od._cross_pg, dim_sum_per_rank=od._dim_sum_per_node, device=od._device
+                )
+                changed += 1
     return changed

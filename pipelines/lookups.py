@@ -8,8 +8,8 @@ Then, after the micro-batches, the lookups' backward: the TBE's fused update, on
 batch on the whole batch's gradient.
 
 Supported: pooled `EmbeddingBagCollection`s sharded table-wise, column-wise,
-table-column-wise, row-wise or data-parallel. Other sharded modules raise at construction,
-naming the module and the sharding type.
+table-column-wise, row-wise, table-row-wise or data-parallel. Other sharded modules raise
+at construction, naming the module and the sharding type.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
+from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -36,7 +37,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from pipelines.clustering import cluster_order
 from pipelines.dedup import BatchLookups, DedupBatch, DedupExchange, route_distinct
 from pipelines.dense_step import alignment, compute_dtype
-from pipelines.exchange import ChunkedPooledExchange, ChunkedReduceScatter, ChunkPlan, Pending
+from pipelines.exchange import (
+    ChunkedPooledExchange,
+    ChunkedReduceScatter,
+    ChunkedTwRwExchange,
+    ChunkPlan,
+    Pending,
+)
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
               ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
@@ -48,7 +55,8 @@ class _Group:
 
     sharding_type: str
     lookup: torch.nn.Module
-    exchange: ChunkedPooledExchange | ChunkedReduceScatter | None  # None: data-parallel
+    # None: data-parallel, no exchange
+    exchange: ChunkedPooledExchange | ChunkedReduceScatter | ChunkedTwRwExchange | None
     dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
     # what TorchRec's output dist applies to what it receives (column-wise tables sharing
     # ranks: a column permutation); per sample, so applied to each chunk as it arrives
@@ -120,6 +128,15 @@ class Step:
 def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
     if isinstance(dist_module, DpPooledEmbeddingDist):
         return None
+    twrw = sharding_type == ShardingType.TABLE_ROW_WISE.value
+    if isinstance(dist_module, TwRwPooledEmbeddingDist) and twrw:
+        if dist_module._intra_codecs or dist_module._cross_codecs:
+            raise NotImplementedError(
+                f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
+                f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
+            )
+        return ChunkedTwRwExchange(dist_module._intra_pg, dist_module._cross_pg,
+                                   dist_module._dim_sum_per_node, dist_module._rank)  # fmt: skip
     row_wise = sharding_type == ShardingType.ROW_WISE.value
     rw = isinstance(dist_module, RwPooledEmbeddingDist) and row_wise
     if rw or (isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED):
@@ -133,8 +150,8 @@ def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
         return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
     raise NotImplementedError(
         f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
-        f"table_wise, column_wise, table_column_wise, row_wise and data_parallel pooled "
-        f"tables. Use "
+        f"table_wise, column_wise, table_column_wise, row_wise, table_row_wise and "
+        f"data_parallel pooled tables. Use "
         f"pipeline=sparse_dist, or a plan without {sharding_type} tables"
     )
 

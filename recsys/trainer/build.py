@@ -151,6 +151,16 @@ def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
     torch.set_num_threads(threads)
 
 
+def rehearse_node(ranks: list[RankDevice], rank: int) -> None:
+    """A GPU plan rehearsed on this machine's CPU ranks (`trainer.rehearse_on_cpu`) sees its
+    own cluster's nodes: TorchRec takes a node's ranks from LOCAL_WORLD_SIZE (table-row-wise
+    groups and their intra- and cross-node process groups), which a one-machine launch sets
+    to the whole job. After `place_rank`, which sizes the thread pool by the machine's ranks."""
+    node = ranks[rank].node
+    os.environ["LOCAL_WORLD_SIZE"] = str(sum(r.node == node for r in ranks))
+    os.environ["LOCAL_RANK"] = str(ranks[rank].local_rank)
+
+
 def _hot_ids(
     source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int,
     device: torch.device,

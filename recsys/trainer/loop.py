@@ -29,7 +29,14 @@ from sharding.errors import UserError
 if TYPE_CHECKING:
     from recsys.config import TrainConfig
 
-from recsys.trainer.build import Training, backend_for, build_training, place_rank, rank_device
+from recsys.trainer.build import (
+    Training,
+    backend_for,
+    build_training,
+    place_rank,
+    rank_device,
+    rehearse_node,
+)
 from recsys.trainer.outputs import (
     Scalars,
     per_step_stats,
@@ -101,6 +108,8 @@ def train_each(runs: list[tuple], steps: int, run_dir: str):
     rehearse = tcfg.rehearse_on_cpu
     rank, _ = launch.init_distributed(tcfg.dist_timeout_s, backend_for(first.ranks, rehearse))
     place_rank(tcfg, first.ranks[rank])
+    if rehearse:
+        rehearse_node(first.ranks, rank)
     device = rank_device(first.ranks[rank], rehearse)
     for ctx, transform in runs:
         job = build_training(ctx, run_dir, rank, device)
@@ -124,6 +133,8 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
             f"as many processes as the cluster config has devices"
         )
     place_rank(tcfg, ranks[rank])
+    if tcfg.rehearse_on_cpu:
+        rehearse_node(ranks, rank)
     device = rank_device(ranks[rank], tcfg.rehearse_on_cpu)
     job = build_training(ctx, run_dir, rank, device)
     start = 0

@@ -202,20 +202,26 @@ def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, w
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_nested_is_bit_identical_on_a_row_wise_plan(tmp_path: Path, world) -> None:
-    """TorchRec's planner told row_wise only, for a GPU cluster, the plan rehearsed on CPU
-    ranks (`trainer.rehearse_on_cpu`): every table's rows in even blocks over all ranks,
-    each rank's lookups partial sums for every rank's samples. Nested reduce-scatters them
-    chunk by chunk, summing in rank order as every pipeline does on CPU ranks
-    (`pipelines.exchange.OrderedReduceScatter`), so the result is the plain loop's at any
-    world size; one-hot and multi-hot bags, with clustering and the lookahead (dedup moves
-    rows, which row-wise owners do not send: refused at start, tested in
-    test_nested_pieces)."""
-    base = ["debug=tiny", "trainer.batch_size=256", "cluster=1x8_a100_80g",
-            f"cluster.nodes.0.devices.0.count={world}", "trainer.rehearse_on_cpu=true",
-            "planner.torchrec_sharding_types=[row_wise]", *ADAGRAD,
-            *(["trainer.dense_allreduce=per_tensor"] if world > 2 else [])]  # fmt: skip
+@pytest.mark.parametrize(
+    ("sharding", "nodes", "per_node"),
+    [("row_wise", 1, 2), ("row_wise", 1, 3), ("table_row_wise", 1, 3), ("table_row_wise", 2, 2)],
+)  # fmt: skip
+def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nodes,
+                                                   per_node) -> None:  # fmt: skip
+    """TorchRec's planner told one sharding type for a GPU cluster, the plan rehearsed on
+    CPU ranks (`trainer.rehearse_on_cpu`). Row-wise: every table's rows in even blocks over
+    all ranks, each rank's lookups partial sums for every rank's samples. Table-row-wise:
+    each table's rows in blocks over one node's ranks, reduced within the node, then sent
+    across nodes. Nested reduce-scatters chunk by chunk, summing in rank order as every
+    pipeline does on CPU ranks (`pipelines.exchange.OrderedReduceScatter`), so the result
+    is the plain loop's at any world size; one-hot and multi-hot bags, with clustering and
+    the lookahead (dedup moves rows, which these owners do not send: refused at start,
+    tested in test_nested_pieces)."""
+    world = nodes * per_node
+    base = ["debug=tiny", "trainer.batch_size=256", "cluster=2x8_h100",
+            f"cluster.nodes.0.count={nodes}", f"cluster.nodes.0.devices.0.count={per_node}",
+            "trainer.rehearse_on_cpu=true", f"planner.torchrec_sharding_types=[{sharding}]",
+            *ADAGRAD, *(["trainer.dense_allreduce=per_tensor"] if world > 2 else [])]  # fmt: skip
     variants = [(1, False, False, False), (3, True, True, False), (4, False, True, False),
                 (8, True, False, False)]  # fmt: skip
     bases = {"one-hot": base, "multi-hot": [*base, MULTI_HOT]}

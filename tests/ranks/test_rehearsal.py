@@ -25,8 +25,8 @@ NESTED = ["pipeline=nested", "pipeline.micro_batches=2", "pipeline.lookahead=tru
 
 def test_the_command_rehearses_a_gpu_run_without_a_gpu(tmp_path: Path) -> None:
     """TorchRec's plan for the two A100s (it makes one table row-wise) trains on two CPU
-    ranks with no GPU; the nested pipeline refuses that plan before building, here as it
-    would on the GPUs."""
+    ranks with no GPU; what the nested pipeline cannot do with it (dedup: row-wise owners
+    send sums, not rows) is refused before building, here as it would be on the GPUs."""
     proc = run_command("recsys.train", *GPU2, f"hydra.run.dir={tmp_path / 'plain'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "plain" / "summary.json").read_text())
@@ -36,9 +36,10 @@ def test_the_command_rehearses_a_gpu_run_without_a_gpu(tmp_path: Path) -> None:
     assert summary["input"]["prefetch_batches"] == 2 and not summary["input"]["pinned"]
     plan = (tmp_path / "plain" / "plan.txt").read_text()
     assert "cuda:1" in plan and "row_wise" in plan  # written as the GPU run gets it
-    nested = run_command("recsys.train", *GPU2, *NESTED, f"hydra.run.dir={tmp_path / 'nested'}")
+    nested = run_command("recsys.train", *GPU2, *NESTED, "pipeline.dedup=true",
+                         f"hydra.run.dir={tmp_path / 'nested'}")  # fmt: skip
     assert nested.returncode == 1 and "Traceback" not in nested.stderr
-    assert "is sharded row_wise; the nested pipeline handles" in nested.stderr
+    assert "is sharded row_wise, whose owners send partial sums" in nested.stderr
 
 
 def test_gpu_plans_train_plain_and_nested_alike(tmp_path: Path) -> None:

@@ -76,8 +76,8 @@ def test_cluster_order_leaves_single_micro_batch_alone() -> None:
 def test_unsupported_sharding_is_named() -> None:
     from pipelines.lookups import _group_exchange
 
-    with pytest.raises(NotImplementedError, match="table_row_wise.*pipeline=sparse_dist"):
-        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "table_row_wise")
+    with pytest.raises(NotImplementedError, match="grid_shard.*pipeline=sparse_dist"):
+        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "grid_shard")
 
 
 def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> None:
@@ -91,14 +91,16 @@ def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> Non
         return ShardingPlan({"model.sparse_arch.ebc": {"t_cat_0": ps}})
 
     nested = PipelineConfig(name=PipelineName.nested)
-    why = unsupported_sharding(nested, plan("table_row_wise"))
-    assert why and "'t_cat_0'" in why and "table_row_wise" in why and "pipeline=sparse_dist" in why
-    for kind in ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel"):
+    why = unsupported_sharding(nested, plan("grid_shard"))
+    assert why and "'t_cat_0'" in why and "grid_shard" in why and "pipeline=sparse_dist" in why
+    for kind in ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
+                 "data_parallel"):  # fmt: skip
         assert unsupported_sharding(nested, plan(kind)) is None
     sparse_dist = PipelineConfig(name=PipelineName.sparse_dist)
-    assert unsupported_sharding(sparse_dist, plan("table_row_wise")) is None  # it runs any plan
+    assert unsupported_sharding(sparse_dist, plan("grid_shard")) is None  # it runs any plan
     dedup = PipelineConfig(name=PipelineName.nested, dedup=True)  # row-wise owners send sums
-    assert "pipeline.dedup=false" in unsupported_sharding(dedup, plan("row_wise"))
+    for kind in ("row_wise", "table_row_wise"):
+        assert "pipeline.dedup=false" in unsupported_sharding(dedup, plan(kind))
     assert unsupported_sharding(dedup, plan("table_wise")) is None
     cached = plan("table_wise")
     cached.plan["model.sparse_arch.ebc"]["t_cat_0"].compute_kernel = "fused_uvm_caching"
