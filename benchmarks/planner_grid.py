@@ -309,7 +309,9 @@ def summarize(rows: list[dict]) -> dict:
         s = c.pop("speedups")
         c["median_speedup_vs_torchrec"] = float(np.median(s)) if s else None
         c["min_speedup_vs_torchrec"] = float(np.min(s)) if s else None
-    gaps = [r["gap_to_bound"] for r in rows if r["planner"] == "hybrid" and "gap_to_bound" in r]
+    # hybrid's feasible plans only (a plan that does not fit has a step and a bound too)
+    gaps = [r["gap_to_bound"] for r in rows
+            if r["planner"] == "hybrid" and r["feasible"] and "gap_to_bound" in r]  # fmt: skip
     cut = [r for r in rows if r["planner"] == "torchrec" and r.get("search_cut")]
     # every cell's planning, whichever run planned it (torchrec_own shares torchrec's search)
     seconds = sum(r["planning_s"] for r in rows if r["planner"] != "torchrec_own")

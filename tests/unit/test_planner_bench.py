@@ -54,6 +54,18 @@ def test_a_rival_within_half_a_percent_is_a_tie_not_a_loss() -> None:
     assert g["wins"]["hybrid"] == 1 and g["wins"]["torchrec"] == 2  # a tie counts to each
 
 
+def test_the_gap_to_the_bound_counts_only_plans_that_fit() -> None:
+    """A plan that does not fit has a predicted step and a bound too; the grid's median
+    and largest gap are over hybrid's feasible plans."""
+    rows = _cell("a", "c", hybrid=1.2) + _cell("b", "c", hybrid=1.5) + _cell("c", "c")
+    for r, gap in zip([r for r in rows if r["planner"] == "hybrid"], (1.2, 1.5, 9.0),
+                      strict=True):  # fmt: skip
+        r["gap_to_bound"] = gap  # cell c: hybrid's plan overflows memory
+    g = summarize(rows)
+    assert g["median_gap_to_bound"] == pytest.approx(1.35)
+    assert g["max_gap_to_bound"] == pytest.approx(1.5)
+
+
 def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -> None:
     """Each cell is written as it finishes; run again, the grid plans only the cells it
     lacks, and a file of another grid is refused."""
