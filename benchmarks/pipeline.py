@@ -52,9 +52,9 @@ TORCHREC_EXACT = ("sparse_dist", "sparse_dist_lite", "fused_sparse_dist")
 class PipelineBenchConfig:
     # a pipeline name, or nested<N> with optional +lookahead / +cluster / +dedup
     pipelines: list[str] = field(default_factory=lambda: [
-        "plain", "base", "sparse_dist", "semi_sync", "nested1", "nested2", "nested4",
-        "nested8", "nested4+lookahead", "nested4+cluster", "nested4+dedup",
-        "nested8+dedup", "nested4+dedup+cluster"])  # fmt: skip
+        "plain", "base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync",
+        "nested1", "nested2", "nested4", "nested8", "nested4+lookahead", "nested4+cluster",
+        "nested4+dedup", "nested8+dedup", "nested4+dedup+cluster"])  # fmt: skip
     # round_robin: whole tables, table-wise. TorchRec's planner also replicates small
     # tables (data-parallel), which TorchRec's SemiSync cannot train (see README).
     # Dense SGD: a run whose losses are not chaotic, so equality can be checked at every
@@ -82,7 +82,19 @@ class PipelineBenchConfig:
     # (a bag size per table, or "mlperf"); null: no multi-hot rows
     multi_hot: Any = "mlperf"
     multi_hot_pipelines: list[str] = field(default_factory=lambda: [
-        "plain", "sparse_dist", "semi_sync", "nested4", "nested4+dedup"])  # fmt: skip
+        "plain", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "nested4",
+        "nested4+dedup"])  # fmt: skip
+    # the second plan's row set: these overrides after `overrides` (TorchRec's planner told
+    # row_wise only for two GPUs, the plan rehearsed on the CPU ranks: every table's rows in
+    # two blocks, each rank's lookups partial sums for both ranks' samples, reduce-scattered);
+    # null: no second plan
+    row_wise: list[str] | None = field(default_factory=lambda: [
+        "planner=torchrec", "planner.torchrec_sharding_types=[row_wise]",
+        "cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.count=2",
+        "trainer.rehearse_on_cpu=true"])  # fmt: skip
+    row_wise_pipelines: list[str] = field(default_factory=lambda: [
+        "plain", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "nested2",
+        "nested4", "nested8", "nested4+lookahead", "nested4+cluster"])  # fmt: skip
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair;
     # its own inter-node rate is the slow link (link_rate unused), fast_rate the fast one
     cluster: ClusterSpec | None = None
@@ -160,20 +172,25 @@ def _train_all(
     tmp: Path,
     pipelines: list[str],
     extra: tuple[str, ...] = (),
+    tag: str = "",
 ) -> dict[str, dict]:
     """Every pipeline across the slow link (rate None: the configured one) or `rate`, each
-    run in its own directory under `tmp` (a burst the sensitivity sweep repeats included)."""
+    run in its own directory under `tmp` (a burst the sensitivity sweep repeats included);
+    `extra` overrides after the configured ones, for the row set `tag` ("": the main one).
+    The cost model's prediction beside the main and multi-hot sets (the row-wise set's GPU
+    plan rehearsed on CPU ranks is not what it prices)."""
     out = {}
     steps = cfg.trainer.max_steps or cfg.steps
     tmp = Path(tempfile.mkdtemp(prefix=f"{rate}_{burst}_", dir=tmp))
     with _trainer(cfg, rate, burst) as train:
         for label in pipelines:
-            run_dir = tmp / f"{rate}_{burst}_{label}{'_multi_hot' if extra else ''}"
+            run_dir = tmp / f"{rate}_{burst}_{label}{'_' + tag if tag else ''}"
             overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
             sent, summary = train(overrides, steps, run_dir)
+            predict = rate is None and tag != "row_wise"
             out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir),
                           "predicted_ms": _predicted_ms(cfg, overrides, run_dir)
-                          if rate is None else None}  # fmt: skip
+                          if predict else None}  # fmt: skip
             print(f"{rate or 'slow link'} burst {burst} {label}: "
                   f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
     return out
@@ -247,7 +264,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
                          "(the speed-ups are against it), or set burst_sensitivity=[]")  # fmt: skip
     if cfg.link_burst is None:
         cfg = replace(cfg, link_burst=_own_burst(cfg))
-    sensitivity, multi = {}, None
+    sensitivity, multi, row_wise = {}, None, None
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
         slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), cfg.pipelines)
@@ -262,25 +279,49 @@ def run(cfg: PipelineBenchConfig) -> dict:
             }
         if cfg.multi_hot is not None:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
-            pipes = cfg.multi_hot_pipelines
-            multi_slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), pipes, extra)
-            multi_fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), pipes, extra)
-                          if cfg.fast_link else None)  # fmt: skip
-            multi = _rows(pipes, multi_slow, multi_fast)
+            multi = _row_set(cfg, Path(tmp), cfg.multi_hot_pipelines, extra, "multi_hot")
+        if cfg.row_wise is not None:
+            extra = tuple(cfg.row_wise)
+            row_wise = _row_set(cfg, Path(tmp), cfg.row_wise_pipelines, extra, "row_wise")
     rows = _rows(cfg.pipelines, slow, fast)
+    main = _summary(rows)
     result = {
         "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
         "exposed_comm_ms": {r["pipeline"]: r["exposed_comm_ms"] for r in rows},
         "equal_to_plain": {r["pipeline"]: r["equal_to_plain"] for r in rows},
-        **_summary(rows),
+        **main,
         "link": link,
         "burst_sensitivity": sensitivity,
         "clustering": clustering_stats(cfg),
         "multi_hot": None if multi is None else {"hotness": cfg.multi_hot, **_summary(multi)},
+        "plans": _plans(cfg, main, row_wise),
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
     }
     return result
+
+
+def _row_set(cfg: PipelineBenchConfig, tmp: Path, pipes: list[str], extra: tuple[str, ...],
+             tag: str) -> list[dict]:  # fmt: skip
+    """A second row set (`pipes` with `extra` overrides) on the slow and the fast link."""
+    slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag)
+    fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag)
+            if cfg.fast_link else None)  # fmt: skip
+    return _rows(pipes, slow, fast)
+
+
+def _plans(cfg: PipelineBenchConfig, main: dict, row_wise: list[dict] | None) -> dict:
+    """Each benchmark plan: its overrides, its pipelines' samples/s and its summary (the
+    main plan's rows are the result's own `rows`)."""
+
+    def entry(overrides: list[str], summary: dict) -> dict:
+        pipelines = {r["pipeline"]: r["samples_per_s"] for r in summary["rows"]}
+        return {"overrides": list(overrides), "pipelines": pipelines, **summary}
+
+    main = {k: v for k, v in entry(cfg.overrides, main).items() if k != "rows"}
+    if row_wise is None:
+        return {"main": main}
+    return {"main": main, "row_wise": entry(cfg.row_wise, _summary(row_wise))}
 
 
 def _hydra_value(value) -> str:
@@ -436,6 +477,12 @@ def table(r: dict) -> str:
         spends = f"; the plain loop spends {share:.0%} of its step on the link" if share else ""
         lines += ["", f"Multi-hot bags (dataset.hotness={m['hotness']}){spends}:", ""]
         lines += _headline(m) + _row_lines(m["rows"], m["speedup_vs_sparse_dist"])
+    rw = (r.get("plans") or {}).get("row_wise")
+    if rw:
+        share = rw["plain_comm_share"]
+        spends = f"; the plain loop spends {share:.0%} of its step on the link" if share else ""
+        lines += ["", f"Row-wise plan ({' '.join(rw['overrides'])}){spends}:", ""]
+        lines += _headline(rw) + _row_lines(rw["rows"], rw["speedup_vs_sparse_dist"])
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
         lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",

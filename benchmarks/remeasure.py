@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-_SHAPED = ["burst_sensitivity=[]", "multi_hot=null"]
+# the reduced pipeline sets: no burst sweep, no multi-hot rows, no second (row-wise) plan
+_SHAPED = ["burst_sensitivity=[]", "multi_hot=null", "row_wise=null"]
 # the training benchmarks' overrides (quoted: each holds an `=`)
 _SGD = ",".join(f"'{o}'" for o in ["trainer.batch_size=2048", "planner=round_robin",
                                     "trainer.dense_optimizer=sgd", "trainer.lr=0.1"])  # fmt: skip
@@ -41,6 +42,8 @@ PUBLISHED = [
      ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"]),
     ("pipeline_emu_mixed4", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
+      "pipelines=[plain,base,sparse_dist,semi_sync,nested1,nested2,nested4,nested8,"
+      "nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,nested4+dedup+cluster]",
       f"overrides=[{_SGD},'trainer.dense_allreduce=per_tensor']"]),
     # after the sets its validation reads (DEPENDS)
     ("scale", "summary.json", ["benchmarks.scale"]),

@@ -147,83 +147,31 @@ class ChunkedPooledExchange:
 
 
 class ChunkedReduceScatter:
-    """Forward and backward exchange of one row-wise group in micro-batch chunks.
+    """Forward and backward exchange of one row-wise or table-row-wise group in micro-batch
+    chunks.
 
-    Each rank holds a block of rows of every table in the group, so its lookup output is a
-    partial sum for every rank's samples (all ranks' samples x the group's columns);
-    TorchRec reduce-scatters it (`PooledEmbeddingsReduceScatter`). Here chunk k goes as an
-    all-to-all of every rank's chunk-k rows, and each rank sums what it receives in rank
-    order: the order `OrderedReduceScatter` gives every other pipeline, so the sums are
-    the same (a collective's own order can depend on the tensor's size: gloo's does).
-    Backward, the reduce-scatter's adjoint: my chunk's gradient goes to every rank (an
-    all-gather), divided by the world size where TorchRec divides it."""
+    Row-wise: every table's rows in blocks over all ranks, so each rank's lookups are partial
+    sums for every rank's samples, which TorchRec reduce-scatters. Table-row-wise: a node's
+    tables in row blocks over its L ranks; TorchRec reduce-scatters within the node (local
+    rank j receives the sums for the samples of the ranks of local rank j on every node, its
+    cross group) and then all-to-alls across nodes within the cross group (each rank
+    receives its samples with every node's columns); the lookup output holds the samples
+    cross group by cross group (TorchRec's staggered id all-to-all). Row-wise is the case of
+    one node (`cross_pg` None). Per chunk: the reduce-scatter as an all-to-all of each
+    rank's chunk-k rows, the received partials added in rank order (`OrderedReduceScatter`'s
+    order: a collective's own can change with the tensor's size, gloo's does), then the
+    cross-node all-to-all of the sums; backward the reverse (all-to-all, then all-gather),
+    each stage's gradient divided by its group's size where TorchRec divides it."""
 
-    def __init__(self, pg: dist.ProcessGroup, width: int) -> None:
-        self.pg = pg
-        self.rank = dist.get_rank(pg)
-        self.world = dist.get_world_size(pg)
-        self.width = width
-
-    def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
-        send = torch.cat([local[plan.rows(s, k)].reshape(-1) for s in range(self.world)])
-        mine = plan.sizes[self.rank][k]
-        recv = local.new_empty(self.world * mine * self.width)
-        work = dist.all_to_all_single(
-            recv,
-            send,
-            output_split_sizes=[mine * self.width] * self.world,
-            input_split_sizes=[plan.sizes[s][k] * self.width for s in range(self.world)],
-            group=self.pg,
-            async_op=True,
-        )
-        return Pending(work, lambda: ordered_sum(recv.view(self.world, mine, self.width)))
-
-    def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor) -> Pending:
-        mine = plan.sizes[self.rank][k]
-        send = grad.reshape(-1).repeat(self.world)
-        recv_sizes = [plan.sizes[s][k] * self.width for s in range(self.world)]
-        recv = grad.new_empty(sum(recv_sizes))
-        work = dist.all_to_all_single(
-            recv,
-            send,
-            output_split_sizes=recv_sizes,
-            input_split_sizes=[mine * self.width] * self.world,
-            group=self.pg,
-            async_op=True,
-        )
-
-        def finish() -> torch.Tensor:
-            if get_gradient_division():
-                recv.div_(self.world)
-            for s, part in enumerate(recv.split(recv_sizes)):
-                out[plan.rows(s, k)] = part.view(plan.sizes[s][k], self.width)
-            return out
-
-        return Pending(work, finish)
-
-
-class ChunkedTwRwExchange:
-    """Forward and backward exchange of one table-row-wise group in micro-batch chunks.
-
-    A node's tables are cut in row blocks over its L ranks, each rank's lookups partial
-    sums for the samples of every rank; TorchRec reduce-scatters them within the node (local
-    rank j receives the sums for the samples of the ranks of local rank j on every node,
-    its cross group) and then all-to-alls across nodes within the cross group (each rank
-    receives its samples with every node's columns). The local lookup output holds the
-    samples cross group by cross group (local rank j, then node by node: TorchRec's
-    staggered id all-to-all). Per chunk: the within-node reduce-scatter as an all-to-all
-    with the partials added in local-rank order (`OrderedReduceScatter`'s order), then the
-    cross-node all-to-all of the sums; backward the reverse, each stage's gradient divided
-    by its group's size where TorchRec divides it."""
-
-    def __init__(self, intra_pg: dist.ProcessGroup, cross_pg: dist.ProcessGroup,
-                 dim_sum_per_node: list[int], rank: int) -> None:  # fmt: skip
+    def __init__(self, intra_pg: dist.ProcessGroup, dim_sum_per_node: list[int],
+                 cross_pg: dist.ProcessGroup | None = None) -> None:  # fmt: skip
         self.intra_pg, self.cross_pg = intra_pg, cross_pg
         self.local = dist.get_world_size(intra_pg)
-        self.nodes = dist.get_world_size(cross_pg)
-        self.local_rank, self.node = rank % self.local, rank // self.local
+        self.local_rank = dist.get_rank(intra_pg)
+        self.nodes = 1 if cross_pg is None else dist.get_world_size(cross_pg)
+        self.node = 0 if cross_pg is None else dist.get_rank(cross_pg)
         self.dims = list(dim_sum_per_node)  # each node's columns
-        self.width = sum(self.dims)
+        self.width = sum(self.dims)  # of what a rank receives for its samples
         self.node_dim = self.dims[self.node]
 
     def _group(self, j: int) -> list[int]:
@@ -231,7 +179,7 @@ class ChunkedTwRwExchange:
         return [n * self.local + j for n in range(self.nodes)]
 
     def _rows(self, plan: ChunkPlan, s: int, k: int) -> slice | torch.Tensor:
-        """Rank s's chunk-k samples' rows in the staggered lookup output."""
+        """Rank s's chunk-k samples' rows in the (staggered) lookup output."""
         order = [r for j in range(self.local) for r in self._group(j)]
         offset = sum(plan.batch_per_rank[r] for r in order[: order.index(s)])
         at = plan.samples(s, k)
@@ -255,6 +203,8 @@ class ChunkedTwRwExchange:
         def finish() -> torch.Tensor:
             work.wait()
             summed = ordered_sum(recv.view(self.local, group, self.node_dim))
+            if self.cross_pg is None:
+                return summed
             out = local.new_empty(mine * self.width)
             to = [b * self.node_dim for b in self._sizes(plan, self.local_rank, k)]
             dist.all_to_all_single(out, summed.reshape(-1), group=self.cross_pg,
@@ -266,27 +216,30 @@ class ChunkedTwRwExchange:
         return Pending(None, finish)
 
     def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor) -> Pending:
-        mine = grad.shape[0]
-        starts = [sum(self.dims[:n]) for n in range(self.nodes)]
-        send = torch.cat([grad[:, c : c + d].reshape(-1)
-                          for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
-        sizes = self._sizes(plan, self.local_rank, k)
-        recv = grad.new_empty(sum(sizes) * self.node_dim)
-        work = dist.all_to_all_single(
-            recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
-            input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
-            async_op=True)  # fmt: skip
+        work, recv = None, grad.reshape(-1)
+        if self.cross_pg is not None:  # the cross-node all-to-all's backward first
+            mine = grad.shape[0]
+            starts = [sum(self.dims[:n]) for n in range(self.nodes)]
+            send = torch.cat([grad[:, c : c + d].reshape(-1)
+                              for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
+            sizes = self._sizes(plan, self.local_rank, k)
+            recv = grad.new_empty(sum(sizes) * self.node_dim)
+            work = dist.all_to_all_single(
+                recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
+                input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
+                async_op=True)  # fmt: skip
 
         def finish() -> torch.Tensor:
-            work.wait()
-            if get_gradient_division():  # the cross all-to-all's backward, as TorchRec's
-                recv.div_(self.nodes)
+            if work is not None:
+                work.wait()
+                if get_gradient_division():  # as TorchRec's all-to-all backward
+                    recv.div_(self.nodes)
             every = [sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)]
             gathered = grad.new_empty(sum(every))
             dist.all_to_all_single(gathered, recv.repeat(self.local), output_split_sizes=every,
                                    input_split_sizes=[recv.numel()] * self.local,
                                    group=self.intra_pg)  # fmt: skip
-            if get_gradient_division():  # the reduce-scatter's backward
+            if get_gradient_division():  # as TorchRec's reduce-scatter backward
                 gathered.div_(self.local)
             parts = iter(gathered.split([b * self.node_dim for j in range(self.local)
                                          for b in self._sizes(plan, j, k)]))  # fmt: skip
@@ -307,8 +260,9 @@ def ordered_sum(parts: torch.Tensor) -> torch.Tensor:
 
 
 class _OrderedReduceScatterFn(torch.autograd.Function):
-    """`ChunkedReduceScatter` for a whole batch, with autograd: forward an all-to-all of
-    each rank's rows and a sum in rank order; backward an all-gather of the gradient."""
+    """`ChunkedReduceScatter`'s reduce-scatter for a whole batch, with autograd: forward an
+    all-to-all of each rank's rows and a sum in rank order; backward an all-gather of the
+    gradient."""
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, splits: list[int], pg: dist.ProcessGroup):

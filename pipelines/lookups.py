@@ -40,7 +40,6 @@ from pipelines.dense_step import alignment, compute_dtype
 from pipelines.exchange import (
     ChunkedPooledExchange,
     ChunkedReduceScatter,
-    ChunkedTwRwExchange,
     ChunkPlan,
     Pending,
 )
@@ -56,7 +55,7 @@ class _Group:
     sharding_type: str
     lookup: torch.nn.Module
     # None: data-parallel, no exchange
-    exchange: ChunkedPooledExchange | ChunkedReduceScatter | ChunkedTwRwExchange | None
+    exchange: ChunkedPooledExchange | ChunkedReduceScatter | None
     dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
     # what TorchRec's output dist applies to what it receives (column-wise tables sharing
     # ranks: a column permutation); per sample, so applied to each chunk as it arrives
@@ -135,8 +134,8 @@ def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
                 f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
                 f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
             )
-        return ChunkedTwRwExchange(dist_module._intra_pg, dist_module._cross_pg,
-                                   dist_module._dim_sum_per_node, dist_module._rank)  # fmt: skip
+        return ChunkedReduceScatter(dist_module._intra_pg, dist_module._dim_sum_per_node,
+                                    dist_module._cross_pg)  # fmt: skip
     row_wise = sharding_type == ShardingType.ROW_WISE.value
     rw = isinstance(dist_module, RwPooledEmbeddingDist) and row_wise
     if rw or (isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED):
@@ -146,7 +145,7 @@ def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
                 f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
             )
         if rw:
-            return ChunkedReduceScatter(dist_module._pg, sum(dist_module._embedding_dims))
+            return ChunkedReduceScatter(dist_module._pg, [sum(dist_module._embedding_dims)])
         return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
     raise NotImplementedError(
         f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "

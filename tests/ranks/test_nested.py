@@ -71,7 +71,9 @@ def _equal_to_plain(
     holds other samples). `exact=False`: all within 1e-5. `base`: one config's overrides,
     or several by name, checked in one job (the ranks start once)."""
     bases = base if isinstance(base, dict) else {"": base}
-    shuffles = shuffles if exact else 0
+    # the shuffled control bounds only the variants held to the order noise
+    noisy = any(dedup or (c and not aligned) for _, c, _, dedup in variants)
+    shuffles = shuffles if exact and noisy else 0
     cfgs, plans, starts = [], [], []
     for b in bases.values():
         group = _variant_configs(b, variants)
@@ -103,7 +105,7 @@ def _check_runs(
     totals = {v: {"refreshed_bags": 0, "dedup_rows": 0, "dedup_bags": 0} for v in variants}
     for rank, (plain, *nested), shuffled in runs:
         assert state == any(k.startswith("optim.") for k in plain["params"])
-        if exact:
+        if exact and shuffled:
             noise = [_deviation(run, plain) for run in shuffled]
             noise_loss, noise_params = (max(x) for x in zip(*noise, strict=True))
         for (n, c, ahead, dedup), run in zip(variants, nested, strict=True):
@@ -222,8 +224,7 @@ def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nod
             f"cluster.nodes.0.count={nodes}", f"cluster.nodes.0.devices.0.count={per_node}",
             "trainer.rehearse_on_cpu=true", f"planner.torchrec_sharding_types=[{sharding}]",
             *ADAGRAD, *(["trainer.dense_allreduce=per_tensor"] if world > 2 else [])]  # fmt: skip
-    variants = [(1, False, False, False), (3, True, True, False), (4, False, True, False),
-                (8, True, False, False)]  # fmt: skip
+    variants = [(3, True, True, False), (4, False, True, False), (8, True, False, False)]
     bases = {"one-hot": base, "multi-hot": [*base, MULTI_HOT]}
     _equal_to_plain(tmp_path, bases, world, variants=variants)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.pipeline import (
@@ -105,3 +107,43 @@ def test_nested_is_compared_with_the_fastest_exact_torchrec_pipeline_and_the_lim
     none = _summary(_rows(["nested4"], {"nested4": slow["nested4"]}, None))
     assert none["best_torchrec_exact"] is None and none["overlap_limit_ms"] is None
     assert none["speedup_vs_best_torchrec_exact"] == {}
+
+
+def test_the_row_wise_plan_is_a_second_row_set_under_plans(tmp_path, monkeypatch) -> None:
+    """The second benchmark plan: each of its pipelines trained with the row-wise overrides
+    after the main ones, on both links, in its own directories, without the cost model's
+    prediction (a GPU plan rehearsed on CPU ranks); `plans` names both plans."""
+    import contextlib
+
+    from benchmarks import pipeline as bench
+
+    calls = []
+
+    def train(overrides, steps, run_dir):
+        run_dir.mkdir(parents=True)
+        calls.append((overrides, run_dir.name))
+        speed = 100.0 if "pipeline=plain" in overrides else 150.0
+        return 0, _run(speed, [0.5])["summary"]
+
+    def no_prediction(*a):
+        raise AssertionError("the row-wise set is not predicted")
+
+    monkeypatch.setattr(bench, "_trainer", lambda *a: contextlib.nullcontext(train))
+    monkeypatch.setattr(bench, "_losses", lambda run_dir: [0.5])
+    monkeypatch.setattr(bench, "_predicted_ms", no_prediction)
+    cfg = bench.PipelineBenchConfig()
+    rows = bench._row_set(cfg, tmp_path, ["plain", "sparse_dist", "nested4"],
+                          tuple(cfg.row_wise), "row_wise")  # fmt: skip
+    assert len(calls) == 6 and all(name.endswith("_row_wise") for _, name in calls)
+    for overrides, _ in calls:
+        assert overrides[: len(cfg.overrides)] == cfg.overrides
+        assert "planner.torchrec_sharding_types=[row_wise]" in overrides
+        assert "trainer.rehearse_on_cpu=true" in overrides
+    main = bench._summary(rows[:2])
+    plans = bench._plans(cfg, main, rows)
+    assert set(plans) == {"main", "row_wise"} and "rows" not in plans["main"]
+    assert plans["row_wise"]["overrides"] == cfg.row_wise
+    assert plans["row_wise"]["pipelines"] == {"plain": 100.0, "sparse_dist": 150.0,
+                                              "nested4": 150.0}  # fmt: skip
+    assert plans["row_wise"]["speedup_vs_best_torchrec_exact"] == {"nested4": 1.0}
+    assert set(bench._plans(replace(cfg, row_wise=None), main, None)) == {"main"}
