@@ -46,6 +46,13 @@ from sharding.types import ClusterSpec
 EQUAL_RTOL = 1e-5
 # TorchRec's pipelines whose steps use this batch's embeddings (no staleness)
 TORCHREC_EXACT = ("sparse_dist", "sparse_dist_lite", "fused_sparse_dist")
+# TorchRec 1.9.2's pipelines this benchmark does not run, and why (in summary.json and the table)
+NOT_RUN = {
+    "pec": "TrainPipelinePEC trains ShardedPECEmbeddingCollection modules (sequence "
+    "embeddings, sharded row-wise); the benchmark's models pool bags (EmbeddingBagCollection)",
+    "prefetch_sparse_dist": "PrefetchTrainPipelineSparseDist prefetches UVM-cached tables, "
+    "which need CUDA",
+}
 
 
 @dataclass
@@ -87,7 +94,7 @@ class PipelineBenchConfig:
     # the second plan's row set: these overrides after `overrides` (TorchRec's planner told
     # row_wise only for two GPUs, the plan rehearsed on the CPU ranks: every table's rows in
     # two blocks, each rank's lookups partial sums for both ranks' samples, reduce-scattered);
-    # null: no second plan
+    # null: no second plan; not run on an emulated cluster (cluster=)
     row_wise: list[str] | None = field(default_factory=lambda: [
         "planner=torchrec", "planner.torchrec_sharding_types=[row_wise]",
         "cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.count=2",
@@ -280,7 +287,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
         if cfg.multi_hot is not None:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
             multi = _row_set(cfg, Path(tmp), cfg.multi_hot_pipelines, extra, "multi_hot")
-        if cfg.row_wise is not None:
+        if cfg.row_wise is not None and cfg.cluster is None:  # a two-GPU plan: the veth pair
             extra = tuple(cfg.row_wise)
             row_wise = _row_set(cfg, Path(tmp), cfg.row_wise_pipelines, extra, "row_wise")
     rows = _rows(cfg.pipelines, slow, fast)
@@ -295,6 +302,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
         "clustering": clustering_stats(cfg),
         "multi_hot": None if multi is None else {"hotness": cfg.multi_hot, **_summary(multi)},
         "plans": _plans(cfg, main, row_wise),
+        "not_run": NOT_RUN,
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
     }
@@ -483,6 +491,9 @@ def table(r: dict) -> str:
         spends = f"; the plain loop spends {share:.0%} of its step on the link" if share else ""
         lines += ["", f"Row-wise plan ({' '.join(rw['overrides'])}){spends}:", ""]
         lines += _headline(rw) + _row_lines(rw["rows"], rw["speedup_vs_sparse_dist"])
+    if r.get("not_run"):
+        lines += ["", "Not run: " + "; ".join(f"{p} ({why})" for p, why in r["not_run"].items())
+                  + "."]  # fmt: skip
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
         lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",

@@ -147,3 +147,19 @@ def test_the_row_wise_plan_is_a_second_row_set_under_plans(tmp_path, monkeypatch
                                               "nested4": 150.0}  # fmt: skip
     assert plans["row_wise"]["speedup_vs_best_torchrec_exact"] == {"nested4": 1.0}
     assert set(bench._plans(replace(cfg, row_wise=None), main, None)) == {"main"}
+
+
+def test_the_table_names_the_pipelines_it_could_not_run_and_why() -> None:
+    """A TorchRec pipeline the benchmark cannot run here is listed with its reason, never
+    dropped in silence (the published run's results, with the current list)."""
+    import json
+
+    from benchmarks import pipeline as bench
+    from benchmarks.remeasure import RESULTS
+
+    result = json.loads((RESULTS / "pipeline" / "summary.json").read_text())
+    result["not_run"] = bench.NOT_RUN
+    text = bench.table(result)
+    assert "Not run: pec (TrainPipelinePEC trains ShardedPECEmbeddingCollection" in text
+    assert "prefetch_sparse_dist (" in text and "| fused_sparse_dist |" in text
+    assert "Row-wise plan (planner=torchrec" in text
