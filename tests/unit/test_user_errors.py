@@ -21,6 +21,7 @@ from sharding.errors import UserError
 NOT_USER_ERRORS = {
     "recsys.launch.RankFailedError",  # a rank failed: one line naming its first cause and log
     "sharding.hybrid._TooLarge",  # the planner's own control flow, caught inside it
+    "sharding.hybrid._NoBufferRoom",  # likewise
 }
 
 
