@@ -46,9 +46,9 @@ def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
             if cfg.dedup and ps.sharding_type in ("row_wise", "table_row_wise"):
                 return (
                     f"pipeline.dedup=true: table '{table}' of {module} is sharded "
-                    f"{ps.sharding_type}, "
-                    f"whose owners send partial sums of every bag, not rows; dedup moves the "
-                    f"unique rows of table-wise and column-wise tables. Set pipeline.dedup=false"
+                    f"{ps.sharding_type}, whose owners send partial sums of every bag, not "
+                    f"rows; dedup moves the unique rows of table-wise and column-wise tables. "
+                    f"Set pipeline.dedup=false"
                 )
             if ps.sharding_type not in NESTED_SHARDINGS:
                 return (

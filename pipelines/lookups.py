@@ -125,34 +125,31 @@ class Step:
 
 
 def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
+    """The chunked exchange of one sharding-type group (None: data-parallel, no exchange)."""
     if isinstance(dist_module, DpPooledEmbeddingDist):
         return None
-    twrw = sharding_type == ShardingType.TABLE_ROW_WISE.value
-    if isinstance(dist_module, TwRwPooledEmbeddingDist) and twrw:
-        if dist_module._intra_codecs or dist_module._cross_codecs:
-            raise NotImplementedError(
-                f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
-                f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
-            )
-        return ChunkedReduceScatter(dist_module._intra_pg, dist_module._dim_sum_per_node,
-                                    dist_module._cross_pg)  # fmt: skip
-    row_wise = sharding_type == ShardingType.ROW_WISE.value
-    rw = isinstance(dist_module, RwPooledEmbeddingDist) and row_wise
-    if rw or (isinstance(dist_module, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED):
-        if dist_module._codecs is not None:
-            raise NotImplementedError(
-                f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
-                f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
-            )
-        if rw:
-            return ChunkedReduceScatter(dist_module._pg, [sum(dist_module._embedding_dims)])
-        return ChunkedPooledExchange(dist_module._pg, dist_module._dim_sum_per_rank)
-    raise NotImplementedError(
-        f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
-        f"table_wise, column_wise, table_column_wise, row_wise, table_row_wise and "
-        f"data_parallel pooled tables. Use "
-        f"pipeline=sparse_dist, or a plan without {sharding_type} tables"
-    )
+    d = dist_module
+    twrw, rw = ShardingType.TABLE_ROW_WISE.value, ShardingType.ROW_WISE.value
+    if isinstance(d, TwRwPooledEmbeddingDist) and sharding_type == twrw:
+        quantized = d._intra_codecs or d._cross_codecs
+        exchange = ChunkedReduceScatter(d._intra_pg, d._dim_sum_per_node, d._cross_pg)
+    elif isinstance(d, RwPooledEmbeddingDist) and sharding_type == rw:
+        quantized, exchange = d._codecs, ChunkedReduceScatter(d._pg, [sum(d._embedding_dims)])
+    elif isinstance(d, TwPooledEmbeddingDist) and sharding_type in _EXCHANGED:
+        quantized, exchange = d._codecs, ChunkedPooledExchange(d._pg, d._dim_sum_per_rank)
+    else:
+        raise NotImplementedError(
+            f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
+            f"table_wise, column_wise, table_column_wise, row_wise, table_row_wise and "
+            f"data_parallel pooled tables. Use pipeline=sparse_dist, or a plan without "
+            f"{sharding_type} tables"
+        )
+    if quantized:
+        raise NotImplementedError(
+            f"pipeline=nested: '{fqn}' ({sharding_type}) uses quantized comms, which the "
+            f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
+        )
+    return exchange
 
 
 def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:
