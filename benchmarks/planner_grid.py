@@ -207,15 +207,22 @@ def _resume(path: Path, fingerprint: dict) -> list[dict]:
     return rows
 
 
+def grid_workloads(cfg: GridConfig, named: list[Workload], clusters: int) -> list[Workload]:
+    """The grid's workloads: the named ones, then random suites seed, seed + 1, ..., enough
+    for `cfg.cells` cells over `clusters` clusters."""
+    per_cluster = math.ceil(cfg.cells / clusters)
+    workloads = list(named[:per_cluster])
+    return workloads + [random_suite(cfg.seed + i, cfg.spec)
+                        for i in range(per_cluster - len(workloads))]  # fmt: skip
+
+
 def run_grid(
     cfg: GridConfig, clusters: dict[str, PlanInputs], named: list[Workload], out_dir: Path
 ) -> dict:
     """Plan every cell, each written to `out_dir`/grid_cells.jsonl as it finishes (cells
     already there are kept, not planned again); the result holds `cells`, `wins`,
     `hybrid_losses` and summaries."""
-    per_cluster = math.ceil(cfg.cells / len(clusters))
-    workloads = list(named[:per_cluster])
-    workloads += [random_suite(cfg.seed + i, cfg.spec) for i in range(per_cluster - len(workloads))]
+    workloads = grid_workloads(cfg, named, len(clusters))
     _WORKLOADS[:] = workloads
     _CLUSTERS.clear()
     _CLUSTERS.update(clusters)

@@ -151,6 +151,12 @@ def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
 
 
 def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
+    clusters, named = grid_inputs(cfg, out_dir)
+    return run_grid(cfg.grid, clusters, named, out_dir)
+
+
+def grid_inputs(cfg: PlannerBenchConfig, out_dir: Path) -> tuple[dict, list[Workload]]:
+    """The grid's clusters (the presets, then the generated layouts) and named workloads."""
     import recsys.app.planning as cli
     from sharding.layouts import random_layout
 
@@ -162,8 +168,7 @@ def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
     # the measured profile is reused: the published one if there is one, else this run's
     published = Path(cfg.results_dir)
     where = published if (published / PROFILE_FILE).exists() else out_dir
-    named = named_workloads(cfg.grid, mlperf_workload(cfg), where)
-    return run_grid(cfg.grid, clusters, named, out_dir)
+    return clusters, named_workloads(cfg.grid, mlperf_workload(cfg), where)
 
 
 def at_scale(cfg: PlannerBenchConfig) -> dict:

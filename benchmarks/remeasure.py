@@ -77,6 +77,8 @@ PUBLISHED = [
       "nested4+dedup+cluster,nested8,nested8+cluster]",
       f"overrides=['dataset=movielens100k',{_SGD}]"]),
     ("planners", "summary.json", ["benchmarks.planners"]),  # about 1.8 h: the 400-cell grid
+    # after it: its cut TorchRec searches, searched longer (about 25 min)
+    ("grid_recheck", "summary.json", ["benchmarks.grid_recheck"]),
 
 ]  # fmt: skip
 

@@ -118,3 +118,26 @@ def test_the_planning_time_goals_are_planned_and_timed() -> None:
     for g in goals.values():
         assert g["feasible"] and g["planning_s"] > 0
         assert g["est_step_ms"] >= g["lower_bound_ms"] * (1 - 1e-9)
+
+
+def test_the_recheck_takes_the_cut_cells_closest_to_a_torchrec_win() -> None:
+    """benchmarks.grid_recheck: only cells whose TorchRec search was cut and where both
+    planners fit, hybrid's smallest lead first; its table says how many verdicts changed."""
+    from benchmarks.grid_recheck import closest_cut_cells
+    from benchmarks.grid_recheck import table as recheck_table
+
+    rows = (_cell("a", "c", hybrid=1.0, torchrec=2.0) + _cell("b", "c", hybrid=1.0, torchrec=1.1)
+            + _cell("c", "c", hybrid=1.0, torchrec=1.01) + _cell("d", "c", hybrid=None,
+                                                                  torchrec=1.0))  # fmt: skip
+    for r in rows:
+        if r["planner"] == "torchrec":
+            r["search_cut"], r["search_s"] = r["suite"] != "c", 31.0  # c ran to its end
+    chosen = closest_cut_cells(rows, 5)
+    assert [c["suite"] for c in chosen] == ["b", "a"]
+    cell = {**chosen[0], "torchrec_longer_ms": 0.9, "search_s": 240.0, "cut_again": True,
+            "verdict_changed": True}  # fmt: skip
+    result = {"config": {"limit_s": 240.0, "cells": 1}, "environment": {"date": "today"},
+              "cells": [cell], "changed": 1}  # fmt: skip
+    text = recheck_table(result)
+    assert "Verdicts changed (TorchRec faster than hybrid by more than 0.5%): 1 of 1." in text
+    assert "| c | b | 10 | 1.00 | 1.10 | 31 | 0.90 | 240 | yes | 0.900x |" in text
