@@ -274,9 +274,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
     sensitivity, multi, row_wise = {}, None, None
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
-        slow = _train_all(cfg, None, cfg.link_burst, Path(tmp), cfg.pipelines)
-        fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, Path(tmp), cfg.pipelines)
-                if cfg.fast_link else None)  # fmt: skip
+        rows = _row_set(cfg, Path(tmp), cfg.pipelines, (), "")
         for burst in cfg.burst_sensitivity:
             runs = _train_all(cfg, None, burst, Path(tmp), cfg.sensitivity_pipelines)
             speeds = {p: r["summary"]["samples_per_s"] for p, r in runs.items()}
@@ -290,7 +288,6 @@ def run(cfg: PipelineBenchConfig) -> dict:
         if cfg.row_wise is not None and cfg.cluster is None:  # a two-GPU plan: the veth pair
             extra = tuple(cfg.row_wise)
             row_wise = _row_set(cfg, Path(tmp), cfg.row_wise_pipelines, extra, "row_wise")
-    rows = _rows(cfg.pipelines, slow, fast)
     main = _summary(rows)
     result = {
         "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
@@ -311,7 +308,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
 
 def _row_set(cfg: PipelineBenchConfig, tmp: Path, pipes: list[str], extra: tuple[str, ...],
              tag: str) -> list[dict]:  # fmt: skip
-    """A second row set (`pipes` with `extra` overrides) on the slow and the fast link."""
+    """A row set (`pipes` with `extra` overrides) on the slow and the fast link."""
     slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag)
     fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag)
             if cfg.fast_link else None)  # fmt: skip
