@@ -178,11 +178,17 @@ class ChunkedReduceScatter:
         """The ranks of local rank j, node by node (a cross group)."""
         return [n * self.local + j for n in range(self.nodes)]
 
-    def _rows(self, plan: ChunkPlan, s: int, k: int) -> slice | torch.Tensor:
-        """Rank s's chunk-k samples' rows in the (staggered) lookup output."""
-        order = [r for j in range(self.local) for r in self._group(j)]
-        offset = sum(plan.batch_per_rank[r] for r in order[: order.index(s)])
-        at = plan.samples(s, k)
+    def _offsets(self, plan: ChunkPlan) -> dict[int, int]:
+        """Each rank's first row in the (staggered) lookup output."""
+        offsets, row = {}, 0
+        for r in (r for j in range(self.local) for r in self._group(j)):
+            offsets[r], row = row, row + plan.batch_per_rank[r]
+        return offsets
+
+    @staticmethod
+    def _rows(plan: ChunkPlan, offsets: dict[int, int], s: int, k: int) -> slice | torch.Tensor:
+        """Rank s's chunk-k samples' rows in the lookup output."""
+        at, offset = plan.samples(s, k), offsets[s]
         return slice(at.start + offset, at.stop + offset) if isinstance(at, slice) else at + offset
 
     def _sizes(self, plan: ChunkPlan, j: int, k: int) -> list[int]:
@@ -190,7 +196,8 @@ class ChunkedReduceScatter:
 
     def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
         mine = plan.sizes[self.local * self.node + self.local_rank][k]
-        send = torch.cat([local[self._rows(plan, r, k)].reshape(-1)
+        offsets = self._offsets(plan)
+        send = torch.cat([local[self._rows(plan, offsets, r, k)].reshape(-1)
                           for j in range(self.local) for r in self._group(j)])  # fmt: skip
         group = sum(self._sizes(plan, self.local_rank, k))  # my cross group's chunk
         recv = local.new_empty(self.local * group * self.node_dim)
@@ -243,9 +250,10 @@ class ChunkedReduceScatter:
                 gathered.div_(self.local)
             parts = iter(gathered.split([b * self.node_dim for j in range(self.local)
                                          for b in self._sizes(plan, j, k)]))  # fmt: skip
+            offsets = self._offsets(plan)
             for j in range(self.local):
                 for r in self._group(j):
-                    out[self._rows(plan, r, k)] = next(parts).view(-1, self.node_dim)
+                    out[self._rows(plan, offsets, r, k)] = next(parts).view(-1, self.node_dim)
             return out
 
         return Pending(None, finish)
@@ -259,42 +267,34 @@ def ordered_sum(parts: torch.Tensor) -> torch.Tensor:
     return total
 
 
-class _OrderedReduceScatterFn(torch.autograd.Function):
-    """`ChunkedReduceScatter`'s reduce-scatter for a whole batch, with autograd: forward an
-    all-to-all of each rank's rows and a sum in rank order; backward an all-gather of the
-    gradient."""
+class _Summed(torch.autograd.Function):
+    """The reduce-scatter's result as a function of `local` for autograd: forward passes the
+    received sum through; backward is the exchange's (an all-gather of the gradient)."""
 
     @staticmethod
-    def forward(ctx, local: torch.Tensor, splits: list[int], pg: dist.ProcessGroup):
-        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
-        width = local.shape[1]
-        recv = local.new_empty(world * splits[rank] * width)
-        dist.all_to_all_single(recv, local.contiguous().view(-1),
-                               output_split_sizes=[splits[rank] * width] * world,
-                               input_split_sizes=[b * width for b in splits], group=pg)  # fmt: skip
-        ctx.splits, ctx.pg, ctx.width = splits, pg, width
-        return ordered_sum(recv.view(world, splits[rank], width))
+    def forward(ctx, local: torch.Tensor, summed: torch.Tensor, exchange, plan: ChunkPlan):
+        ctx.exchange, ctx.plan, ctx.shape = exchange, plan, local.shape
+        return summed
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        splits, pg, width = ctx.splits, ctx.pg, ctx.width
-        world = len(splits)
-        recv = grad.new_empty(sum(splits) * width)
-        dist.all_to_all_single(recv, grad.contiguous().view(-1).repeat(world),
-                               output_split_sizes=[b * width for b in splits],
-                               input_split_sizes=[grad.numel()] * world, group=pg)  # fmt: skip
-        if get_gradient_division():
-            recv.div_(world)
-        return recv.view(sum(splits), width), None, None
+        out = grad.new_empty(ctx.shape)
+        ctx.exchange.backward(grad.contiguous(), ctx.plan, 0, out).wait()
+        return out, None, None, None
 
 
-class _Ready(Awaitable[torch.Tensor]):
-    def __init__(self, value: torch.Tensor) -> None:
+class _Reduced(Awaitable[torch.Tensor]):
+    """The reduce-scatter in flight, launched when the output dist is called (as TorchRec's
+    is, so a pipeline can overlap it); waiting sums what arrived."""
+
+    def __init__(self, local: torch.Tensor, exchange: ChunkedReduceScatter,
+                 plan: ChunkPlan) -> None:  # fmt: skip
         super().__init__()
-        self._value = value
+        self._local, self._exchange, self._plan = local, exchange, plan
+        self._pending = exchange.forward(local.detach(), plan, 0)
 
     def _wait_impl(self) -> torch.Tensor:
-        return self._value
+        return _Summed.apply(self._local, self._pending.wait(), self._exchange, self._plan)
 
 
 class OrderedReduceScatter(torch.nn.Module):
@@ -312,7 +312,8 @@ class OrderedReduceScatter(torch.nn.Module):
                 input_splits: list[int] | None = None) -> Awaitable[torch.Tensor]:  # fmt: skip
         world = dist.get_world_size(self._pg)
         splits = list(input_splits) if input_splits else [local_embs.shape[0] // world] * world
-        return _Ready(_OrderedReduceScatterFn.apply(local_embs, splits, self._pg))
+        exchange = ChunkedReduceScatter(self._pg, [local_embs.shape[1]])
+        return _Reduced(local_embs, exchange, ChunkPlan(splits, 1))  # the batch: one chunk
 
 
 def install_ordered_reduce_scatter(model: torch.nn.Module) -> int:
