@@ -14,7 +14,7 @@ every owner and concatenates them along columns in owner order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
 from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import JaggedTensor
 
 
 def micro_sizes(batch: int, n: int, align: int = 1) -> list[int]:
@@ -257,6 +258,109 @@ class ChunkedReduceScatter:
             return out
 
         return Pending(None, finish)
+
+
+@dataclass
+class SequenceBatch:
+    """One batch's bag lengths of a sequence group: as its owner holds them (`owned`: my
+    tables' features x every rank's samples, rank by rank) and as this rank asked
+    (`asked`: the group's features x my samples); and, per chunk, which rows of my lookup
+    output went to each rank (the backward puts their gradients back there)."""
+
+    owned: torch.Tensor
+    asked: torch.Tensor
+    sent: dict = field(default_factory=dict)  # k -> (rows of my lookup output, per-rank counts)
+    received: dict = field(default_factory=dict)  # k -> (per-owner counts, per-feature lengths)
+
+
+class ChunkedSequenceExchange:
+    """Forward and backward exchange of one table-wise sequence group (an
+    `EmbeddingCollection`'s) in micro-batch chunks: every id's own row, not a pooled bag.
+
+    Layout (TorchRec's `SequenceEmbeddingsAllToAll`): the owner's lookup output holds one row
+    per id, feature by feature, then source rank by rank, then sample by sample. For chunk k
+    the owner sends rank s, feature by feature, the rows of s's chunk-k samples; rank s
+    receives, owner by owner, its features' rows for those samples, which is its own
+    features in the group's order (`feature_names()`: owner by owner). `jagged` cuts them into
+    one `JaggedTensor` per feature, what the module's forward returns for those samples."""
+
+    def __init__(self, pg: dist.ProcessGroup, features_per_rank: list[int], dim: int,
+                 names: list[str]) -> None:  # fmt: skip
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.features_per_rank = list(features_per_rank)
+        self.world = len(self.features_per_rank)
+        self.dim = self.width = dim
+        self.names = list(names)  # the group's features (embedding names), owner by owner
+
+    def _owned(self, state: SequenceBatch, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = state.owned.view(self.features_per_rank[self.rank], sum(plan.batch_per_rank))
+        starts = (torch.cumsum(lengths.reshape(-1), 0) - lengths.reshape(-1)).view_as(lengths)
+        return lengths, starts
+
+    def _asked(self, state: SequenceBatch, plan: ChunkPlan, k: int) -> torch.Tensor:
+        """My chunk-k samples' lengths: the group's features x those samples."""
+        mine = plan.batch_per_rank[self.rank]
+        return state.asked.view(len(self.names), mine)[:, plan.samples(self.rank, k)]
+
+    def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int,
+                state: SequenceBatch) -> Pending:  # fmt: skip
+        lengths, starts = self._owned(state, plan)
+        rows, counts = [], []
+        for s in range(self.world):
+            at = plan.rows(s, k)
+            r = _expand(starts[:, at].reshape(-1), lengths[:, at].reshape(-1))
+            rows.append(r)
+            counts.append(r.numel())
+        rows = torch.cat(rows)
+        state.sent[k] = (rows, counts)
+        asked = self._asked(state, plan, k)
+        per_feature = asked.sum(1).tolist()
+        bounds = [sum(self.features_per_rank[:o]) for o in range(self.world + 1)]
+        recv_counts = [sum(per_feature[bounds[o] : bounds[o + 1]]) for o in range(self.world)]
+        state.received[k] = (recv_counts, asked, per_feature)
+        recv = local.new_empty(sum(recv_counts) * self.dim)
+        work = dist.all_to_all_single(
+            recv, local[rows].reshape(-1),
+            output_split_sizes=[c * self.dim for c in recv_counts],
+            input_split_sizes=[c * self.dim for c in counts], group=self.pg,
+            async_op=True)  # fmt: skip
+        return Pending(work, lambda: recv.view(-1, self.dim))
+
+    def jagged(self, values: torch.Tensor, state: SequenceBatch, k: int) -> dict[str, JaggedTensor]:
+        """Chunk k's received rows (`forward`'s result, or a tensor of its shape holding
+        their graph) as each feature's `JaggedTensor` over my chunk-k samples."""
+        _, asked, per_feature = state.received[k]
+        parts = values.split(per_feature)
+        return {name: JaggedTensor(values=v, lengths=asked[f])
+                for f, (name, v) in enumerate(zip(self.names, parts, strict=True))}  # fmt: skip
+
+    def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor,
+                 state: SequenceBatch) -> Pending:  # fmt: skip
+        """The reverse: each received row's gradient goes back to its owner, which puts it
+        at the row it sent, divided by the world size where TorchRec divides it."""
+        rows, counts = state.sent[k]
+        recv_counts = state.received[k][0]
+        recv = grad.new_empty(sum(counts) * self.dim)
+        work = dist.all_to_all_single(
+            recv, grad.reshape(-1), output_split_sizes=[c * self.dim for c in counts],
+            input_split_sizes=[c * self.dim for c in recv_counts], group=self.pg,
+            async_op=True)  # fmt: skip
+
+        def finish() -> torch.Tensor:
+            if get_gradient_division():  # as TorchRec's sequence all-to-all backward
+                recv.div_(self.world)
+            out[rows] = recv.view(-1, self.dim)
+            return out
+
+        return Pending(work, finish)
+
+
+def _expand(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The positions start, start+1, ..., start+length-1 of every (start, length), in order."""
+    total = int(lengths.sum())
+    first = torch.repeat_interleave(starts - (torch.cumsum(lengths, 0) - lengths), lengths)
+    return first + torch.arange(total, dtype=starts.dtype, device=starts.device)
 
 
 def ordered_sum(parts: torch.Tensor) -> torch.Tensor:

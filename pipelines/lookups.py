@@ -8,8 +8,10 @@ Then, after the micro-batches, the lookups' backward: the TBE's fused update, on
 batch on the whole batch's gradient.
 
 Supported: pooled `EmbeddingBagCollection`s sharded table-wise, column-wise,
-table-column-wise, row-wise, table-row-wise or data-parallel. Other sharded modules raise
-at construction, naming the module and the sharding type.
+table-column-wise, row-wise, table-row-wise or data-parallel, and sequence
+`EmbeddingCollection`s sharded table-wise (hybrid's cold parts: every id's row moves,
+`exchange.ChunkedSequenceExchange`). Other sharded modules raise at construction, naming the
+module and the sharding type.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchrec.datasets.utils import Batch
+from torchrec.distributed.embedding import EmbeddingCollectionContext, ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import ShardingType
 from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionContext,
     ShardedEmbeddingBagCollection,
+    construct_output_kt,
 )
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingDist
+from torchrec.distributed.sharding.tw_sequence_sharding import TwSequenceEmbeddingDist
 from torchrec.distributed.sharding.tw_sharding import TwPooledEmbeddingDist
 from torchrec.distributed.sharding.twrw_sharding import TwRwPooledEmbeddingDist
 from torchrec.distributed.types import ShardedModule
@@ -40,8 +45,10 @@ from pipelines.dense_step import alignment, compute_dtype
 from pipelines.exchange import (
     ChunkedPooledExchange,
     ChunkedReduceScatter,
+    ChunkedSequenceExchange,
     ChunkPlan,
     Pending,
+    SequenceBatch,
 )
 
 _EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
@@ -55,7 +62,7 @@ class _Group:
     sharding_type: str
     lookup: torch.nn.Module
     # None: data-parallel, no exchange
-    exchange: ChunkedPooledExchange | ChunkedReduceScatter | None
+    exchange: ChunkedPooledExchange | ChunkedReduceScatter | ChunkedSequenceExchange | None
     dedup: DedupExchange | None = None  # set: unique rows move instead of pooled bags
     # what TorchRec's output dist applies to what it receives (column-wise tables sharing
     # ranks: a column permutation); per sample, so applied to each chunk as it arrives
@@ -75,6 +82,10 @@ class _Group:
                 self.columns[f] = (col, col + d)
                 col += d
 
+    @property
+    def sequence(self) -> bool:
+        return isinstance(self.exchange, ChunkedSequenceExchange)
+
     def received(self, chunk: torch.Tensor) -> torch.Tensor:
         """A received chunk in the module's output column order."""
         for callback in self.callbacks:
@@ -84,33 +95,54 @@ class _Group:
     def send(self, values: torch.Tensor, plan: ChunkPlan, state, k: int) -> Pending:
         if self.dedup is not None:
             return self.dedup.forward(values, state, k, plan.sizes[self.dedup.rank][k])
+        if self.sequence:
+            return self.exchange.forward(values, plan, k, state)
         return self.exchange.forward(values, plan, k)
 
     def send_back(self, grad: torch.Tensor, plan: ChunkPlan, state, k: int,
                   out: torch.Tensor) -> Pending:  # fmt: skip
         if self.dedup is not None:
             return self.dedup.backward(grad, state, k, out)
+        if self.sequence:
+            return self.exchange.backward(grad, plan, k, out, state)
         return self.exchange.backward(grad, plan, k, out)
 
 
 @dataclass
 class _Module:
     fqn: str
-    module: ShardedEmbeddingBagCollection
+    module: ShardedEmbeddingBagCollection | ShardedEmbeddingCollection
     groups: list[_Group]
+
+    @property
+    def sequence(self) -> bool:
+        return isinstance(self.module, ShardedEmbeddingCollection)
+
+    def output(self, parts: list[torch.Tensor], states: list, k: int):
+        """What the module's forward returns for micro-batch k, from each group's part of
+        it: a KeyedTensor of pooled bags, or a sequence module's JaggedTensor per feature."""
+        if self.sequence:
+            out = {}
+            for group, part, state in zip(self.groups, parts, states, strict=True):
+                out.update(group.exchange.jagged(part, state, k))
+            return out
+        outs = [group.received(t) for group, t in zip(self.groups, parts, strict=True)]
+        return construct_output_kt(outs, self.module._embedding_names, self.module._embedding_dims)
 
 
 @dataclass
 class _ModuleStep:
     """One sharded module's state for one batch."""
 
-    ctx: EmbeddingBagCollectionContext
+    ctx: EmbeddingBagCollectionContext | EmbeddingCollectionContext
     pending: Any  # the input dist's awaitable until it is waited for
     ids_sent: bool = False  # its second stage (the ids themselves) is in flight
     features: list[KeyedJaggedTensor] | None = None  # per group, after the input dist
     looked_up: list[torch.Tensor | None] = field(default_factory=list)  # graph, per group
     inputs: list[KeyedJaggedTensor | None] = field(default_factory=list)  # what was looked up
-    dedup: list[DedupBatch | None] = field(default_factory=list)  # per group, with dedup
+    # per group, the exchange's state for this batch: with dedup its distinct rows; of a
+    # sequence group its bag lengths
+    states: list[DedupBatch | SequenceBatch | None] = field(default_factory=list)
 
 
 @dataclass
@@ -124,11 +156,14 @@ class Step:
     sends: list | None = None  # [module][chunk][group]: the embedding chunks, once launched
 
 
-def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
-    """The chunked exchange of one sharding-type group (None: data-parallel, no exchange)."""
-    if isinstance(dist_module, DpPooledEmbeddingDist):
+def _group_exchange(module: torch.nn.Module, g: int, fqn: str):
+    """The chunked exchange of the module's group g (None: data-parallel, no exchange)."""
+    d = module._output_dists[g]
+    if isinstance(module, ShardedEmbeddingCollection):
+        return _sequence_exchange(module, g, fqn)
+    sharding_type = module._sharding_types[g]
+    if isinstance(d, DpPooledEmbeddingDist):
         return None
-    d = dist_module
     twrw, rw = ShardingType.TABLE_ROW_WISE.value, ShardingType.ROW_WISE.value
     if isinstance(d, TwRwPooledEmbeddingDist) and sharding_type == twrw:
         quantized = d._intra_codecs or d._cross_codecs
@@ -150,6 +185,27 @@ def _group_exchange(dist_module: torch.nn.Module, fqn: str, sharding_type: str):
             f"chunked exchange does not replicate; use pipeline=sparse_dist for this plan"
         )
     return exchange
+
+
+def _sequence_exchange(module: ShardedEmbeddingCollection, g: int, fqn: str):
+    sharding_type, sharding = list(module._sharding_type_to_sharding.items())[g]
+    d = module._output_dists[g]
+    if not (isinstance(d, TwSequenceEmbeddingDist)
+            and sharding_type == ShardingType.TABLE_WISE.value):  # fmt: skip
+        raise NotImplementedError(
+            f"pipeline=nested: '{fqn}' is a sequence EmbeddingCollection sharded "
+            f"{sharding_type}; the nested pipeline exchanges table-wise sequence tables (what "
+            f"hybrid's cold parts are). Use pipeline=sparse_dist, or set "
+            f"planner.cold_only_exchange=false (pooled cold parts)"
+        )
+    if d._dist._codecs:
+        raise NotImplementedError(
+            f"pipeline=nested: '{fqn}' uses quantized comms, which the chunked exchange does "
+            f"not replicate; use pipeline=sparse_dist for this plan"
+        )
+    per_rank = [len(f) for f in sharding.feature_names_per_rank()]
+    return ChunkedSequenceExchange(d._dist._pg, per_rank, module._embedding_dim,
+                                   module._embedding_names_per_sharding[g])  # fmt: skip
 
 
 def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:
@@ -193,21 +249,26 @@ class Lookups:
         for fqn, m in model.named_modules():
             if not isinstance(m, ShardedModule):
                 continue
-            if not isinstance(m, ShardedEmbeddingBagCollection):
+            if not isinstance(m, ShardedEmbeddingBagCollection | ShardedEmbeddingCollection):
                 raise NotImplementedError(
-                    f"pipeline=nested handles sharded EmbeddingBagCollections; '{fqn}' is a "
-                    f"{type(m).__name__}. For hybrid plans set planner.cold_only_exchange="
-                    f"false (pooled cold parts), or use pipeline=sparse_dist"
+                    f"pipeline=nested handles sharded EmbeddingBagCollections and "
+                    f"EmbeddingCollections; '{fqn}' is a {type(m).__name__}. Use "
+                    f"pipeline=sparse_dist"
                 )
+            if isinstance(m, ShardedEmbeddingCollection):
+                shardings = list(m._sharding_type_to_sharding.items())
+            else:
+                shardings = list(zip(m._sharding_types, m._embedding_shardings, strict=True))
             groups = [
-                _Group(st, lookup, _group_exchange(od, fqn, st),
+                _Group(st, lookup, _group_exchange(m, g, fqn),
                        callbacks=list(getattr(od, "_callbacks", None) or []))
-                for st, lookup, od in zip(
-                    m._sharding_types, m._lookups, m._output_dists, strict=True
+                for g, ((st, _), lookup, od) in enumerate(
+                    zip(shardings, m._lookups, m._output_dists, strict=True)
                 )
             ]  # fmt: skip
-            for group, sharding in zip(groups, m._embedding_shardings, strict=True):
-                if dedup and group.exchange is not None:
+            for group, (_, sharding) in zip(groups, shardings, strict=True):
+                # sequence groups already send each lookup's own row
+                if dedup and group.exchange is not None and not group.sequence:
                     group.dedup = _dedup_exchange(group, sharding, fqn, self.stats)
             found.append(_Module(fqn, m, groups))
         if not found:
@@ -225,9 +286,9 @@ class Lookups:
         self._align = max(alignment(inputs), alignment(compute_dtype(self._train, inputs)))
         steps = []
         for m in self.modules:
-            ctx = EmbeddingBagCollectionContext()
+            ctx = EmbeddingCollectionContext() if m.sequence else EmbeddingBagCollectionContext()
             kjt, states = self._route_distinct(m, batch, order)
-            steps.append(_ModuleStep(ctx, m.module.input_dist(ctx, kjt), dedup=states))
+            steps.append(_ModuleStep(ctx, m.module.input_dist(ctx, kjt), states=states))
         return Step(batch, order, steps)
 
     def _route_distinct(self, m: _Module, batch: Batch, order: torch.Tensor | None):
@@ -308,12 +369,18 @@ class Lookups:
             if not ms.looked_up:
                 ms.looked_up = [None] * len(m.groups)
                 ms.inputs = list(ms.features)
+                for g, group in enumerate(m.groups):
+                    if group.sequence:  # what each owner holds and what this rank asked
+                        asked = ms.ctx.sharding_contexts[g].features_before_input_dist
+                        ms.states[g] = SequenceBatch(ms.features[g].lengths(), asked.lengths())
             for g, group in enumerate(m.groups):
                 if (group.exchange is not None) == exchanged and ms.looked_up[g] is None:
                     if group.dedup is not None:  # single-id bags of each block's rows
                         plan = self.plans(step)[mi]
-                        ms.inputs[g] = group.dedup.owner_input(ms.features[g], plan, ms.dedup[g])
+                        ms.inputs[g] = group.dedup.owner_input(ms.features[g], plan, ms.states[g])
                     ms.looked_up[g] = group.lookup(ms.inputs[g])
+                    if group.sequence:  # one row per id, as TorchRec's compute shapes it
+                        ms.looked_up[g] = ms.looked_up[g].view(-1, group.exchange.dim)
 
     def refresh(self, step: Step, updated: Step) -> None:
         """Look up again the bags of `step` that hold a row `updated`'s batch just changed."""
@@ -334,6 +401,9 @@ class Lookups:
         for key in touched.keys():  # a table's touched rows: from every feature reading it
             by_table.setdefault(tables[key], []).append(touched[key].values())
         rows = {t: torch.unique(torch.cat(ids)) for t, ids in by_table.items()}
+        if group.sequence:
+            self._refresh_rows(group, kjt, rows, out)
+            return
         stale = torch.cat([_bags_holding(kjt[key], rows[tables[key]]) for key in kjt.keys()])
         lengths = kjt.lengths()
         self.stats["bags"] += lengths.numel()
@@ -354,6 +424,29 @@ class Lookups:
             samples = stale_f.nonzero().squeeze(1)
             c0, c1 = group.columns[key]
             values[samples, c0:c1] = fresh[samples, c0:c1]
+
+    def _refresh_rows(self, group: _Group, kjt: KeyedJaggedTensor,
+                      rows: dict[str, torch.Tensor], out: torch.Tensor) -> None:  # fmt: skip
+        """A sequence group's `_refresh_group`: its lookup output holds one row per id (in
+        `kjt`'s order), so the ids holding a touched row are looked up again."""
+        tables = group.tables
+        stale = torch.cat([torch.isin(kjt[key].values(), rows[tables[key]]) for key in kjt.keys()])
+        self.stats["bags"] += stale.numel()
+        n_stale = int(stale.sum())
+        if n_stale == 0:
+            return
+        self.stats["refreshed_bags"] += n_stale
+        lengths = kjt.lengths()
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        again = KeyedJaggedTensor(
+            keys=kjt.keys(),
+            values=kjt.values()[stale],
+            lengths=torch.bincount(bag[stale], minlength=lengths.numel()).to(lengths.dtype),
+            stride=kjt.stride(),
+        )
+        with torch.no_grad():
+            fresh = group.lookup(again)
+        out.detach()[stale] = fresh.view(-1, out.shape[1])
 
     def backward(self, step: Step, exchanged: bool) -> None:
         """One backward through the lookups with the whole batch's gradient. Exchanged

@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.embeddingbag import construct_output_kt
 from torchrec.distributed.train_pipeline import TrainPipeline
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -170,7 +169,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             values = [None if t is None else t.detach() for t in ms.looked_up]  # DP: later
             step.sends.append([
                 [g.send(v, plan, state, k) if g.exchange else None
-                 for g, v, state in zip(m.groups, values, ms.dedup, strict=True)]
+                 for g, v, state in zip(m.groups, values, ms.states, strict=True)]
                 for k in range(self._n)
             ])  # fmt: skip
 
@@ -226,9 +225,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                         parts.append(sends[mi][k][g].wait())
             leaf = [p.requires_grad_() for p in parts]
             leaves.append(leaf)
-            names, dims = m.module._embedding_names, m.module._embedding_dims
-            outs = [group.received(t) for group, t in zip(m.groups, leaf, strict=True)]
-            m.module.forward = _returns(construct_output_kt(outs, names, dims))
+            m.module.forward = _returns(m.output(leaf, ms.states, k))
         try:
             with deferred:
                 deferred.start_micro_batch()
@@ -246,7 +243,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 if group.exchange is None:
                     grads[mi][g][mine] = leaf[g].grad
                 else:  # in flight under the next micro-batch's dense work
-                    state = step.modules[mi].dedup[g]
+                    state = step.modules[mi].states[g]
                     backs.append(group.send_back(leaf[g].grad, plans[mi], state, k,
                                                  grads[mi][g]))  # fmt: skip
         return logit.detach()
@@ -260,7 +257,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 if group.exchange is not None:
                     sends[mi][k][g].wait()
                     empty = grads[mi][g].new_zeros(0, group.exchange.width)
-                    state = step.modules[mi].dedup[g]
+                    state = step.modules[mi].states[g]
                     backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
 
     def _start_dense_reduce(self):

@@ -225,12 +225,6 @@ def _settled(tcfg: TrainConfig) -> TrainConfig:
         # a saved plan of ours trains in place of any planner; the run is named by the
         # plan's own planner once it is read
         tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName.hybrid))
-    if tcfg.pipeline.name == PipelineName.nested and tcfg.planner.cold_only_exchange:
-        # the nested pipeline chunks pooled exchanges; sequence-embedding cold parts
-        # would be exchanged whole, so split tables keep pooled cold parts
-        log.info("pipeline=nested: cold parts of split tables stay pooled "
-                 "(planner.cold_only_exchange=false)")  # fmt: skip
-        tcfg = replace(tcfg, planner=replace(tcfg.planner, cold_only_exchange=False))
     if (tcfg.pipeline.name == PipelineName.semi_sync and tcfg.planner.name == PlannerName.torchrec
             and tcfg.planner.torchrec_data_parallel):  # fmt: skip
         log.info("pipeline=semi_sync: TorchRec's planner replicates no table "

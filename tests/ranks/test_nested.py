@@ -69,14 +69,16 @@ def _equal_to_plain(
     the largest of that many shuffles); so is clustering when a rank's batch is not a whole
     number of 32-sample units (`aligned=False`: the scalar tail of its last micro-batch
     holds other samples). `exact=False`: all within 1e-5. `base`: one config's overrides,
-    or several by name, checked in one job (the ranks start once)."""
+    or several by name, checked in one job (the ranks start once); `variants` then may be
+    a list per name."""
     bases = base if isinstance(base, dict) else {"": base}
+    of = variants if isinstance(variants, dict) else dict.fromkeys(bases, variants)
     # the shuffled control bounds only the variants held to the order noise
-    noisy = any(dedup or (c and not aligned) for _, c, _, dedup in variants)
+    noisy = any(dedup or (c and not aligned) for vs in of.values() for _, c, _, dedup in vs)
     shuffles = shuffles if exact and noisy else 0
     cfgs, plans, starts = [], [], []
-    for b in bases.values():
-        group = _variant_configs(b, variants)
+    for name, b in bases.items():
+        group = _variant_configs(b, of[name])
         starts.append(len(cfgs))
         cfgs += group
         # one plan for every run: a plan made per config could differ by the pipeline's schedule
@@ -87,9 +89,9 @@ def _equal_to_plain(
     results = raise_on_failure(job, "nested vs plain")
     for g, (name, b) in enumerate(bases.items()):
         first = len(cfgs) + g * shuffles  # the shuffled plain runs come after all the others
-        runs = [(r["rank"], r["runs"][starts[g] : starts[g] + 1 + len(variants)],
+        runs = [(r["rank"], r["runs"][starts[g] : starts[g] + 1 + len(of[name])],
                  r["runs"][first : first + shuffles]) for r in results]  # fmt: skip
-        _check_runs(name, b, variants, runs, exact, aligned, noise_factor)
+        _check_runs(name, b, of[name], runs, exact, aligned, noise_factor)
 
 
 def _check_runs(
@@ -290,15 +292,20 @@ def test_nested_is_bit_identical_under_bf16_autocast(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
     """Our plan with split tables: replicated hot rows (data-parallel, all-reduced with
-    the dense layers), pooled cold parts exchanged in chunks, the id remap in the data
-    path. (The plan is made for the sequence exchange, which is what makes the planner
-    split tables; training keeps the cold parts pooled.)"""
+    the dense layers), cold parts exchanged in chunks, the id remap in the data path. The
+    cold parts as sequence tables (an EmbeddingCollection: each lookup's row moves, pooled
+    by the model) and kept pooled, in one job."""
     base = ["planner=hybrid", "trainer.batch_size=128", "trainer.progress_bar=false",
             "trainer.dist_timeout_s=60", *ADAGRAD]  # fmt: skip
     plan = plan_with_splits(to_typed(compose_config(base)))
     assert any(0 < t.replicated_rows < t.rows for t in plan.tables), "no split table"
-    pooled = [*base, "planner.cold_only_exchange=false"]
-    _equal_to_plain(tmp_path, pooled, 2, plan_of=lambda _: plan)
+    assert any(s.sparse_exchange for t in plan.tables for s in t.shards), "no sequence part"
+    bases = {"sequence": [*base, "planner.cold_only_exchange=true"],
+             "pooled": [*base, "planner.cold_only_exchange=false"]}  # fmt: skip
+    # every exchanged table of this plan is split, so with sequence cold parts dedup has
+    # no pooled table to move
+    variants = {"sequence": [v for v in VARIANTS if not v[3]], "pooled": VARIANTS}
+    _equal_to_plain(tmp_path, bases, 2, plan_of=lambda _: plan, variants=variants)
 
 
 def _column_wise_plan(cfg):
@@ -327,12 +334,19 @@ def test_nested_equals_the_plain_loop_on_a_column_wise_plan(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_nested_equals_the_plain_loop_with_unequal_batch_shares(tmp_path: Path) -> None:
     """The speed-skewed cluster: each rank its own batch size, so micro-batch k is a
-    different number of samples on each rank, not whole 32-sample units."""
-    base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
-            "cluster=local_cpu3_skewed", "trainer.dense_allreduce=per_tensor", *SGD]  # fmt: skip
-    shares = _our_plan(to_typed(compose_config(base))).batch_per_rank
-    assert len(set(shares)) > 1 and any(b % 32 for b in shares), shares
-    _equal_to_plain(tmp_path, base, 3, plan_of=_our_plan, aligned=False)
+    different number of samples on each rank, not whole 32-sample units. Beside it, in the
+    same job, hybrid's sequence cold parts with bags of 0 to 20 ids."""
+    base = ["debug=tiny", "planner=hybrid", "cluster=local_cpu3_skewed",
+            "trainer.dense_allreduce=per_tensor", *SGD]  # fmt: skip
+    sequence = [*base, "planner.cold_only_exchange=true", MULTI_HOT]
+    bases = {"pooled": [*base, "planner.cold_only_exchange=false"], "sequence, multi-hot": sequence}
+    for b in bases.values():
+        plan = _our_plan(to_typed(compose_config(b)))
+        shares = plan.batch_per_rank
+        assert len(set(shares)) > 1 and any(b % 32 for b in shares), shares
+    assert any(s.sparse_exchange for t in plan.tables for s in t.shards), "no sequence part"
+    variants = {"pooled": VARIANTS, "sequence, multi-hot": [v for v in VARIANTS if not v[3]]}
+    _equal_to_plain(tmp_path, bases, 3, plan_of=_our_plan, variants=variants, aligned=False)
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ permutation, samples clustered by key, the ids each micro-batch routes."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -76,8 +78,9 @@ def test_cluster_order_leaves_single_micro_batch_alone() -> None:
 def test_unsupported_sharding_is_named() -> None:
     from pipelines.lookups import _group_exchange
 
+    module = SimpleNamespace(_output_dists=[torch.nn.Identity()], _sharding_types=["grid_shard"])
     with pytest.raises(NotImplementedError, match="grid_shard.*pipeline=sparse_dist"):
-        _group_exchange(torch.nn.Identity(), "model.sparse_arch.ebc", "grid_shard")
+        _group_exchange(module, 0, "model.sparse_arch.ebc")
 
 
 def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> None:
@@ -108,3 +111,15 @@ def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> Non
     ahead = PipelineConfig(name=PipelineName.nested, lookahead=True)
     assert "pipeline.lookahead=false" in unsupported_sharding(ahead, cached)
     assert unsupported_sharding(ahead, plan("table_wise")) is None
+
+
+def test_a_sequence_module_sharded_other_than_table_wise_is_named() -> None:
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+
+    from pipelines.lookups import _group_exchange
+
+    module = ShardedEmbeddingCollection.__new__(ShardedEmbeddingCollection)
+    module._sharding_type_to_sharding = {"row_wise": None}
+    module._output_dists = [None]
+    with pytest.raises(NotImplementedError, match="'m.ec'.*row_wise.*cold_only_exchange=false"):
+        _group_exchange(module, 0, "m.ec")
