@@ -18,6 +18,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import (
 from torchrec.distributed.types import ShardingPlan
 
 from pipelines import torchrec_cpu
+from pipelines.dense_reduce import BucketedReduce
 from pipelines.nested import NestedPipeline
 from pipelines.plain import PlainPipeline
 from pipelines.types import PipelineConfig, PipelineName
@@ -64,10 +65,11 @@ def build_pipeline(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     device: torch.device,
-    per_tensor_reduce: bool = False,
+    reduce: BucketedReduce | None = None,
 ) -> TrainPipeline[Any, Any]:
-    """`per_tensor_reduce`: dense gradients are averaged one tensor at a time (the model's
-    DDP has `dense_step.per_tensor_comm_hook`); the nested pipeline does the same."""
+    """`reduce`: the dense gradients' reduction the model's backward runs
+    (`dense_reduce.SharedReduction`), which the nested pipeline runs too; None: the model
+    has TorchRec's DDP."""
     name = PipelineName(cfg.name)
     if name == PipelineName.plain:
         return PlainPipeline(model, optimizer, device)
@@ -89,7 +91,7 @@ def build_pipeline(
     if name == PipelineName.nested:
         return NestedPipeline(
             model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead,
-            cfg.dedup, per_tensor_reduce,
+            cfg.dedup, reduce,
         )  # fmt: skip
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
@@ -230,24 +229,3 @@ def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
     # order; under autocast the gradient passes back through the cast of the parameter)
     g = g.to(p.dtype).contiguous()
     p.grad = g if p.grad is None else p.grad + g
-
-
-def reduce_per_tensor(grads: list[torch.Tensor], world: int, group=None) -> list:
-    """Each gradient averaged over ranks on its own (divide by world, all-reduce sum): the
-    sum's order then depends on the tensor alone, not on how it is packed with others.
-    Returns the collectives' works."""
-    works = []
-    for g in grads:
-        g.div_(world)
-        works.append(dist.all_reduce(g, group=group, async_op=True))
-    return works
-
-
-def per_tensor_comm_hook(group, bucket):  # no annotations: DDP checks them as objects
-    """A DDP comm hook reducing each gradient of the bucket on its own, as the nested
-    pipeline does under `trainer.dense_allreduce=per_tensor` (bit-identical at any world
-    size, whatever DDP's buckets are)."""
-    world = dist.get_world_size(group)
-    works = reduce_per_tensor(list(bucket.gradients()), world, group)
-    done = torch.futures.collect_all([w.get_future() for w in works])
-    return done.then(lambda _: bucket.buffer())

@@ -25,8 +25,8 @@ docs/pipelines.md "Bit for bit"): micro-batch boundaries on whole vector units, 
 logit's gradient as the plain loop's backward computes it, dense parameters' gradients
 once over the whole batch in data order, the embedding lookups and their update once per
 batch in data order (clustering only chooses which samples each micro-batch takes). Dense
-gradients are averaged over ranks as the model's DDP does, once per batch, in flight while
-the embedding update runs.
+gradients are averaged over ranks in the buckets the model's own backward uses
+(`dense_reduce.py`), once per batch, in flight while the embedding update runs.
 
 Files, one stage each: `lookups.py` (stages 1-4 and the update), `exchange.py` and
 `dedup.py` (the chunked all-to-all of stage 5), `dense_step.py` (a micro-batch's dense
@@ -51,7 +51,8 @@ from torchrec.distributed.train_pipeline import TrainPipeline
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from pipelines.dense_step import DeferredGrads, batch_loss_fn, loss_seed, reduce_per_tensor
+from pipelines.dense_reduce import BucketedReduce
+from pipelines.dense_step import DeferredGrads, batch_loss_fn, loss_seed
 from pipelines.exchange import Pending
 from pipelines.lookups import Lookups, Step
 
@@ -70,7 +71,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         cluster: bool = False,
         lookahead: bool = False,
         dedup: bool = False,
-        per_tensor_reduce: bool = False,
+        reduce: BucketedReduce | None = None,
     ) -> None:
         super().__init__()
         if micro_batches < 1:
@@ -88,13 +89,19 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                       "steps": 0, "wait_ms": dict.fromkeys(WAITS, 0.0)}  # fmt: skip
         self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats)
         # the dense layers: their gradients once per batch, averaged over ranks here as the
-        # model's DDP does (data-parallel tables: inside their lookups' own DDP)
+        # model's backward does (data-parallel tables: inside their lookups' own DDP)
         tables = {id(p) for m in self._lookups.modules for p in m.module.parameters()}
         dense = {n: p for n, p in in_backward_optimizer_filter(self._model.named_parameters())
                  if id(p) not in tables}  # fmt: skip
         self._dense = list(dense.values())
         self._deferred = DeferredGrads(dense)
-        self._per_tensor = per_tensor_reduce
+        # the model's own reduction (its backward hooks unused: the dense gradients are
+        # made by `DeferredGrads`), or under TorchRec's DDP buckets of our own
+        if reduce is None and self._world > 1 and self._dense:
+            reduce = BucketedReduce(self._dense)
+        elif reduce is not None:
+            reduce.detach()
+        self._reduce = reduce
         self._loss_fn = batch_loss_fn(self._model)
         self._next: Step | None = None
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
@@ -261,31 +268,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
 
     def _start_dense_reduce(self):
-        if self._world == 1 or not self._dense:
-            return None
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._dense]
-        if self._per_tensor:  # as `dense_step.per_tensor_comm_hook` has DDP do it
-            works = reduce_per_tensor(grads, self._world)
-
-            def done() -> None:
-                for w in works:
-                    w.wait()
-                for p, g in zip(self._dense, grads, strict=True):
-                    p.grad = g
-
-            return done
-        flat = torch.cat([g.reshape(-1) for g in grads]).div_(self._world)
-        work = dist.all_reduce(flat, async_op=True)
-
-        def finish() -> None:
-            work.wait()
-            offset = 0
-            for p, g in zip(self._dense, grads, strict=True):
-                n = g.numel()
-                p.grad = flat[offset : offset + n].view_as(p)
-                offset += n
-
-        return finish
+        return None if self._reduce is None else self._reduce.start()
 
 
 def _returns(value):

@@ -181,8 +181,13 @@ class DenseOptimizer(str, Enum):
 
 
 class DenseAllreduce(str, Enum):
-    ddp_buckets = "ddp_buckets"  # DDP's own buckets (nested: one flat buffer; rounds at 3+ ranks)
-    per_tensor = "per_tensor"  # each gradient on its own, in every pipeline: bit-exact at any world
+    # fixed buckets every pipeline shares, started as backward fills them
+    # (pipelines/dense_reduce.py): nested equals the plain loop at any world size
+    buckets = "buckets"
+    per_tensor = "per_tensor"  # the same, one bucket per gradient (one collective each)
+    # TorchRec's DDP (its own buckets, rebuilt after the first step); nested then has its own
+    # buckets and equals the plain loop on 2 ranks only
+    ddp_buckets = "ddp_buckets"
 
 
 class SparseOptimizer(str, Enum):
@@ -217,7 +222,7 @@ class TrainerConfig:
     sparse_optimizer: SparseOptimizer = SparseOptimizer.rowwise_adagrad
     eps: float = 1e-8
     # how dense gradients are averaged over ranks (docs/pipelines.md, "Bit for bit")
-    dense_allreduce: DenseAllreduce = DenseAllreduce.ddp_buckets
+    dense_allreduce: DenseAllreduce = DenseAllreduce.buckets
     seed: int = 0  # initial weights; the data has its own (dataset.seed)
     log_every: int = 20  # also how often losses are checked for NaN/inf
     eval_every: int = 0  # 0: evaluate once, at the end

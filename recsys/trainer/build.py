@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
-from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -24,7 +23,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pipelines.build import build_pipeline, unsupported_sharding
-from pipelines.dense_step import per_tensor_comm_hook
+from pipelines.dense_reduce import SharedReduction
 from pipelines.exchange import install_ordered_reduce_scatter
 from recsys import launch
 from recsys.checkpoint import CheckpointMismatchError, saved_split
@@ -241,6 +240,16 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
     return model, plan, sharders, remap
 
 
+def _dense_reduction(mode: DenseAllreduce) -> SharedReduction | None:
+    """How dense gradients are averaged over ranks: the buckets every pipeline shares
+    (`pipelines.dense_reduce`; per tensor: a bucket each), or None: TorchRec's DDP."""
+    if mode == DenseAllreduce.ddp_buckets:
+        return None
+    if mode == DenseAllreduce.per_tensor:
+        return SharedReduction(cap_bytes=0, first_bytes=0)
+    return SharedReduction()
+
+
 @dataclass
 class Training:
     """Everything one rank trains with, built from the config (see `build_training`)."""
@@ -297,12 +306,11 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if tcfg.rehearse_on_cpu:  # the GPU plan, checked and written above, as CPU ranks run it
         plan = for_cpu_ranks(plan)
     set_precision(model, tcfg.precision, device)
-    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce))
+    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
+                                     data_parallel_wrapper=reduction)  # fmt: skip
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
-    per_tensor = DenseAllreduce(tcfg.dense_allreduce) == DenseAllreduce.per_tensor
-    if per_tensor and isinstance(model._dmp_wrapped_module, DistributedDataParallel):
-        model._dmp_wrapped_module.register_comm_hook(None, per_tensor_comm_hook)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
     replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
     dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
@@ -310,7 +318,8 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
-    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device, per_tensor)
+    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device,
+                              reduction.reduce if reduction is not None else None)  # fmt: skip
     # a GPU cluster's input path (rehearsed too), pinned only where there is a GPU
     prefetch = (2 if gpu_cluster else 0) if tcfg.prefetch_batches is None else tcfg.prefetch_batches
     return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout,

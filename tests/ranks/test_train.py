@@ -115,12 +115,13 @@ def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, p
     assert resumed["eval_logloss"] == pytest.approx(full["eval_logloss"], rel=1e-6)
 
 
-def test_resume_with_the_per_tensor_reduction_is_bit_exact_at_three_ranks(tmp_path: Path) -> None:
-    """docs/training.md: with DDP's buckets a 3-rank run resumed can differ from the
-    uninterrupted one in the last digits (DDP rebuilds its buckets after a process's first
-    step, and gloo's sums follow the buckets); one collective per tensor is exact."""
-    common = TINY + ["cluster.nodes.0.devices.0.count=3", "trainer.dense_allreduce=per_tensor",
-                     "trainer.max_steps=6", "trainer.eval_every=0"]  # fmt: skip
+def test_resume_is_bit_exact_at_three_ranks(tmp_path: Path) -> None:
+    """docs/training.md: the default dense reduction's buckets are fixed at start, so a
+    3-rank run resumed equals the uninterrupted one (DDP rebuilds its buckets after a
+    process's first step, and gloo's sums follow the buckets: `ddp_buckets` can differ in
+    the last digits)."""
+    common = TINY + ["cluster.nodes.0.devices.0.count=3", "trainer.max_steps=6",
+                     "trainer.eval_every=0"]  # fmt: skip
     full = train(compose_config(common), tmp_path / "full")
     train(compose_config(common + ["trainer.max_steps=3", "trainer.save_checkpoint=true"]),
           tmp_path / "first")  # fmt: skip

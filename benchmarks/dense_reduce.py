@@ -1,0 +1,97 @@
+"""`python -m benchmarks.dense_reduce`: the dense gradients' reduction over ranks, measured
+side by side: `trainer.dense_allreduce=buckets` (the default: fixed buckets every pipeline
+shares, `pipelines/dense_reduce.py`), `per_tensor` (a bucket per gradient) and
+`ddp_buckets` (TorchRec's DDP), each with the plain loop and TorchRec's SparseDist, on 2
+ranks over loopback (`cluster=local_cpu2`), for each model; the runs interleaved `repeats`
+times, the best samples/s of each kept."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from benchmarks.common import environment, finish, start
+from recsys import CONF_DIR
+from recsys.config import register_configs
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "ddp_buckets"
+
+
+@dataclass
+class DenseReduceBenchConfig:
+    reductions: list[str] = field(default_factory=lambda: ["ddp_buckets", "buckets", "per_tensor"])
+    pipelines: list[str] = field(default_factory=lambda: ["plain", "sparse_dist"])
+    models: list[str] = field(default_factory=lambda: ["dlrm_small", "dcnv2_small"])
+    overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
+    steps: int = 60
+    repeats: int = 2
+    save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
+    results_dir: str = str(REPO / "benchmarks" / "results" / "dense_reduce")
+
+
+def run(cfg: DenseReduceBenchConfig) -> dict:
+    from recsys.app.train import train
+
+    keys = [(m, p, r) for m in cfg.models for p in cfg.pipelines for r in cfg.reductions]
+    runs: dict[str, list[float]] = {"/".join(k): [] for k in keys}
+    losses: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(cfg.repeats):
+            for model, pipeline, reduction in keys:
+                name = f"{model}/{pipeline}/{reduction}"
+                overrides = [f"model={model}", f"pipeline={pipeline}",
+                             f"trainer.dense_allreduce={reduction}", *cfg.overrides,
+                             f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
+                             "trainer.warmup_steps=5", "dataset.eval_batches=1"]  # fmt: skip
+                s = train(hydra.compose(config_name="config", overrides=overrides),
+                          Path(tmp) / f"{name.replace('/', '_')}_{rep}")  # fmt: skip
+                runs[name].append(s["samples_per_s"])
+                losses[name] = s["step_losses"]
+                print(name, rep, f"{s['samples_per_s']:,.0f} samples/s", flush=True)
+    best = {k: max(v) for k, v in runs.items()}
+    vs = {k: v / best[k.rsplit("/", 1)[0] + "/" + BASELINE] for k, v in best.items()
+          if BASELINE in cfg.reductions}  # fmt: skip
+    same = {k: losses[k] == losses[k.rsplit("/", 1)[0] + "/" + BASELINE] for k in losses
+            if BASELINE in cfg.reductions}  # fmt: skip
+    return {"runs": runs, "best_samples_per_s": best, "vs_ddp_buckets": vs,
+            "losses_equal_ddp_buckets": same,
+            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+            "environment": environment()}  # fmt: skip
+
+
+def table(r: dict) -> str:
+    env, c = r["environment"], r["config"]
+    lines = [f"# Dense reduction on 2 ranks over loopback ({env['date']}, torch {env['torch']}, "
+             f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
+             f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})", "",
+             "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | losses equal "
+             "ddp_buckets' |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for k, v in r["best_samples_per_s"].items():
+        model, pipeline, reduction = k.split("/")
+        ratio = r["vs_ddp_buckets"].get(k)
+        same = r["losses_equal_ddp_buckets"].get(k)
+        lines.append(f"| {model} | {pipeline} | {reduction} | {v:,.0f} | "
+                     f"{'-' if ratio is None else f'{ratio:.3f}x'} | "
+                     f"{'-' if same is None else ('yes' if same else 'no')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+register_configs()
+ConfigStore.instance().store(name="base_bench_dense_reduce", node=DenseReduceBenchConfig)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_dense_reduce")
+def main(cfg: DictConfig) -> None:
+    typed: DenseReduceBenchConfig = start(cfg)
+    result = run(typed)
+    finish(result, table(result), "dense_reduce", typed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The dense gradients' average over ranks: one bucket layout that every pipeline shares.
+
+DDP packs gradients into buckets of its own choosing (its size cap, and after the first
+step the order gradients became ready in), and a collective's order of the sum depends
+on the tensor's size and each element's place in it (gloo's ring: which rank starts each
+piece). So a pipeline that reduces the same gradients packed another way rounds
+differently from three ranks on. `BucketedReduce` fixes the layout once: the dense
+parameters in reverse registration order (about the order backward makes their
+gradients), cut into buckets of at most `cap_bytes`, the first at most `first_bytes` (so
+the first collective starts early in the backward). Each bucket is averaged by one
+asynchronous all-reduce (divided by the world size, then summed, as DDP's default hook).
+
+- In a backward (the plain loop, TorchRec's pipelines) each bucket starts as soon as its
+  last gradient is accumulated and every earlier bucket has started (all ranks start them
+  in one order), under the rest of the backward; autograd's final callback waits for them
+  and leaves each parameter its averaged gradient, before the optimizer step, as DDP does.
+- The nested pipeline, whose dense gradients exist only after the micro-batches
+  (`dense_step.DeferredGrads`), starts the same buckets with `start()` and waits with what
+  it returns: the same collectives on the same tensors, so the same sums at any world size.
+
+`SharedReduction` puts it in TorchRec's DistributedModelParallel in DDP's place (its
+`data_parallel_wrapper`): the parameters DDP would take, the unsharded ones. Data-parallel
+tables stay in TorchRec's own DDP inside their sharded module, which every pipeline runs
+the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.autograd import Variable
+from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
+
+MIB = 1 << 20
+
+
+class BucketedReduce:
+    def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None = None,
+                 cap_bytes: int = 25 * MIB, first_bytes: int = MIB) -> None:  # fmt: skip
+        """`params` in registration order; `cap_bytes=0`: one bucket per tensor."""
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.params = list(reversed(params))
+        self.buckets: list[list[int]] = []  # indices into self.params
+        size, dtype = 0, None
+        for i, p in enumerate(self.params):
+            cap = first_bytes if len(self.buckets) <= 1 else cap_bytes
+            nbytes = p.numel() * p.element_size()
+            if not self.buckets or p.dtype != dtype or size + nbytes > cap:
+                self.buckets.append([])
+                size, dtype = 0, p.dtype
+            self.buckets[-1].append(i)
+            size += nbytes
+        self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
+        self._hooks: list = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._missing = [len(b) for b in self.buckets]
+        self._launched: list[tuple[torch.Tensor, object]] = []
+        self._queued = False
+
+    # a backward: hooks on every parameter
+    def attach(self) -> None:
+        for i, p in enumerate(self.params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._ready_hook(i)))
+
+    def detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _ready_hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def ready(_param: torch.Tensor) -> None:
+            if not self._queued:
+                self._queued = True
+                Variable._execution_engine.queue_callback(self._finish_backward)
+            self._missing[self._bucket_of[i]] -= 1
+            self._launch_ready()
+
+        return ready
+
+    def _launch_ready(self) -> None:
+        while len(self._launched) < len(self.buckets) and self._missing[len(self._launched)] == 0:
+            self._launch(len(self._launched))
+
+    def _launch(self, b: int) -> None:
+        params = [self.params[i] for i in self.buckets[b]]
+        flat = torch.cat([torch.zeros_like(p).reshape(-1) if p.grad is None
+                          else p.grad.reshape(-1) for p in params]).div_(self.world)  # fmt: skip
+        self._launched.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+
+    def _finish_backward(self) -> None:
+        while len(self._launched) < len(self.buckets):  # a parameter the backward missed
+            self._launch(len(self._launched))
+        self._wait()
+
+    def _wait(self) -> None:
+        for b, (flat, work) in enumerate(self._launched):
+            work.wait()
+            offset = 0
+            for i in self.buckets[b]:
+                p = self.params[i]
+                p.grad = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self._reset()
+
+    # the nested pipeline: every bucket at once
+    def start(self) -> Callable[[], None]:
+        """Start every bucket's all-reduce of the parameters' gradients now (zeros for a
+        parameter without one); the returned function waits and sets the averages."""
+        self._reset()
+        for b in range(len(self.buckets)):
+            self._launch(b)
+        return self._wait
+
+
+class SharedReduction(DataParallelWrapper):
+    """DistributedModelParallel's data-parallel wrapper: a `BucketedReduce` over the
+    parameters DDP would take, hooked into every backward; `reduce` is it (None on one
+    rank)."""
+
+    def __init__(self, cap_bytes: int = 25 * MIB, first_bytes: int = MIB) -> None:
+        self._cap, self._first = cap_bytes, first_bytes
+        self.reduce: BucketedReduce | None = None
+
+    def wrap(self, dmp: DistributedModelParallel, env, device: torch.device) -> None:
+        if env.process_group is None or dist.get_world_size(env.process_group) == 1:
+            return
+        module = dmp._dmp_wrapped_module
+        sharded = set(DistributedModelParallel._sharded_parameter_names(module))
+        params = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
+        if params:
+            self.reduce = BucketedReduce(params, env.process_group, self._cap, self._first)
+            self.reduce.attach()
