@@ -54,12 +54,23 @@ class BucketedReduce:
             self.buckets[-1].append(i)
             size += nbytes
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
+        # each bucket's buffer, kept (no allocation per step) and each parameter's place in it
+        self._flat = [self.params[b[0]].new_zeros(sum(self.params[i].numel() for i in b))
+                      for b in self.buckets]  # fmt: skip
+        self._slot: dict[int, torch.Tensor] = {}
+        for b, bucket in enumerate(self.buckets):
+            offset = 0
+            for i in bucket:
+                n = self.params[i].numel()
+                self._slot[i] = self._flat[b][offset : offset + n]
+                offset += n
         self._hooks: list = []
         self._reset()
 
     def _reset(self) -> None:
         self._missing = [len(b) for b in self.buckets]
-        self._launched: list[tuple[torch.Tensor, object]] = []
+        self._filled: set[int] = set()
+        self._launched: list = []  # the works, in bucket order
         self._queued = False
 
     # a backward: hooks on every parameter
@@ -77,6 +88,7 @@ class BucketedReduce:
             if not self._queued:
                 self._queued = True
                 Variable._execution_engine.queue_callback(self._finish_backward)
+            self._fill(i)
             self._missing[self._bucket_of[i]] -= 1
             self._launch_ready()
 
@@ -86,11 +98,22 @@ class BucketedReduce:
         while len(self._launched) < len(self.buckets) and self._missing[len(self._launched)] == 0:
             self._launch(len(self._launched))
 
+    def _fill(self, i: int) -> None:
+        """Parameter i's gradient, divided by the world size, into its bucket (one pass,
+        as DDP's reducer copies and scales); zeros if it has none."""
+        grad, slot = self.params[i].grad, self._slot[i]
+        if grad is None:
+            slot.zero_()
+        else:
+            torch.div(grad.reshape(-1), self.world, out=slot)
+        self._filled.add(i)
+
     def _launch(self, b: int) -> None:
-        params = [self.params[i] for i in self.buckets[b]]
-        flat = torch.cat([torch.zeros_like(p).reshape(-1) if p.grad is None
-                          else p.grad.reshape(-1) for p in params]).div_(self.world)  # fmt: skip
-        self._launched.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+        for i in self.buckets[b]:
+            if i not in self._filled:  # missed by the backward, or `start`
+                self._fill(i)
+        flat = self._flat[b]
+        self._launched.append(dist.all_reduce(flat, group=self.group, async_op=True))
 
     def _finish_backward(self) -> None:
         while len(self._launched) < len(self.buckets):  # a parameter the backward missed
@@ -98,13 +121,10 @@ class BucketedReduce:
         self._wait()
 
     def _wait(self) -> None:
-        for b, (flat, work) in enumerate(self._launched):
+        for b, work in enumerate(self._launched):
             work.wait()
-            offset = 0
             for i in self.buckets[b]:
-                p = self.params[i]
-                p.grad = flat[offset : offset + p.numel()].view_as(p)
-                offset += p.numel()
+                self.params[i].grad = self._slot[i].view_as(self.params[i])
         self._reset()
 
     # the nested pipeline: every bucket at once
