@@ -3,7 +3,8 @@ side by side: `trainer.dense_allreduce=buckets` (the default: fixed buckets ever
 shares, `pipelines/dense_reduce.py`), `per_tensor` (a bucket per gradient) and
 `ddp_buckets` (TorchRec's DDP), each with the plain loop and TorchRec's SparseDist, on 2
 ranks over loopback (`cluster=local_cpu2`), for each model; the runs interleaved `repeats`
-times, the best samples/s of each kept."""
+times, the reductions' order rotated each time (the run after another can be faster or
+slower by more than the difference measured), the best samples/s of each kept."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class DenseReduceBenchConfig:
     models: list[str] = field(default_factory=lambda: ["dlrm_small", "dcnv2_small"])
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: int = 60
-    repeats: int = 2
+    repeats: int = 4
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = str(REPO / "benchmarks" / "results" / "dense_reduce")
 
@@ -41,9 +42,11 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
     keys = [(m, p, r) for m in cfg.models for p in cfg.pipelines for r in cfg.reductions]
     runs: dict[str, list[float]] = {"/".join(k): [] for k in keys}
     losses: dict[str, list[float]] = {}
+    n = len(cfg.reductions)
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
-            for model, pipeline, reduction in keys:
+            order = [keys[i - i % n + (i + rep) % n] for i in range(len(keys))]  # rotated
+            for model, pipeline, reduction in order:
                 name = f"{model}/{pipeline}/{reduction}"
                 overrides = [f"model={model}", f"pipeline={pipeline}",
                              f"trainer.dense_allreduce={reduction}", *cfg.overrides,
