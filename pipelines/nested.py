@@ -8,7 +8,8 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
    only when batch i's micro-batches are done; with `dedup`, only each micro-batch's
    distinct ids are routed (`dedup.py`);
 4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer: with
-   `lookahead`, before batch i's update (on GPUs on a side stream), and after the update
+   `lookahead`, before batch i's update, while batch i's last gradient chunks are still on
+   the wire (on GPUs on a side stream), and after the update
    the bags of batch i+1 that hold a row batch i touched are looked up again (the dual
    buffer refresh), so nothing is stale; without it, right after batch i's update. Its
    embedding chunks go on the wire at once (under batch i's all-reduce and step);
@@ -120,14 +121,19 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             self._next = None
         self._optimizer.zero_grad()
         self._lookups.look_up(cur, exchanged=False)  # data-parallel tables: local, no prefetch
-        output = self._micro_batches(cur)
-        self._lookups.backward(cur, exchanged=False)  # data-parallel tables' gradients
-        # dense gradients: averaged over ranks like DDP, in flight during the update
+        output, backs = self._micro_batches(cur)
+        # under the last gradient chunks still on the wire: the data-parallel tables'
+        # gradients (their all-reduce starts), the dense reduction's start, and with the
+        # lookahead batch i+1's lookups (stage 4: before i's update, refreshed after it)
+        self._lookups.backward(cur, exchanged=False)
         reduce = self._start_dense_reduce()
         nxt = self._next
         if nxt is not None and self._lookahead:
-            with self._side():  # stage 4 for batch i+1, before i's update
+            with self._side():
                 self._lookups.look_up(nxt, exchanged=True)
+        with self._waiting("gradients"):
+            for pending in backs:
+                pending.wait()
         self._lookups.backward(cur, exchanged=True)  # the fused update, once per batch
         if nxt is not None:
             if self._lookahead:
@@ -180,7 +186,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 for k in range(self._n)
             ])  # fmt: skip
 
-    def _micro_batches(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _micro_batches(self, step: Step):
+        """Batch `step` in micro-batches: its (loss, logits, labels), and the gradient
+        exchanges still in flight (waiting for them fills `step.grads`)."""
         batch = step.batch
         size = batch.dense_features.shape[0]
         plans = self._lookups.plans(step)
@@ -204,16 +212,13 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             inverse = torch.empty_like(step.order)
             inverse[step.order] = torch.arange(len(step.order), device=step.order.device)
         deferred.accumulate(inverse, size)  # under the last gradient exchanges
-        with self._waiting("gradients"):
-            for pending in backs:
-                pending.wait()
         step.grads = grads
         logit = torch.cat(logits)
         if inverse is not None:
             logit = logit[inverse]
         with torch.no_grad():  # the plain loop's loss: once, over the batch in data order
             loss = self._loss_fn(logit, batch.labels.float())
-        return loss, logit, batch.labels
+        return (loss, logit, batch.labels), backs
 
     def _micro_batch(self, step: Step, k: int, b: int, plans, sends, grads,
                      backs: list[Pending]) -> torch.Tensor:  # fmt: skip
