@@ -113,34 +113,23 @@ class PipelineBenchConfig:
 
 
 def pipeline_overrides(label: str) -> list[str]:
-    """`nested4+lookahead` -> pipeline=nested with N=4 and the lookahead on (`+taper3`:
-    pipeline.taper=3); other labels are pipeline names (nested variants default to no
-    lookahead, no clustering, no dedup, equal micro-batches)."""
+    """`nested4+lookahead` -> pipeline=nested with N=4 and the lookahead on; other labels
+    are pipeline names (nested variants default to no lookahead, no clustering, no dedup)."""
     name, *options = label.split("+")
     if not name.startswith("nested"):
         if options:
             raise ValueError(f"'{label}': options (+...) apply to nested<N> only")
         return [f"pipeline={name}"]
     n = name[len("nested") :]
-    tapers = [o[len("taper") :] for o in options if o.startswith("taper")]
-    unknown = set(options) - {"lookahead", "cluster", "dedup"} - {f"taper{t}" for t in tapers}
-    if not n.isdigit() or unknown or len(tapers) > 1 or not all(_number(t) for t in tapers):
+    unknown = set(options) - {"lookahead", "cluster", "dedup"}
+    if not n.isdigit() or unknown:
         raise ValueError(
-            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup][+taper<first/last>], "
-            f"e.g. nested4+dedup, nested8+taper3"
+            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup], e.g. nested4+dedup"
         )
     return ["pipeline=nested", f"pipeline.micro_batches={n}",
             f"pipeline.lookahead={'lookahead' in options}",
             f"pipeline.cluster_samples={'cluster' in options}",
-            f"pipeline.dedup={'dedup' in options}",
-            *(f"pipeline.taper={t}" for t in tapers)]  # fmt: skip
-
-
-def _number(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False
+            f"pipeline.dedup={'dedup' in options}"]  # fmt: skip
 
 
 def _losses(run_dir: Path) -> list[float]:

@@ -27,20 +27,12 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
 
-def micro_sizes(batch: int, n: int, align: int = 1, taper: float = 1.0) -> list[int]:
-    """`batch` samples in `n` micro-batches in whole units of `align` samples; the last also
-    takes the `batch % align` rest, so every boundary falls on a multiple of `align`
-    (`dense_step.alignment`). `taper` is the first micro-batch's size over the last's, the
-    ones between in linear steps (1: as equal as can be, earlier ones one unit larger): a
-    smaller last micro-batch leaves a shorter gradient exchange at the end of the step."""
+def micro_sizes(batch: int, n: int, align: int = 1) -> list[int]:
+    """`batch` samples in `n` micro-batches as equal as can be in whole units of `align`
+    samples (earlier ones one unit larger); the last also takes the `batch % align` rest.
+    So every boundary falls on a multiple of `align` (`dense_step.alignment`)."""
     units, rest = divmod(batch, align)
-    weights = [taper + (1 - taper) * k / (n - 1) for k in range(n)] if n > 1 else [1.0]
-    exact = [units * w / sum(weights) for w in weights]
-    counts = [int(e) for e in exact]
-    # the units left, one each to the largest remainders (ties: the earlier micro-batch)
-    for k in sorted(range(n), key=lambda k: (counts[k] - exact[k], k))[: units - sum(counts)]:
-        counts[k] += 1
-    sizes = [c * align for c in counts]
+    sizes = [(units // n + (1 if k < units % n else 0)) * align for k in range(n)]
     sizes[-1] += rest
     return sizes
 
@@ -49,17 +41,15 @@ def micro_sizes(batch: int, n: int, align: int = 1, taper: float = 1.0) -> list[
 class ChunkPlan:
     """Which samples of every rank's batch micro-batch `k` holds, the same on all ranks:
     consecutive ones, or with `orders` (each rank's sample order, from clustering) the
-    k-th slice of that order; sizes from `micro_sizes(batch, n, align, taper)`."""
+    k-th slice of that order; sizes from `micro_sizes(batch, n, align)`."""
 
     batch_per_rank: list[int]
     n: int
     orders: list[torch.Tensor] | None = None
     align: int = 1  # micro-batch boundaries on multiples of this many samples
-    taper: float = 1.0  # the first micro-batch's size over the last's
 
     def __post_init__(self) -> None:
-        self.sizes = [micro_sizes(b, self.n, self.align, self.taper)
-                      for b in self.batch_per_rank]  # [rank][k]  # fmt: skip
+        self.sizes = [micro_sizes(b, self.n, self.align) for b in self.batch_per_rank]  # [rank][k]
         self.rank_offset = [0]
         for b in self.batch_per_rank[:-1]:
             self.rank_offset.append(self.rank_offset[-1] + b)

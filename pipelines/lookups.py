@@ -234,10 +234,9 @@ class Lookups:
     refresh) and the lookups' backward (the fused update, once per batch)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, micro_batches: int,
-                 cluster: bool, dedup: bool, stats: dict, taper: float = 1.0) -> None:  # fmt: skip
+                 cluster: bool, dedup: bool, stats: dict) -> None:  # fmt: skip
         self._device = device
         self._n = micro_batches
-        self._taper = taper
         self._cluster = cluster
         self._world = dist.get_world_size()
         self.stats = stats
@@ -300,7 +299,7 @@ class Lookups:
         if not any(g.dedup is not None for g in m.groups):
             return kjt, states
         own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order],
-                        self._align, self._taper)  # fmt: skip
+                        self._align)  # fmt: skip
         lookups = BatchLookups(kjt, [own.samples(0, k) for k in range(self._n)])
         finish = []
         for g, group in enumerate(m.groups):
@@ -359,8 +358,7 @@ class Lookups:
         if step.plans is None:
             size, orders = step.batch.dense_features.shape[0], self._orders(step)
             step.plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders,
-                                    self._align, self._taper)
-                          for ms in step.modules]  # fmt: skip
+                                    self._align) for ms in step.modules]  # fmt: skip
         return step.plans
 
     # stage 4: the local lookups (graph kept: their backward is the fused update)

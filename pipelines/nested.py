@@ -73,13 +73,10 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         lookahead: bool = False,
         dedup: bool = False,
         reduce: BucketedReduce | None = None,
-        taper: float = 1.0,
     ) -> None:
         super().__init__()
         if micro_batches < 1:
             raise ValueError(f"pipeline.micro_batches must be >= 1, got {micro_batches}")
-        if not taper > 0:
-            raise ValueError(f"pipeline.taper must be > 0, got {taper}")
         self._dmp = model
         self._model = getattr(model, "module", model)  # DMP: the module without DDP
         self._optimizer = optimizer
@@ -91,8 +88,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         # they replace (as owner); where the step waited on the network, summed over steps
         self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0,
                       "steps": 0, "wait_ms": dict.fromkeys(WAITS, 0.0)}  # fmt: skip
-        self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats,
-                                taper)  # fmt: skip
+        self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats)
         # the dense layers: their gradients once per batch, averaged over ranks here as the
         # model's backward does (data-parallel tables: inside their lookups' own DDP)
         tables = {id(p) for m in self._lookups.modules for p in m.module.parameters()}

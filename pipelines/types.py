@@ -34,6 +34,3 @@ class PipelineConfig:
     # key routing with deduplication: each micro-batch's distinct rows cross the network
     # once, pooled by the requester, instead of one pooled vector per sample and feature
     dedup: bool = False
-    # the first micro-batch's size over the last's, linear between (1: equal): a smaller
-    # last micro-batch leaves less of the gradient exchange after the last dense work
-    taper: float = 1.0

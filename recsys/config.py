@@ -301,9 +301,6 @@ def check_train_config(cfg: TrainConfig) -> None:
                                "installed)")  # fmt: skip
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
-    if not cfg.pipeline.taper > 0:
-        raise TrainConfigError(f"pipeline.taper (the first micro-batch's size over the last's) "
-                               f"must be > 0, got {cfg.pipeline.taper}")  # fmt: skip
     if not cfg.pipeline.micro_batches >= 1:
         raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
                                f"{cfg.pipeline.micro_batches}")  # fmt: skip
