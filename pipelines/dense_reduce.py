@@ -18,6 +18,10 @@ asynchronous all-reduce (divided by the world size, then summed, as DDP's defaul
   (`dense_step.DeferredGrads`), starts the same buckets with `start()` and waits with what
   it returns: the same collectives on the same tensors, so the same sums at any world size.
 
+Hierarchical (`nodes`): each bucket is summed within each node onto the node's first rank,
+all-reduced among those first ranks across nodes, and sent back within the node: one
+crossing of the slow link per node instead of a ring through every rank.
+
 `SharedReduction` puts it in TorchRec's DistributedModelParallel in DDP's place (its
 `data_parallel_wrapper`): the parameters DDP would take, the unsharded ones. Data-parallel
 tables stay in TorchRec's own DDP inside their sharded module, which every pipeline runs
@@ -27,6 +31,7 @@ the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,11 +41,38 @@ from torchrec.distributed.model_parallel import DataParallelWrapper, Distributed
 MIB = 1 << 20
 
 
+@dataclass
+class NodeGroups:
+    """My node's ranks as a group, my node's first rank, and (on first ranks only) the
+    group of every node's first rank."""
+
+    intra: dist.ProcessGroup
+    leader: int
+    leaders: dist.ProcessGroup | None
+
+
+def node_groups(nodes: list[int]) -> NodeGroups:
+    """`nodes[r]`: rank r's node. Every rank calls it (making a group is collective)."""
+    rank = dist.get_rank()
+    members = [[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))]
+    intra = leader = None
+    for ranks in members:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            intra, leader = group, ranks[0]
+    firsts = [ranks[0] for ranks in members]
+    leaders = dist.new_group(firsts)
+    return NodeGroups(intra, leader, leaders if rank in firsts else None)
+
+
 class BucketedReduce:
     def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None = None,
-                 cap_bytes: int = 25 * MIB, first_bytes: int = MIB) -> None:  # fmt: skip
-        """`params` in registration order; `cap_bytes=0`: one bucket per tensor."""
+                 cap_bytes: int = 25 * MIB, first_bytes: int = MIB,
+                 nodes: NodeGroups | None = None) -> None:  # fmt: skip
+        """`params` in registration order; `cap_bytes=0`: one bucket per tensor; `nodes`:
+        reduce within each node, then across nodes (None: one all-reduce over `group`)."""
         self.group = group
+        self.nodes = nodes
         self.world = dist.get_world_size(group)
         self.params = list(reversed(params))
         self.buckets: list[list[int]] = []  # indices into self.params
@@ -113,7 +145,11 @@ class BucketedReduce:
             if i not in self._filled:  # missed by the backward, or `start`
                 self._fill(i)
         flat = self._flat[b]
-        self._launched.append(dist.all_reduce(flat, group=self.group, async_op=True))
+        if self.nodes is None:
+            self._launched.append(dist.all_reduce(flat, group=self.group, async_op=True))
+        else:  # summed onto the node's first rank; across nodes when it is waited for
+            self._launched.append(dist.reduce(flat, dst=self.nodes.leader, group=self.nodes.intra,
+                                              async_op=True))  # fmt: skip
 
     def _finish_backward(self) -> None:
         while len(self._launched) < len(self.buckets):  # a parameter the backward missed
@@ -123,6 +159,10 @@ class BucketedReduce:
     def _wait(self) -> None:
         for b, work in enumerate(self._launched):
             work.wait()
+            if self.nodes is not None:
+                if self.nodes.leaders is not None:
+                    dist.all_reduce(self._flat[b], group=self.nodes.leaders)
+                dist.broadcast(self._flat[b], src=self.nodes.leader, group=self.nodes.intra)
             for i in self.buckets[b]:
                 self.params[i].grad = self._slot[i].view_as(self.params[i])
         self._reset()
@@ -142,8 +182,10 @@ class SharedReduction(DataParallelWrapper):
     parameters DDP would take, hooked into every backward; `reduce` is it (None on one
     rank)."""
 
-    def __init__(self, cap_bytes: int = 25 * MIB, first_bytes: int = MIB) -> None:
-        self._cap, self._first = cap_bytes, first_bytes
+    def __init__(self, cap_bytes: int = 25 * MIB, first_bytes: int = MIB,
+                 nodes: list[int] | None = None) -> None:  # fmt: skip
+        """`nodes[r]`: rank r's node, for the hierarchical reduction (None: flat)."""
+        self._cap, self._first, self._nodes = cap_bytes, first_bytes, nodes
         self.reduce: BucketedReduce | None = None
 
     def wrap(self, dmp: DistributedModelParallel, env, device: torch.device) -> None:
@@ -152,6 +194,9 @@ class SharedReduction(DataParallelWrapper):
         module = dmp._dmp_wrapped_module
         sharded = set(DistributedModelParallel._sharded_parameter_names(module))
         params = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
+        nodes = None
+        if self._nodes is not None and len(set(self._nodes)) > 1:
+            nodes = node_groups(self._nodes)
         if params:
-            self.reduce = BucketedReduce(params, env.process_group, self._cap, self._first)
+            self.reduce = BucketedReduce(params, env.process_group, self._cap, self._first, nodes)
             self.reduce.attach()

@@ -185,6 +185,9 @@ class DenseAllreduce(str, Enum):
     # (pipelines/dense_reduce.py): nested equals the plain loop at any world size
     buckets = "buckets"
     per_tensor = "per_tensor"  # the same, one bucket per gradient (one collective each)
+    # the same buckets summed within each node, across nodes among the nodes' first ranks,
+    # then sent back within the node: the slow link crossed once per node (one node: buckets)
+    hierarchical = "hierarchical"
     # TorchRec's DDP (its own buckets, rebuilt after the first step); nested then has its own
     # buckets and equals the plain loop on 2 ranks only
     ddp_buckets = "ddp_buckets"

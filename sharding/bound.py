@@ -64,7 +64,9 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):
         per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
-    allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network)
+    per_node = np.bincount([r.node for r in inputs.ranks])
+    allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network,
+                            per_node[per_node > 0])  # fmt: skip
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
     device = lookup + dense_and_exchange + per_sample + allreduce + overhead

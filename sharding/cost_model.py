@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -139,19 +140,41 @@ def ring_bytes(nbytes: float, world: int) -> float:
     return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
 
 
-def allreduce_s(nbytes: float, world: int, network: NetworkCost) -> float:
+def allreduce_s(nbytes: float, world: int, network: NetworkCost,
+                per_node: Sequence[int] | None = None) -> float:  # fmt: skip
     """One all-reduce of `nbytes` over `world` ranks: a ring, 2(W-1) latency hops and
     2(W-1)/W of the bytes each way; with `network.tree_allreduce`, NCCL's double binary tree
     where it is faster (2 log2 W hops, the bytes twice). The ring's per-byte cost is the
-    lower of the two, so it is also the marginal cost the bound and the planners price."""
+    lower of the two, so it is also the marginal cost the bound and the planners price.
+    With `network.hierarchical_allreduce` and `per_node` (ranks per node) over more than one
+    node: `hierarchical_allreduce_s`."""
     if world < 2:
         return 0.0
+    if network.hierarchical_allreduce and per_node is not None and len(per_node) > 1:
+        return hierarchical_allreduce_s(nbytes, per_node, network)
     link = network.allreduce
     ring = 2 * (world - 1) * link.latency_s + ring_bytes(nbytes, world) / link.bytes_per_s
     if not network.tree_allreduce:
         return ring
     hops = 2 * math.ceil(math.log2(world))
     return min(ring, hops * link.latency_s + 2 * nbytes / link.bytes_per_s)
+
+
+def hierarchical_allreduce_s(nbytes: float, per_node: Sequence[int],
+                             network: NetworkCost) -> float:  # fmt: skip
+    """Summed within each node onto its first rank, all-reduced among the nodes' first
+    ranks, sent back within the node (`pipelines.dense_reduce`, hierarchical): within the
+    largest node a reduce and a broadcast over the intra-node link (each ceil(log2 L) hops
+    moving the bytes once), across nodes one rank per node over the inter-node link (ring
+    or tree, as `allreduce_s`). A calibrated CPU link has no intra-node figure: its own
+    link prices both, an upper estimate for ranks sharing a host."""
+    local = max(per_node)
+    intra = network.intra_alltoall
+    within = 0.0
+    if local > 1:
+        within = 2 * (math.ceil(math.log2(local)) * intra.latency_s + nbytes / intra.bytes_per_s)
+    flat = replace(network, allreduce=network.alltoall, hierarchical_allreduce=False)
+    return within + allreduce_s(nbytes, len(per_node), flat)
 
 
 def dense_s_per_sample(d: DeviceCost, dense_params: int, interaction_flops: float) -> float:
@@ -182,7 +205,8 @@ def step_cost(
     dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
-    allreduce = allreduce_s(grad_bytes, world, network)
+    per_node = np.bincount(node)
+    allreduce = allreduce_s(grad_bytes, world, network, per_node[per_node > 0])
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],

@@ -251,6 +251,9 @@ class NetworkCost:
     allreduce: LinkCost
     intra: LinkCost | None = None
     tree_allreduce: bool = False  # a double binary tree where it beats the ring (NCCL's)
+    # the dense reduction by node, then among the nodes' first ranks
+    # (`trainer.dense_allreduce=hierarchical`; `cost_model.hierarchical_allreduce_s`)
+    hierarchical_allreduce: bool = False
 
     @property
     def intra_alltoall(self) -> LinkCost:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from recsys.config import TrainConfig, register_configs
+from recsys.config import DenseAllreduce, TrainConfig, register_configs
 from recsys.context import RunContext
 from recsys.data.multi_hot import resolve_hotness
 from recsys.models.cost_inputs import model_cost
@@ -145,7 +145,11 @@ def plan_inputs(
         ranks=ranks,
         devices=device_costs(ranks, cal, cfg.trainer.precision.value),
         precision=cfg.trainer.precision.value,
-        network=network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),
+        network=replace(
+            network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),
+            hierarchical_allreduce=DenseAllreduce(cfg.trainer.dense_allreduce)
+            == DenseAllreduce.hierarchical,
+        ),  # fmt: skip
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
         interaction_flops_per_sample=mc.interaction_flops_per_sample,

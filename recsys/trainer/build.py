@@ -240,14 +240,15 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device):
     return model, plan, sharders, remap
 
 
-def _dense_reduction(mode: DenseAllreduce) -> SharedReduction | None:
+def _dense_reduction(mode: DenseAllreduce, nodes: list[int]) -> SharedReduction | None:
     """How dense gradients are averaged over ranks: the buckets every pipeline shares
-    (`pipelines.dense_reduce`; per tensor: a bucket each), or None: TorchRec's DDP."""
+    (`pipelines.dense_reduce`; per tensor: a bucket each; hierarchical: by node), or None:
+    TorchRec's DDP. `nodes`: each rank's node."""
     if mode == DenseAllreduce.ddp_buckets:
         return None
     if mode == DenseAllreduce.per_tensor:
         return SharedReduction(cap_bytes=0, first_bytes=0)
-    return SharedReduction()
+    return SharedReduction(nodes=nodes if mode == DenseAllreduce.hierarchical else None)
 
 
 @dataclass
@@ -306,7 +307,7 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if tcfg.rehearse_on_cpu:  # the GPU plan, checked and written above, as CPU ranks run it
         plan = for_cpu_ranks(plan)
     set_precision(model, tcfg.precision, device)
-    reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce))
+    reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce), [r.node for r in ctx.ranks])
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
                                      data_parallel_wrapper=reduction)  # fmt: skip
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline

@@ -220,7 +220,8 @@ def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nod
     pipeline does on CPU ranks (`pipelines.exchange.OrderedReduceScatter`), so the result
     is the plain loop's at any world size; one-hot and multi-hot bags, with clustering and
     the lookahead (dedup moves rows, which these owners do not send: refused at start,
-    tested in test_nested_pieces)."""
+    tested in test_nested_pieces). On 2 nodes also the hierarchical dense reduction (by
+    node, then across nodes), which every pipeline shares too."""
     world = nodes * per_node
     base = ["debug=tiny", "trainer.batch_size=256", "cluster=2x8_h100",
             f"cluster.nodes.0.count={nodes}", f"cluster.nodes.0.devices.0.count={per_node}",
@@ -228,6 +229,8 @@ def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nod
             *ADAGRAD]  # fmt: skip
     variants = [(3, True, True, False), (4, False, True, False), (8, True, False, False)]
     bases = {"one-hot": base, "multi-hot": [*base, MULTI_HOT]}
+    if nodes > 1:
+        bases["hierarchical"] = [*base, "trainer.dense_allreduce=hierarchical"]
     _equal_to_plain(tmp_path, bases, world, variants=variants)
 
 

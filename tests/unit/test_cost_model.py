@@ -23,6 +23,7 @@ from sharding.calibration import (
 from sharding.cluster import resolve_cluster
 from sharding.constants import GPU_DENSE_MFU
 from sharding.cost_model import (
+    allreduce_s,
     datasheet_device_cost,
     dot_interaction_flops,
     memory_bytes,
@@ -268,6 +269,37 @@ def test_nccl_all_reduce_takes_a_tree_where_the_ring_is_latency_bound(typed_cfg)
     bad = replace(cfg.cluster, network=replace(cfg.cluster.network, allreduce="butterfly"))
     with pytest.raises(ClusterConfigError, match="network.allreduce must be ring or nccl"):
         resolve_cluster(bad)
+
+
+def test_the_hierarchical_reduction_crosses_nodes_once_per_node(typed_cfg) -> None:
+    """`trainer.dense_allreduce=hierarchical` on 2 nodes of 8 over a slow link: within each
+    node a reduce and a broadcast (3 hops each over NVLink, the bytes once each), across
+    nodes a 2-rank ring over one rank's share of the inter-node link; the planner's inputs
+    say so. Fewer hops than the flat ring through 16 ranks, but one NIC share where NCCL's
+    rings use all of a node's: cheaper for small gradients only."""
+    from dataclasses import replace
+
+    from recsys.app.planning import plan_inputs
+    from sharding.bound import lower_bound_ms
+
+    cfg = typed_cfg(["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10"])
+    flat = plan_inputs(cfg, None, None)
+    hier = plan_inputs(typed_cfg(["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10",
+                                  "trainer.dense_allreduce=hierarchical"]), None, None)  # fmt: skip
+    assert hier.network.hierarchical_allreduce and not flat.network.hierarchical_allreduce
+    assert replace(hier.network, hierarchical_allreduce=False) == flat.network
+    net, intra, inter = hier.network, hier.network.intra_alltoall, hier.network.alltoall
+    for grad_bytes, cheaper in ((64e3, True), (64e6, False)):
+        within = 2 * (3 * intra.latency_s + grad_bytes / intra.bytes_per_s)
+        across = 2 * inter.latency_s + grad_bytes / inter.bytes_per_s  # a ring of two
+        by_node = allreduce_s(grad_bytes, 16, net, [8, 8])
+        assert by_node == pytest.approx(within + across)
+        assert (by_node < allreduce_s(grad_bytes, 16, flat.network)) == cheaper, grad_bytes
+        assert allreduce_s(grad_bytes, 16, net, [16]) == allreduce_s(grad_bytes, 16, flat.network)
+    # the bound prices the same reduction
+    dense = hier.dense_params * 4
+    difference = allreduce_s(dense, 16, net, [8, 8]) - allreduce_s(dense, 16, flat.network)
+    assert lower_bound_ms(hier) - lower_bound_ms(flat) == pytest.approx(1000 * difference)
 
 
 def test_predict_matches_the_cost_model_for_a_local_run(typed_cfg) -> None:
