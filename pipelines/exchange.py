@@ -224,29 +224,39 @@ class ChunkedReduceScatter:
         return Pending(None, finish)
 
     def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor) -> Pending:
-        work, recv = None, grad.reshape(-1)
-        if self.cross_pg is not None:  # the cross-node all-to-all's backward first
-            mine = grad.shape[0]
-            starts = [sum(self.dims[:n]) for n in range(self.nodes)]
-            send = torch.cat([grad[:, c : c + d].reshape(-1)
-                              for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
-            sizes = self._sizes(plan, self.local_rank, k)
-            recv = grad.new_empty(sum(sizes) * self.node_dim)
-            work = dist.all_to_all_single(
-                recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
-                input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
-                async_op=True)  # fmt: skip
+        if self.cross_pg is None:  # row-wise: the reduce-scatter's backward starts now
+            return self._gather_within(grad.reshape(-1), plan, k, out)
+        # table-row-wise: the cross-node all-to-all's backward first, then within the node
+        mine = grad.shape[0]
+        starts = [sum(self.dims[:n]) for n in range(self.nodes)]
+        send = torch.cat([grad[:, c : c + d].reshape(-1)
+                          for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
+        sizes = self._sizes(plan, self.local_rank, k)
+        recv = grad.new_empty(sum(sizes) * self.node_dim)
+        work = dist.all_to_all_single(
+            recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
+            input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
+            async_op=True)  # fmt: skip
 
         def finish() -> torch.Tensor:
-            if work is not None:
-                work.wait()
-                if get_gradient_division():  # as TorchRec's all-to-all backward
-                    recv.div_(self.nodes)
-            every = [sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)]
-            gathered = grad.new_empty(sum(every))
-            dist.all_to_all_single(gathered, recv.repeat(self.local), output_split_sizes=every,
-                                   input_split_sizes=[recv.numel()] * self.local,
-                                   group=self.intra_pg)  # fmt: skip
+            work.wait()
+            if get_gradient_division():  # as TorchRec's all-to-all backward
+                recv.div_(self.nodes)
+            return self._gather_within(recv, plan, k, out).wait()
+
+        return Pending(None, finish)
+
+    def _gather_within(self, recv: torch.Tensor, plan: ChunkPlan, k: int,
+                       out: torch.Tensor) -> Pending:  # fmt: skip
+        """The within-node reduce-scatter's backward (an all-gather, as an all-to-all) of
+        chunk k's summed gradient `recv`: every rank's partials' gradient lands in `out`."""
+        every = [sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)]
+        gathered = recv.new_empty(sum(every))
+        work = dist.all_to_all_single(gathered, recv.repeat(self.local), output_split_sizes=every,
+                                      input_split_sizes=[recv.numel()] * self.local,
+                                      group=self.intra_pg, async_op=True)  # fmt: skip
+
+        def finish() -> torch.Tensor:
             if get_gradient_division():  # as TorchRec's reduce-scatter backward
                 gathered.div_(self.local)
             parts = iter(gathered.split([b * self.node_dim for j in range(self.local)
@@ -257,7 +267,7 @@ class ChunkedReduceScatter:
                     out[self._rows(plan, offsets, r, k)] = next(parts).view(-1, self.node_dim)
             return out
 
-        return Pending(None, finish)
+        return Pending(work, finish)
 
 
 @dataclass
