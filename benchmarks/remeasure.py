@@ -44,7 +44,7 @@ PUBLISHED = [
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
       "pipelines=[plain,base,sparse_dist,semi_sync,nested1,nested2,nested4,nested8,"
       "nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,nested4+dedup+cluster]",
-      f"overrides=[{_SGD},'trainer.dense_allreduce=per_tensor']"]),
+      f"overrides=[{_SGD}]"]),
     # after the sets its validation reads (DEPENDS)
     ("scale", "summary.json", ["benchmarks.scale"]),
     ("data", "data.json", ["benchmarks.data"]),
