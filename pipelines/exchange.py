@@ -281,6 +281,7 @@ class SequenceBatch:
     asked: torch.Tensor
     sent: dict = field(default_factory=dict)  # k -> (rows of my lookup output, per-rank counts)
     received: dict = field(default_factory=dict)  # k -> (per-owner counts, per-feature lengths)
+    starts: torch.Tensor | None = None  # each owned bag's first row, worked out once a batch
 
 
 class ChunkedSequenceExchange:
@@ -305,8 +306,10 @@ class ChunkedSequenceExchange:
 
     def _owned(self, state: SequenceBatch, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
         lengths = state.owned.view(self.features_per_rank[self.rank], sum(plan.batch_per_rank))
-        starts = (torch.cumsum(lengths.reshape(-1), 0) - lengths.reshape(-1)).view_as(lengths)
-        return lengths, starts
+        if state.starts is None:  # the same for every chunk of the batch
+            flat = lengths.reshape(-1)
+            state.starts = (torch.cumsum(flat, 0) - flat).view_as(lengths)
+        return lengths, state.starts
 
     def _asked(self, state: SequenceBatch, plan: ChunkPlan, k: int) -> torch.Tensor:
         """My chunk-k samples' lengths: the group's features x those samples."""

@@ -126,7 +126,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         # gradients (their all-reduce starts), the dense reduction's start, and with the
         # lookahead batch i+1's lookups (stage 4: before i's update, refreshed after it)
         self._lookups.backward(cur, exchanged=False)
-        reduce = self._start_dense_reduce()
+        reduce = None if self._reduce is None else self._reduce.start()
         nxt = self._next
         if nxt is not None and self._lookahead:
             with self._side():
@@ -271,9 +271,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     empty = grads[mi][g].new_zeros(0, group.exchange.width)
                     state = step.modules[mi].states[g]
                     backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
-
-    def _start_dense_reduce(self):
-        return None if self._reduce is None else self._reduce.start()
 
 
 def _returns(value):
