@@ -189,7 +189,9 @@ class SharedReduction(DataParallelWrapper):
         self.reduce: BucketedReduce | None = None
 
     def wrap(self, dmp: DistributedModelParallel, env, device: torch.device) -> None:
-        if env.process_group is None or dist.get_world_size(env.process_group) == 1:
+        # every rank holds the dense parameters: averaged over the world, also when the
+        # tables are sharded within 2D groups (`env` then is the group's: pipelines/two_d.py)
+        if env.process_group is None or dist.get_world_size() == 1:
             return
         module = dmp._dmp_wrapped_module
         sharded = set(DistributedModelParallel._sharded_parameter_names(module))
@@ -198,5 +200,5 @@ class SharedReduction(DataParallelWrapper):
         if self._nodes is not None and len(set(self._nodes)) > 1:
             nodes = node_groups(self._nodes)
         if params:
-            self.reduce = BucketedReduce(params, env.process_group, self._cap, self._first, nodes)
+            self.reduce = BucketedReduce(params, dist.group.WORLD, self._cap, self._first, nodes)
             self.reduce.attach()

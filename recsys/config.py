@@ -226,6 +226,10 @@ class TrainerConfig:
     eps: float = 1e-8
     # how dense gradients are averaged over ranks (docs/pipelines.md, "Bit for bit")
     dense_allreduce: DenseAllreduce = DenseAllreduce.buckets
+    # 2D groups: the tables sharded over each group of this many consecutive ranks, the group
+    # replicated, replicas summing row gradients before the update (pipelines/two_d.py;
+    # docs/pipelines.md); 0: one group of every rank. A plan.json that chose 2D sets it
+    sharding_group_size: int = 0
     seed: int = 0  # initial weights; the data has its own (dataset.seed)
     log_every: int = 20  # also how often losses are checked for NaN/inf
     eval_every: int = 0  # 0: evaluate once, at the end
@@ -304,6 +308,8 @@ def check_train_config(cfg: TrainConfig) -> None:
                                "installed)")  # fmt: skip
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
+    if t.sharding_group_size:
+        _check_two_d(cfg)
     if not cfg.pipeline.micro_batches >= 1:
         raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
                                f"{cfg.pipeline.micro_batches}")  # fmt: skip
@@ -327,6 +333,27 @@ def check_train_config(cfg: TrainConfig) -> None:
                 "trainer.mode=evaluate with dataset.eval_batches=0 has nothing to do; give a "
                 "number of batches, or null for the whole split"
             )
+
+
+def _check_two_d(cfg: TrainConfig) -> None:
+    """What 2D groups (`trainer.sharding_group_size`) train with (pipelines/two_d.py)."""
+    t = cfg.trainer
+    if t.sharding_group_size < 0:
+        raise TrainConfigError(f"trainer.sharding_group_size must be >= 0 (0: one group of every "
+                               f"rank), got {t.sharding_group_size}")  # fmt: skip
+    if DenseAllreduce(t.dense_allreduce) == DenseAllreduce.ddp_buckets:
+        raise TrainConfigError(
+            "trainer.sharding_group_size with trainer.dense_allreduce=ddp_buckets: TorchRec's DDP "
+            "would average the dense gradients within each group only; use buckets, per_tensor "
+            "or hierarchical"
+        )
+    if cfg.pipeline.name in ("nested", "semi_sync"):
+        raise TrainConfigError(
+            f"trainer.sharding_group_size with pipeline={cfg.pipeline.name}: 2D groups train "
+            f"under plain, base, sparse_dist, sparse_dist_lite and fused_sparse_dist (the "
+            f"nested pipeline's exchanges span every rank; semi_sync's stale lookups would miss "
+            f"the replicas' update)"
+        )
 
 
 def to_object(cfg: Any) -> Any:

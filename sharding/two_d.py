@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from sharding.cost_model import allreduce_s
 from sharding.distinct import expected_distinct
+from sharding.errors import UserError
 from sharding.types import NetworkCost, Plan, PlanInputs, StepCost
 
 
@@ -56,3 +57,37 @@ def two_d_cost(group_plan: Plan, group_cost: StepCost, group: PlanInputs, world:
         + allreduce_s(sync, world // group.world, network),
         allreduce_link="nic",
     )
+
+
+class TwoDGroupError(UserError, ValueError):
+    """2D groups that do not divide the cluster into alike groups."""
+
+
+def group_inputs(inputs: PlanInputs, size: int) -> PlanInputs:
+    """The planner's inputs for one 2D group: the first `size` ranks (the other groups must
+    hold the same devices in the same places) at the same batch per rank."""
+    world = inputs.world
+    if size <= 0 or size == world:
+        return inputs
+    if size > world or world % size:
+        raise TwoDGroupError(
+            f"trainer.sharding_group_size={size} does not divide the {world} ranks into equal groups; "
+            f"choose a divisor of {world}"
+        )
+    for r in inputs.ranks[size:]:
+        first = inputs.ranks[r.rank % size]
+        if (r.kind, r.hbm_bytes, r.speed, r.host_bytes) != \
+                (first.kind, first.hbm_bytes, first.speed, first.host_bytes):  # fmt: skip
+            raise TwoDGroupError(
+                f"trainer.sharding_group_size={size}: rank {r.rank} ({r.kind}) is not like rank "
+                f"{first.rank} ({first.kind}), whose shards it would hold; every group must hold "
+                f"the same devices in the same order"
+            )
+    return replace(inputs, ranks=inputs.ranks[:size], devices=inputs.devices[:size],
+                   global_batch=inputs.global_batch * size // world)  # fmt: skip
+
+
+def rank_shares(plan: Plan, world: int) -> list[int]:
+    """Every rank's batch under `plan` on `world` ranks: a 2D plan's split is one group's,
+    the same in every group."""
+    return plan.batch_per_rank * (world // len(plan.batch_per_rank))

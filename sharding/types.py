@@ -446,6 +446,9 @@ class Plan:
     micro_batches: int = 1
     precision: str = "fp32"  # the dense part's, which est_step_ms assumes
     step_parts_ms: dict[str, float] = field(default_factory=dict)  # they add up to est_step_ms
+    # 2D groups: this plan is one group's, of this many ranks, replicated over the cluster
+    # (sharding.two_d); 0: the plan spans every rank
+    sharding_group_size: int = 0
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]

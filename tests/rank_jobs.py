@@ -136,6 +136,7 @@ def train_rank_hangs(cfg, run_dir: str) -> dict:
 def _local_tensors(named, prefix: str = "") -> dict:
     """Every floating-point tensor this rank holds (its own shards of sharded ones), by name."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
 
     out = {}
     for name, t in named.items():
@@ -144,6 +145,11 @@ def _local_tensors(named, prefix: str = "") -> dict:
         elif isinstance(t, ShardedTensor):
             for i, shard in enumerate(t.local_shards()):
                 out[f"{prefix}{name}#{i}"] = shard.tensor.detach().cpu().numpy().copy()
+        elif isinstance(t, DTensor):  # 2D groups' (TorchRec's ShardingEnv2D): the same keys
+            local = t.to_local()
+            shards = local.local_shards() if hasattr(local, "local_shards") else [local]
+            for i, shard in enumerate(shards):
+                out[f"{prefix}{name}#{i}"] = shard.detach().cpu().numpy().copy()
         elif isinstance(t, torch.Tensor) and t.is_floating_point():
             out[f"{prefix}{name}"] = t.detach().cpu().numpy().copy()
     return out

@@ -217,6 +217,7 @@ def plan_json(plan: Plan) -> dict:
         "a2a_bytes_per_step": plan.a2a_bytes_per_step,
         "step_parts_ms": plan.step_parts_ms,  # est_step_ms split: slowest rank per stage, ...
         "devices": plan.devices,
+        "sharding_group_size": plan.sharding_group_size,  # 2D: one group's plan (0: none)
         # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions,
         # and where each constant comes from
         "constants": {k: constants_provenance(k)
@@ -249,6 +250,7 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
             t.get("cold_parts", 1)) for t in raw["tables"]]  # fmt: skip
         batch = [d["batch"] for d in raw["devices"]]
         planner, cluster = raw["planner"], raw["cluster"]
+        group = raw.get("sharding_group_size", 0)
     except FileNotFoundError:
         raise SavedPlanError(
             f"trainer.plan: no file '{where}'; give a plan.json that `python -m sharding.plan` "
@@ -285,6 +287,7 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
         )
     plan = evaluate(Plan(planner, cluster, tables, batch), inputs)
     plan.planning_s = 0.0
+    plan.sharding_group_size = group
     return plan
 
 

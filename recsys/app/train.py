@@ -26,7 +26,7 @@ from tqdm import tqdm
 from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.app import CONF_DIR
-from recsys.app.planning import load_plan, make_plan, plan_inputs, plan_json
+from recsys.app.planning import SavedPlanError, load_plan, make_plan, plan_inputs, plan_json
 from recsys.config import (
     Mode,
     TrainConfig,
@@ -46,6 +46,7 @@ from sharding.cost_model import schedule_of
 from sharding.errors import UserError
 from sharding.plan_eval import check_fits
 from sharding.torchrec_planner import plan_with_torchrec
+from sharding.two_d import group_inputs, rank_shares
 from sharding.types import Plan, PlanDoesNotFitError, PlanInputs, PlannerName
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,22 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts, or
     read the saved plan `trainer.plan`; the ranks run this plan. Writes plan.json beside the
     run's other outputs."""
+    world = inputs.world
+    group = cfg.trainer.sharding_group_size if cfg.trainer.sharding_group_size != world else 0
+    inputs = group_inputs(inputs, group)  # 2D groups: one group's plan
     if cfg.trainer.plan:
         plan = load_plan(cfg.trainer.plan, inputs)
         log.info("training the saved %s plan %s as it is (predicted %.2f ms/step here)",
                  plan.planner, cfg.trainer.plan, plan.est_step_ms)  # fmt: skip
     else:
         plan = make_plan(cfg, inputs)
+        plan.sharding_group_size = group
+    if plan.sharding_group_size != group:
+        raise SavedPlanError(
+            f"trainer.plan: '{cfg.trainer.plan}' is a plan for 2D groups of "
+            f"{plan.sharding_group_size or inputs.world} ranks; set trainer.sharding_group_size="
+            f"{plan.sharding_group_size}"
+        )
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run and not cfg.trainer.plan:
         _say_if_plan_follows_pipeline(cfg, inputs, plan)
@@ -192,6 +203,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
     tcfg = _settled(to_typed(cfg))
     inputs = plan_inputs(tcfg, None, None)  # the cluster resolved, costs read: once, here
     _check_launch(tcfg, inputs)
+    group_inputs(inputs, tcfg.trainer.sharding_group_size)  # 2D groups that fit the cluster
     emulate = tcfg.cluster.emulation.enabled and not tcfg.trainer.dry_run
     if emulate and not launch.launched_externally():
         from recsys.emulation import EmulationError, refuse_reason
@@ -201,7 +213,7 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
             raise EmulationError(why)
     if tcfg.planner.name == PlannerName.torchrec and not tcfg.trainer.dry_run:
         # TorchRec plans inside the ranks: a model no plan can hold stops here
-        check_tables_fit(tcfg, inputs)
+        check_tables_fit(tcfg, group_inputs(inputs, tcfg.trainer.sharding_group_size))
     run_dir = Path(run_dir or os.getcwd())
     preflight.check_outputs(tcfg, run_dir)
     if launch.launched_externally() and launch.external_rank_and_world()[0] != 0:
@@ -340,7 +352,7 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
     ctx = RunContext(tcfg, inputs, plan)
     world = len(ctx.ranks)
     if not tcfg.trainer.dry_run:
-        preflight.check_data(tcfg, world, ctx.plan.batch_per_rank if ours else None)
+        preflight.check_data(tcfg, world, rank_shares(ctx.plan, world) if ours else None)
     writer = True
     if tcfg.trainer.dry_run:
         summary = plan_only(ctx, run_dir)

@@ -18,6 +18,7 @@ from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimi
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -25,6 +26,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_reduce import SharedReduction
 from pipelines.exchange import install_ordered_reduce_scatter
+from pipelines.two_d import TwoDGroups, install_replica_sync, place_group_plan, two_d_groups
 from recsys import launch
 from recsys.checkpoint import CheckpointMismatchError, saved_split
 from recsys.collectives import all_reduce_sum
@@ -46,6 +48,7 @@ from sharding.cluster import ClusterConfigError, compute_device_type
 from sharding.emit import for_cpu_ranks, sequence_cold, to_torchrec_plan
 from sharding.plan_shards import plan_layout
 from sharding.torchrec_planner import plan_with_torchrec
+from sharding.two_d import group_inputs, rank_shares
 from sharding.types import RankDevice
 
 if TYPE_CHECKING:
@@ -193,15 +196,18 @@ def _check_saved_split(checkpoint: str, hot_ids: dict[str, torch.Tensor],
             )
 
 
-def _model_and_plan(ctx: RunContext, source, rank: int, device):
-    """The train module (with its fused embedding optimizer), its TorchRec plan, the
-    sharders, and the id remap its batches need (None unless tables are split)."""
+def _model_and_plan(ctx: RunContext, source, rank: int, device, groups: TwoDGroups | None):
+    """The train module (with its fused embedding optimizer), its TorchRec plan (2D
+    groups: one group's), the sharders, and the id remap its batches need (None unless
+    tables are split)."""
     cfg, our_plan = ctx.cfg, ctx.plan
     sharders: list = [EmbeddingBagCollectionSharder()]
     if our_plan is None:
         model = build_model(cfg.model, dense_device=device)
         _fuse_embedding_optimizer(cfg.trainer, model)
-        plan = plan_with_torchrec(model, ctx.inputs, cfg.planner, sharders, dist.group.WORLD)
+        inputs = group_inputs(ctx.inputs, groups.size) if groups else ctx.inputs
+        # rank 0 plans (one group's plan, for 2D groups) and every rank gets it
+        plan = plan_with_torchrec(model, inputs, cfg.planner, sharders, dist.group.WORLD)
         return model, plan.plan, sharders, None
     hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
                 if 0 < t.replicated_rows < t.rows}  # fmt: skip
@@ -292,10 +298,13 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     cfg, our_plan = ctx.cfg, ctx.plan
     tcfg = cfg.trainer
     world = len(ctx.ranks)
+    # 2D groups: the plan is one group's, each group trains it on its own samples
+    two_d = 0 < tcfg.sharding_group_size < world
+    groups = two_d_groups(tcfg.sharding_group_size, device) if two_d else None
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
-    shares = our_plan.batch_per_rank if our_plan is not None else [tcfg.batch_size] * world
+    shares = rank_shares(our_plan, world) if our_plan else [tcfg.batch_size] * world
     source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
-    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device)
+    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device, groups)
     why = unsupported_sharding(cfg.pipeline, plan)
     if why:  # before DMP materialises the shards
         raise TrainConfigError(why)
@@ -308,8 +317,13 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         plan = for_cpu_ranks(plan)
     set_precision(model, tcfg.precision, device)
     reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce), [r.node for r in ctx.ranks])
-    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders,
-                                     data_parallel_wrapper=reduction)  # fmt: skip
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    if groups is not None:  # the group's plan on this rank's group
+        env, plan = groups.env, place_group_plan(plan, groups.size)
+    model = DistributedModelParallel(module=model, env=env, device=device, plan=plan,
+                                     sharders=sharders, data_parallel_wrapper=reduction)  # fmt: skip
+    if groups is not None:  # replicas sum row gradients before the fused update
+        install_replica_sync(model, groups)
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
