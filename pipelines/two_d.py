@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.remote_device import _remote_device
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.remote_device import _remote_device
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
@@ -152,8 +152,8 @@ class _LookupTables:
             if self.sequence:
                 lengths.append(torch.tensor([len(r)]))
             else:
-                lengths.append(torch.cat([torch.ones(len(r), dtype=torch.int32),
-                                          torch.zeros(stride - len(r), dtype=torch.int32)]))  # fmt: skip
+                ones = torch.ones(len(r), dtype=torch.int32)
+                lengths.append(torch.cat([ones, torch.zeros(stride - len(r), dtype=torch.int32)]))
         values = torch.cat(values)
         kjt = KeyedJaggedTensor(
             keys=self.keys,

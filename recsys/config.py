@@ -308,7 +308,7 @@ def check_train_config(cfg: TrainConfig) -> None:
                                "installed)")  # fmt: skip
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
-    if t.sharding_group_size:
+    if t.sharding_group_size or cfg.planner.two_d:
         _check_two_d(cfg)
     if not cfg.pipeline.micro_batches >= 1:
         raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
@@ -336,20 +336,21 @@ def check_train_config(cfg: TrainConfig) -> None:
 
 
 def _check_two_d(cfg: TrainConfig) -> None:
-    """What 2D groups (`trainer.sharding_group_size`) train with (pipelines/two_d.py)."""
+    """What 2D groups (`trainer.sharding_group_size`, or `planner.two_d`'s choice) train
+    with (pipelines/two_d.py)."""
     t = cfg.trainer
+    what = "trainer.sharding_group_size" if t.sharding_group_size else "planner.two_d=true"
     if t.sharding_group_size < 0:
         raise TrainConfigError(f"trainer.sharding_group_size must be >= 0 (0: one group of every "
                                f"rank), got {t.sharding_group_size}")  # fmt: skip
-    if DenseAllreduce(t.dense_allreduce) == DenseAllreduce.ddp_buckets:
+    if cfg.planner.two_d and cfg.planner.name == "torchrec":
         raise TrainConfigError(
-            "trainer.sharding_group_size with trainer.dense_allreduce=ddp_buckets: TorchRec's DDP "
-            "would average the dense gradients within each group only; use buckets, per_tensor "
-            "or hierarchical"
+            "planner.two_d=true is for our planners (hybrid, greedy_size, round_robin); "
+            "TorchRec's plans inside the ranks: give it trainer.sharding_group_size=<G> instead"
         )
     if cfg.pipeline.name in ("nested", "semi_sync"):
         raise TrainConfigError(
-            f"trainer.sharding_group_size with pipeline={cfg.pipeline.name}: 2D groups train "
+            f"{what} with pipeline={cfg.pipeline.name.value}: 2D groups train "
             f"under plain, base, sparse_dist, sparse_dist_lite and fused_sparse_dist (the "
             f"nested pipeline's exchanges span every rank; semi_sync's stale lookups would miss "
             f"the replicas' update)"

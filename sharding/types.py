@@ -145,6 +145,9 @@ class PlannerConfig:
     # torchrec: the sharding types it may choose (None: every type it supports here);
     # [table_row_wise] is the baseline EMBark and MLPerf's GPU runs compare against
     torchrec_sharding_types: list[str] | None = None
+    # our planners: also plan 2D groups (the tables sharded within groups of whole nodes,
+    # the groups replicated; sharding.two_d) and keep the faster; the plan says which
+    two_d: bool = False
 
 
 # --- the cost model's and the planners' data: what a planner takes and returns ---

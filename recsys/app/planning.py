@@ -35,6 +35,7 @@ from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
 from sharding.torchrec_planner import TorchRecPlans
+from sharding.two_d import best_with_groups, evaluate_two_d, group_inputs
 from sharding.types import (
     Plan,
     PlanInputs,
@@ -179,14 +180,28 @@ def torchrec_plans(cfg: TrainConfig, inputs: PlanInputs) -> TorchRecPlans:
 
 
 def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
-    """The configured planner's plan (TorchRec's: its own choice), evaluated."""
+    """The configured planner's plan (TorchRec's: its own choice), evaluated. With
+    `trainer.sharding_group_size`, one group's plan (2D groups, `sharding.two_d`); with
+    `planner.two_d`, the faster of the plan for every rank and each 2D plan."""
     start = time.perf_counter()
+    group = cfg.trainer.sharding_group_size
+    if group and group != inputs.world:
+        plan = _planned(cfg, group_inputs(inputs, group))
+        plan.sharding_group_size = group
+        plan = evaluate_two_d(plan, inputs)
+    else:
+        plan = _planned(cfg, inputs)
+        if cfg.planner.two_d:
+            plan = best_with_groups(plan, inputs, lambda g: _planned(cfg, g))
+    plan.planning_s = time.perf_counter() - start
+    return plan
+
+
+def _planned(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
     name = PlannerName(cfg.planner.name)
     if name == PlannerName.torchrec:
         return torchrec_plans(cfg, inputs).chosen
-    plan = PLANNERS[name.value](inputs)
-    plan.planning_s = time.perf_counter() - start
-    return evaluate(plan, inputs)
+    return evaluate(PLANNERS[name.value](inputs), inputs)
 
 
 def plan_with_splits(cfg: TrainConfig, cal: Calibration, link: str) -> Plan:
@@ -265,11 +280,12 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
             f"trainer.plan: '{where}' is TorchRec's plan, which TorchRec makes again in the ranks "
             f"(planner=torchrec); trainer.plan takes plans of hybrid, greedy_size or round_robin"
         )
-    if cluster != inputs.cluster or len(batch) != inputs.world:
+    if cluster != inputs.cluster or len(batch) != (group or inputs.world):
+        groups = f" (2D groups of {group})" if group else ""
         raise SavedPlanError(
-            f"trainer.plan: '{where}' was made for cluster '{cluster}' with {len(batch)} ranks; "
-            f"this run is on '{inputs.cluster}' with {inputs.world}: plan for this cluster, or "
-            f"train on that one"
+            f"trainer.plan: '{where}' was made for cluster '{cluster}' with {len(batch)} ranks"
+            f"{groups}; this run is on '{inputs.cluster}' with {inputs.world}: plan for this "
+            f"cluster, or train on that one"
         )
     have = {(t.name, t.rows, t.dim) for t in tables}
     want = {(t.name, t.rows, t.dim) for t in inputs.tables}
@@ -279,15 +295,16 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
             f"trainer.plan: '{where}' holds another model's tables (first difference: "
             f"{differ[0]}, {differ[1]:,} x {differ[2]}); plan this model, or train that one"
         )
-    if sum(batch) != inputs.global_batch:
+    replicas = inputs.world // len(batch)  # 2D: each group trains the plan's split
+    if sum(batch) * replicas != inputs.global_batch:
         raise SavedPlanError(
-            f"trainer.plan: '{where}' splits a global batch of {sum(batch)} samples; this run's "
-            f"is {inputs.global_batch} (trainer.batch_size x ranks): set trainer.batch_size="
-            f"{sum(batch) // inputs.world}, or plan this batch"
+            f"trainer.plan: '{where}' splits a global batch of {sum(batch) * replicas} samples; "
+            f"this run's is {inputs.global_batch} (trainer.batch_size x ranks): set "
+            f"trainer.batch_size={sum(batch) // len(batch)}, or plan this batch"
         )
-    plan = evaluate(Plan(planner, cluster, tables, batch), inputs)
+    plan = Plan(planner, cluster, tables, batch, sharding_group_size=group)
+    plan = evaluate_two_d(plan, inputs) if group else evaluate(plan, inputs)
     plan.planning_s = 0.0
-    plan.sharding_group_size = group
     return plan
 
 

@@ -91,22 +91,18 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     """Plan with our planner (hybrid, greedy_size, round_robin) before any rank starts, or
     read the saved plan `trainer.plan`; the ranks run this plan. Writes plan.json beside the
     run's other outputs."""
-    world = inputs.world
-    group = cfg.trainer.sharding_group_size if cfg.trainer.sharding_group_size != world else 0
-    inputs = group_inputs(inputs, group)  # 2D groups: one group's plan
     if cfg.trainer.plan:
         plan = load_plan(cfg.trainer.plan, inputs)
         log.info("training the saved %s plan %s as it is (predicted %.2f ms/step here)",
                  plan.planner, cfg.trainer.plan, plan.est_step_ms)  # fmt: skip
+        asked, made = cfg.trainer.sharding_group_size, plan.sharding_group_size or inputs.world
+        if asked and asked != made:
+            raise SavedPlanError(
+                f"trainer.plan: '{cfg.trainer.plan}' is a plan for groups of {made} ranks, not "
+                f"{asked}: leave trainer.sharding_group_size unset (the plan's is used)"
+            )
     else:
         plan = make_plan(cfg, inputs)
-        plan.sharding_group_size = group
-    if plan.sharding_group_size != group:
-        raise SavedPlanError(
-            f"trainer.plan: '{cfg.trainer.plan}' is a plan for 2D groups of "
-            f"{plan.sharding_group_size or inputs.world} ranks; set trainer.sharding_group_size="
-            f"{plan.sharding_group_size}"
-        )
     (run_dir / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")
     if cfg.pipeline.name != PipelineName.plain and not cfg.trainer.dry_run and not cfg.trainer.plan:
         _say_if_plan_follows_pipeline(cfg, inputs, plan)
@@ -349,6 +345,11 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
     plan = plan_ours(tcfg, inputs, run_dir) if ours else None
     if plan is not None and tcfg.trainer.plan:  # the summary names the plan's planner
         tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName(plan.planner)))
+    if plan is not None and plan.sharding_group_size != tcfg.trainer.sharding_group_size:
+        # the plan chose 2D groups (planner.two_d, or a saved plan): the ranks train them
+        trainer = replace(tcfg.trainer, sharding_group_size=plan.sharding_group_size)
+        tcfg = replace(tcfg, trainer=trainer)
+        check_train_config(tcfg)
     ctx = RunContext(tcfg, inputs, plan)
     world = len(ctx.ranks)
     if not tcfg.trainer.dry_run:

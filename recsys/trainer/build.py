@@ -320,10 +320,20 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     if groups is not None:  # the group's plan on this rank's group
         env, plan = groups.env, place_group_plan(plan, groups.size)
-    model = DistributedModelParallel(module=model, env=env, device=device, plan=plan,
-                                     sharders=sharders, data_parallel_wrapper=reduction)  # fmt: skip
+    model = DistributedModelParallel(
+        module=model,
+        env=env,
+        device=device,
+        plan=plan,
+        sharders=sharders,
+        data_parallel_wrapper=reduction,
+    )
     if groups is not None:  # replicas sum row gradients before the fused update
         install_replica_sync(model, groups)
+        if rank == 0:
+            log.info("2D groups: the tables sharded within each group of %d ranks, %d groups; "
+                     "they sum the touched rows' gradients before each update",
+                     groups.size, world // groups.size)  # fmt: skip
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))

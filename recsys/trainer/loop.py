@@ -281,6 +281,8 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         **final,
         "evals": evals,
         "pipeline": cfg.pipeline.name.value,
+        # 2D groups: the tables sharded within each group of this many ranks (0: none)
+        "sharding_group_size": tcfg.sharding_group_size if tcfg.sharding_group_size < world else 0,
         "pipeline_stats": per_step_stats(getattr(pipeline, "stats", None)),
         "input": job.input_summary(),  # this rank's: building and waiting for batches
         "planner": cfg.planner.name.value,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -97,8 +98,9 @@ def test_two_d_groups_train_what_the_plain_loop_trains(tmp_path: Path) -> None:
             assert plain_2d["params"].keys() == one_d["params"].keys(), name
             devs = _deviations(plain_2d, one_d)
             worst = max(devs, key=devs.get)
-            assert devs[worst] <= 2 * noise, \
+            assert devs[worst] <= 2 * noise, (
                 f"{name}, rank {rank}: 2D {worst} {devs[worst]:.3g}, order noise {noise:.3g}"
+            )
             np.testing.assert_allclose(plain_2d["losses"], results[rank][first]["losses"],
                                        rtol=1e-5)  # fmt: skip
             for p, run in zip(pipelines[1:], others, strict=True):
@@ -107,3 +109,26 @@ def test_two_d_groups_train_what_the_plain_loop_trains(tmp_path: Path) -> None:
             replica = results[(rank + 2) % 4][first + 1]
             for k, w in plain_2d["params"].items():
                 assert np.array_equal(replica["params"][k], w), (name, rank, k)
+
+
+@pytest.mark.slow
+def test_a_2d_plan_json_trains_as_2d_groups(tmp_path: Path) -> None:
+    """Hybrid's plan for groups of one rank (`trainer.sharding_group_size=1`, 2 ranks)
+    written to plan.json and trained from it with no group size given: the ranks train the
+    plan's groups (2 replicas of one rank's plan) and the summary and the run's plan.json say
+    so. The same plan with another group size is refused before any rank starts."""
+    from recsys.app.planning import SavedPlanError, make_plan, plan_inputs, plan_json
+    from recsys.app.train import train
+
+    base = ["debug=tiny", "planner=hybrid", "trainer.threads_per_rank=1"]
+    cfg = to_typed(compose_config([*base, "trainer.sharding_group_size=1"]))
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    assert plan.sharding_group_size == 1 and len(plan.batch_per_rank) == 1
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(plan_json(plan)))
+    summary = train(compose_config([*base, f"trainer.plan={saved}"]), tmp_path / "run")
+    assert summary["sharding_group_size"] == 1 and summary["world_size"] == 2
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["sharding_group_size"] == 1
+    with pytest.raises(SavedPlanError, match="is a plan for groups of 1 ranks, not 2"):
+        train(compose_config([*base, f"trainer.plan={saved}", "trainer.sharding_group_size=2"]),
+              tmp_path / "refused")  # fmt: skip

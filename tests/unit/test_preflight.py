@@ -15,6 +15,7 @@ from recsys.app.train import train
 from recsys.config import ModelConfigError, TrainConfigError
 from recsys.data.multi_hot import HotnessError
 from recsys.data.prepared import CriteoDataError
+from sharding.two_d import TwoDGroupError
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -68,6 +69,27 @@ def test_a_truncated_array_names_its_file(criteo, tmp_path: Path, no_ranks) -> N
 def test_kernel_and_pipeline_limits_are_one_line(tmp_path, no_ranks, override, error, message):
     with pytest.raises(error, match=message):
         train(compose_config(["debug=tiny", "pipeline=nested", override]), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (["trainer.sharding_group_size=3"], TwoDGroupError,
+         r"trainer.sharding_group_size=3 does not divide the 2 ranks into equal groups"),
+        (["trainer.sharding_group_size=1", "pipeline=nested"], TrainConfigError,
+         r"trainer.sharding_group_size with pipeline=nested: 2D groups train under plain"),
+        (["planner.two_d=true"], TrainConfigError,
+         r"planner.two_d=true is for our planners .* trainer.sharding_group_size=<G> instead"),
+        (["trainer.sharding_group_size=1", "cluster=local_cpu3_skewed", "planner=hybrid"],
+         TwoDGroupError, r"sharding_group_size=1: rank 2 \(cpu, speed 0.01, 0.5 GiB\) is not like "
+         r"rank 0 \(cpu, speed 0.005, 0.5 GiB\)"),
+    ],
+)  # fmt: skip
+def test_2d_groups_the_cluster_or_pipeline_cannot_take_are_one_line(
+    tmp_path, no_ranks, overrides, error, message
+) -> None:
+    with pytest.raises(error, match=message):
+        train(compose_config(["debug=tiny", *overrides]), tmp_path)
 
 
 def test_an_unwritable_checkpoint_dir_is_refused_before_training(tmp_path, no_ranks) -> None:
