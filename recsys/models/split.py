@@ -127,21 +127,28 @@ class SplitSparseArch(SparseArch):
         self.F = len(feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor | dict[str, torch.Tensor]:
-        pooled = self.embedding_bag_collection(features).to_dict()
+        # read by key, never written into: TorchRec's pipelines trace this forward with
+        # torch.fx, where the collection's output is a proxy
+        bags = self.embedding_bag_collection(features)
+        pooled: dict = {}
         if self._sequences:  # cold parts looked up as sequences, pooled here
             sequences = self.embedding_collection(features)
             for c in self._sequences:
                 jt = sequences[c]
                 pooled[c] = _sum_bags(jt.values(), jt.lengths(), self.D)
+
+        def part(name: str) -> torch.Tensor:
+            return pooled[name] if name in pooled else bags[name]
+
         values = []
         for f in self._sparse_feature_names:
             if f not in self._split:
-                values.append(pooled[f])
+                values.append(part(f))
                 continue
             parts = ([f + HOT] if self._hot[f] else []) + self._cold[f]
-            v = pooled[parts[0]]
+            v = part(parts[0])
             for c in parts[1:]:
-                v = v + pooled[c]
+                v = v + part(c)
             values.append(v)
         if self._keyed:
             return dict(zip(self._sparse_feature_names, values, strict=True))

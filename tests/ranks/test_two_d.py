@@ -17,12 +17,11 @@ from recsys.launch import raise_on_failure, spawn_ranks
 
 STEPS = 8
 SHUFFLES = 2
-# per base: its overrides, and the pipelines 2D trains it under (TorchRec's pipelines cannot
-# trace a model with sequence cold parts, 2D or not)
+# per base: its overrides, and the pipelines 2D trains it under
 BASES = {
     # hybrid's split tables: replicated hot rows (data-parallel), sequence cold parts
     "split tables, sequence cold parts": (["planner=hybrid", "planner.cold_only_exchange=true"],
-                                          ["plain"]),
+                                          ["plain", "sparse_dist"]),
     # pooled table-wise tables (round robin over the group), bags of 0-20 ids, plain SGD
     "pooled, multi-hot, SGD": ([
         "planner=round_robin", "trainer.sparse_optimizer=sgd",
