@@ -2,11 +2,12 @@
 
 For each size W in `workers` of each family (conf/families/) and each group size G in
 `groups` that divides W into whole nodes (G < W), hybrid plans one group: G ranks at the
-same batch per rank. `sharding.two_d` prices the 2D step on W ranks from that plan
-(generously: see its docstring), and hybrid's own plan on W ranks is priced beside it; the
-step simulator (`sharding.simulate`, as in `benchmarks.scale`) runs both under each exact
-schedule in `schedules`, and the best of each is compared. A group plan that does not fit
-its G ranks' memory is listed as such.
+same batch per rank. `sharding.two_d` prices the 2D step on W ranks from that plan (see its
+docstring), and hybrid's own plan on W ranks is priced beside it; the step simulator
+(`sharding.simulate`, as in `benchmarks.scale`) runs hybrid's plan under each exact schedule
+in `schedules` and the 2D plan under those 2D groups train under (`pipelines.two_d`: the
+plain loop and TorchRec's pipelines, not nested), and the best of each is compared. A group
+plan that does not fit its G ranks' memory is listed as such.
 
 Writes summary.json (`points`: `family`, `workers`, `group`, `step_ms`, `schedule`,
 `sync_ms`, `feasible`, `vs_hybrid`; `hybrid`: per family and size, hybrid's best exact step)
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks.common import environment, finish, start
 from benchmarks.scale import RESULTS, ScaleConfig
+from pipelines.types import TWO_D_PIPELINES
 from recsys import CONF_DIR
 
 
@@ -59,6 +61,11 @@ def two_d_points(cfg: TwoDConfig) -> tuple[list[dict], list[dict]]:
     labels, profile = schedules_and_profile(cfg)
     if any(x.stale for x in labels.values()):
         raise SystemExit("benchmarks.two_d: schedules must be exact (no semi_sync)")
+    # 2D groups get the schedules they train under (pipelines.types.TWO_D_PIPELINES)
+    trained = {k: v for k, v in labels.items() if k in {p.value for p in TWO_D_PIPELINES}}
+    if not trained:
+        raise SystemExit(f"benchmarks.two_d: schedules={list(labels)} has none that 2D groups "
+                         f"train under ({[p.value for p in TWO_D_PIPELINES]})")  # fmt: skip
     points, hybrid = [], []
     for family, how in cfg.families.items():
         for workers in cfg.workers:
@@ -80,7 +87,7 @@ def two_d_points(cfg: TwoDConfig) -> tuple[list[dict], list[dict]]:
                 gplan, ginputs, _ = plan_at(cfg, gspec, "hybrid", profile)
                 cost = two_d_cost(gplan, plan_cost(gplan, ginputs), ginputs, workers,
                                   inputs.network)  # fmt: skip
-                gms, glabel = best_step(cost, labels, gplan, ginputs, profile)
+                gms, glabel = best_step(cost, trained, gplan, ginputs, profile)
                 sync = replica_sync_bytes(gplan, ginputs, workers)
                 points.append({
                     "family": family, "workers": workers, "group": group, "step_ms": gms,

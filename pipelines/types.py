@@ -20,6 +20,12 @@ class PipelineName(str, Enum):
     nested = "nested"  # ours: dual-buffer lookahead + frozen-window micro-batches
 
 
+# what 2D groups train under (pipelines/two_d.py): the nested pipeline's exchanges span every
+# rank, and semi_sync's stale lookups would miss the replicas' update
+TWO_D_PIPELINES = (PipelineName.plain, PipelineName.base, PipelineName.sparse_dist,
+                   PipelineName.sparse_dist_lite, PipelineName.fused_sparse_dist)  # fmt: skip
+
+
 @dataclass
 class PipelineConfig:
     name: PipelineName = PipelineName.plain

@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from pipelines.types import PipelineConfig
+from pipelines.types import TWO_D_PIPELINES, PipelineConfig, PipelineName
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, PlannerConfig
 
@@ -348,12 +348,11 @@ def _check_two_d(cfg: TrainConfig) -> None:
             "planner.two_d=true is for our planners (hybrid, greedy_size, round_robin); "
             "TorchRec's plans inside the ranks: give it trainer.sharding_group_size=<G> instead"
         )
-    if cfg.pipeline.name in ("nested", "semi_sync"):
+    if PipelineName(cfg.pipeline.name) not in TWO_D_PIPELINES:
         raise TrainConfigError(
-            f"{what} with pipeline={cfg.pipeline.name.value}: 2D groups train "
-            f"under plain, base, sparse_dist, sparse_dist_lite and fused_sparse_dist (the "
-            f"nested pipeline's exchanges span every rank; semi_sync's stale lookups would miss "
-            f"the replicas' update)"
+            f"{what} with pipeline={cfg.pipeline.name.value}: 2D groups train under "
+            f"{', '.join(p.value for p in TWO_D_PIPELINES)} (the nested pipeline's exchanges "
+            f"span every rank; semi_sync's stale lookups would miss the replicas' update)"
         )
 
 
