@@ -114,11 +114,17 @@ def finish(
 
 def planner_overrides(label: str) -> list[str]:
     """`hybrid+pooled` -> hybrid with TorchRec's pooled exchange for split tables' cold
-    parts; any other label is a planner name."""
+    parts; `<planner>+2d<G>` -> its plan for 2D groups of G ranks; any other label is a
+    planner name."""
     name, _, variant = label.partition("+")
-    if variant not in ("", "pooled"):
-        raise ValueError(f"unknown planner variant '{label}'; use <planner> or hybrid+pooled")
-    return [f"planner={name}"] + (["planner.cold_only_exchange=false"] if variant else [])
+    if variant == "pooled":
+        return [f"planner={name}", "planner.cold_only_exchange=false"]
+    if variant.startswith("2d") and variant[2:].isdigit():
+        return [f"planner={name}", f"trainer.sharding_group_size={int(variant[2:])}"]
+    if variant:
+        raise ValueError(f"unknown planner variant '{label}'; use <planner>, hybrid+pooled or "
+                         f"<planner>+2d<G> (2D groups of G ranks)")  # fmt: skip
+    return [f"planner={name}"]
 
 
 def emulated_preset(cluster: Any, bench: str) -> str | None:

@@ -43,7 +43,8 @@ from sharding.types import ClusterSpec
 
 @dataclass
 class PlanTrainBenchConfig:
-    # "+pooled": the hybrid plan with TorchRec's pooled exchange for its cold parts
+    # "+pooled": the hybrid plan with TorchRec's pooled exchange for its cold parts;
+    # "+2d<G>": the planner's plan for 2D groups of G ranks (pipelines/two_d.py)
     planners: list[str] = field(default_factory=lambda: [
         "torchrec", "hybrid+pooled", "hybrid", "greedy_size", "round_robin"])  # fmt: skip
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])

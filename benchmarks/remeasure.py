@@ -71,6 +71,9 @@ PUBLISHED = [
       "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false",
       "precision=bf16"]),
     ("two_d", "summary.json", ["benchmarks.two_d"]),  # hybrid's plan vs synchronous 2D groups
+    # ... and 2D groups trained: one replica per node of the emulated 2-node cluster
+    ("plan_train_emu_2node", "summary.json",
+     ["benchmarks.plan_train", "cluster=emu_2node", "planners=[hybrid,hybrid+2d1]"]),
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
     ("pipeline_movielens100k", "summary.json",
      ["benchmarks.pipeline", *_SHAPED,
@@ -84,7 +87,8 @@ PUBLISHED = [
 
 ]  # fmt: skip
 
-_DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4"}  # <name>_<cluster> already
+# <name>_<cluster> already
+_DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4", "plan_train_emu_2node"}
 # overrides a set's command states that were the defaults when it was published (the
 # published config does not list them; what the run did, the command now says)
 THEN_DEFAULT = {"pipeline_emu_mixed4_ddp_buckets": ["trainer.dense_allreduce=ddp_buckets"]}
