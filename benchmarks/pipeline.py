@@ -74,6 +74,10 @@ class PipelineBenchConfig:
         "trainer.batch_size=2048", "planner=round_robin", "trainer.dense_optimizer=sgd",
         "trainer.lr=0.1"])  # fmt: skip
     steps: int = 60
+    # the main row set's runs, on each link: this many rounds, every pipeline once a round
+    # (interleaved, so drift on the machine hits all alike); each pipeline's fastest run is
+    # its row, every run's samples/s listed (`samples_per_s_runs`)
+    repeats: int = 3
     link_rate: str = "700mbit"
     # tbf's burst; null: the link's own, which gives chunked transfers no credit
     # (netns.HONEST_BURST for the veth pair, the emulated cluster's emulation.burst)
@@ -182,26 +186,40 @@ def _train_all(
     pipelines: list[str],
     extra: tuple[str, ...] = (),
     tag: str = "",
+    repeats: int = 1,
 ) -> dict[str, dict]:
     """Every pipeline across the slow link (rate None: the configured one) or `rate`, each
     run in its own directory under `tmp` (a burst the sensitivity sweep repeats included);
     `extra` overrides after the configured ones, for the row set `tag` ("": the main one).
-    The cost model's prediction beside the main and multi-hot sets (the row-wise set's GPU
-    plan rehearsed on CPU ranks is not what it prices)."""
-    out = {}
+    With `repeats`, that many rounds of every pipeline, each pipeline's fastest run kept
+    (and whether its losses were the same every round). The cost model's prediction beside
+    the main and multi-hot sets (the row-wise set's GPU plan rehearsed on CPU ranks is not
+    what it prices)."""
+    runs: dict[str, list[dict]] = {label: [] for label in pipelines}
     steps = cfg.trainer.max_steps or cfg.steps
     tmp = Path(tempfile.mkdtemp(prefix=f"{rate}_{burst}_", dir=tmp))
     with _trainer(cfg, rate, burst) as train:
-        for label in pipelines:
-            run_dir = tmp / f"{rate}_{burst}_{label}{'_' + tag if tag else ''}"
-            overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
-            sent, summary = train(overrides, steps, run_dir)
-            predict = rate is None and tag != "row_wise"
-            out[label] = {"summary": summary, "bytes": sent, "losses": _losses(run_dir),
-                          "predicted_ms": _predicted_ms(cfg, overrides, run_dir)
-                          if predict else None}  # fmt: skip
-            print(f"{rate or 'slow link'} burst {burst} {label}: "
-                  f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
+        for rep in range(repeats):
+            for label in pipelines:
+                run_dir = tmp / f"{rate}_{burst}_{label}_{rep}{'_' + tag if tag else ''}"
+                overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
+                sent, summary = train(overrides, steps, run_dir)
+                losses = _losses(run_dir)
+                runs[label].append({"summary": summary, "bytes": sent, "dir": run_dir,
+                                    "losses": losses, "overrides": overrides})  # fmt: skip
+                print(f"{rate or 'slow link'} burst {burst} {label}"
+                      f"{f' (round {rep + 1}/{repeats})' if repeats > 1 else ''}: "
+                      f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
+    out = {}
+    predict = rate is None and tag != "row_wise"
+    for label, done in runs.items():
+        best = max(done, key=lambda r: r["summary"]["samples_per_s"])
+        out[label] = {
+            "summary": best["summary"], "bytes": best["bytes"], "losses": best["losses"],
+            "runs": [r["summary"]["samples_per_s"] for r in done],
+            "same_losses_every_round": all(r["losses"] == best["losses"] for r in done),
+            "predicted_ms": _predicted_ms(cfg, best["overrides"], best["dir"]) if predict else None,
+        }  # fmt: skip
     return out
 
 
@@ -310,9 +328,11 @@ def run(cfg: PipelineBenchConfig) -> dict:
 
 def _row_set(cfg: PipelineBenchConfig, tmp: Path, pipes: list[str], extra: tuple[str, ...],
              tag: str) -> list[dict]:  # fmt: skip
-    """A row set (`pipes` with `extra` overrides) on the slow and the fast link."""
-    slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag)
-    fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag)
+    """A row set (`pipes` with `extra` overrides) on the slow and the fast link; the main
+    set ("" tag) `cfg.repeats` times on each."""
+    repeats = cfg.repeats if not tag else 1
+    slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag, repeats)
+    fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag, repeats)
             if cfg.fast_link else None)  # fmt: skip
     return _rows(pipes, slow, fast)
 
@@ -347,6 +367,8 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
         diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
         rows.append({
             "pipeline": label, "samples_per_s": s["samples_per_s"],
+            "samples_per_s_runs": slow[label]["runs"],
+            "same_losses_every_round": slow[label]["same_losses_every_round"],
             "step_ms": measured_ms(s), "fast_link_step_ms": fast_ms,
             "measured_ms": measured_ms(s), "predicted_ms": slow[label].get("predicted_ms"),
             "exposed_comm_ms": None if fast_ms is None else measured_ms(s) - fast_ms,
@@ -463,6 +485,11 @@ def _waits(w: dict | None) -> str:
                      if k in w) if w else "-"  # fmt: skip
 
 
+def _rounds(c: dict) -> str:
+    n = c.get("repeats", 1)
+    return f"; main rows: each pipeline's best of {n} interleaved runs per link" if n > 1 else ""
+
+
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
     share = r["plain_comm_share"]
@@ -470,7 +497,7 @@ def table(r: dict) -> str:
              else f"across a {c['link_rate']} veth link, 2 ranks")  # fmt: skip
     lines = [f"# Train pipelines {where} ({env['date']}, "
              f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
-             f"{c['steps']} steps)", "",
+             f"{c['steps']} steps{_rounds(c)})", "",
              f"Link: tbf at {r['link']['rate_mbit']:,.0f} Mbit/s with a "
              f"{r['link']['burst_bytes'] / 1024:,.0f} KB burst; a chunked transfer with idle "
              f"gaps ({c['probe_chunk_bytes'] / 1024:,.0f} KB chunks) achieves "

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the reduced pipeline sets: no burst sweep, no multi-hot rows, no second (row-wise) plan
-_SHAPED = ["burst_sensitivity=[]", "multi_hot=null", "row_wise=null"]
+# the reduced pipeline sets: no burst sweep, no multi-hot rows, no second (row-wise) plan,
+# one run of each pipeline on each link
+_SHAPED = ["burst_sensitivity=[]", "multi_hot=null", "row_wise=null", "repeats=1"]
 # the training benchmarks' overrides (quoted: each holds an `=`)
 _SGD = ",".join(f"'{o}'" for o in ["trainer.batch_size=2048", "planner=round_robin",
                                     "trainer.dense_optimizer=sgd", "trainer.lr=0.1"])  # fmt: skip

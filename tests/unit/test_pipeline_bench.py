@@ -29,7 +29,13 @@ def test_labels_name_the_nested_variants_and_bad_ones_fail() -> None:
 def _run(samples_per_s: float, losses: list[float]) -> dict:
     """2 ranks of 2 samples: a step takes 4000 / samples_per_s ms."""
     summary = {"samples_per_s": samples_per_s, "eval_auc": 0.7, "batch_per_rank": [2, 2]}
-    return {"summary": summary, "bytes": 1e6, "losses": losses}
+    return {
+        "summary": summary,
+        "bytes": 1e6,
+        "losses": losses,
+        "runs": [samples_per_s],
+        "same_losses_every_round": True,
+    }
 
 
 def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> None:
@@ -86,6 +92,36 @@ def test_each_set_of_runs_has_its_own_directories(tmp_path, monkeypatch) -> None
     for _ in range(2):  # the main runs, then the sweep at the same burst
         bench._train_all(cfg, None, "24kb", tmp_path, ["sparse_dist"])
     assert len(dirs) == len(set(dirs)) == 2
+
+
+def test_repeated_rounds_keep_each_pipelines_fastest_run(tmp_path, monkeypatch) -> None:
+    """`repeats`: every pipeline once a round, interleaved; each keeps its fastest run and
+    lists every run's samples/s; a pipeline whose losses changed between rounds says so."""
+    import contextlib
+
+    from benchmarks import pipeline as bench
+
+    speeds = iter([10.0, 5.0, 30.0, 6.0, 20.0, 7.0])  # plain, nested4 per round
+    order, losses = [], {}
+
+    def train(overrides, steps, run_dir):
+        run_dir.mkdir(parents=True)
+        order.append(overrides[-1])
+        speed = next(speeds)
+        losses[run_dir] = [0.5] if "nested" not in str(run_dir) else [0.5 + speed]
+        return 0, {"samples_per_s": speed}
+
+    monkeypatch.setattr(bench, "_trainer", lambda *a: contextlib.nullcontext(train))
+    monkeypatch.setattr(bench, "_losses", lambda run_dir: losses[run_dir])
+    monkeypatch.setattr(bench, "_predicted_ms", lambda *a: None)
+    cfg = bench.PipelineBenchConfig()
+    out = bench._train_all(cfg, None, "24kb", tmp_path, ["plain", "nested4"], repeats=3)
+    assert order == ["pipeline=plain", "pipeline.dedup=False"] * 3  # interleaved rounds
+    assert out["plain"]["summary"]["samples_per_s"] == 30.0
+    assert out["plain"]["runs"] == [10.0, 30.0, 20.0] and out["nested4"]["runs"] == [5.0, 6.0, 7.0]
+    assert out["nested4"]["summary"]["samples_per_s"] == 7.0 and out["nested4"]["losses"] == [7.5]
+    assert out["plain"]["same_losses_every_round"]
+    assert not out["nested4"]["same_losses_every_round"]
 
 
 def test_nested_is_compared_with_the_fastest_exact_torchrec_pipeline_and_the_limit() -> None:
