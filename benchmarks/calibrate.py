@@ -79,6 +79,15 @@ class CalibrateConfig:
                     "emulated"),
             Setting("dlrm_small b2048 emu_mixed3 plain",
                     ["cluster=emu_mixed3", "trainer.batch_size=2048"], "emulated"),
+            # the nested pipeline's schedule, across a veth link and on both mixed clusters
+            Setting("dlrm_small b2048 veth nested4",
+                    ["trainer.batch_size=2048", "pipeline=nested"], "veth"),
+            Setting("dlrm_small b1024 emu_mixed4 nested4",
+                    ["cluster=emu_mixed4", "trainer.batch_size=1024", "pipeline=nested"],
+                    "emulated"),
+            Setting("dlrm_small b2048 emu_mixed3 nested4",
+                    ["cluster=emu_mixed3", "trainer.batch_size=2048", "pipeline=nested"],
+                    "emulated"),
         ]
     )  # fmt: skip
     # emulated clusters (root): each share's device constants, measured in its cgroup, and
@@ -422,6 +431,47 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
                     "links": {k: v["raw"] for k, v in links.items()},
                     "overhead_runs": runs, "sequence": sequence}  # fmt: skip
     return cal
+
+
+# the rates the compute probe measures (the overheads only training runs measure)
+_RATES = ("emb_read_bytes_per_s", "host_read_bytes_per_s", "dense_flops_per_s",
+          "interaction_flops_per_s")  # fmt: skip
+_OVERHEADS = ("step_overhead_s", "sample_overhead_s", "sequence_s_per_lookup",
+              "sequence_s_fixed")  # fmt: skip
+
+
+def refreshed(cal, probe: dict):
+    """`cal` with this machine's rates today: the one-core rates from `probe`
+    (`measure_compute` on 2 ranks, about a minute), the overheads (which only training runs
+    measure) by the dense rate's change, and every emulated share's constants scaled alike
+    (a share is a fraction of the same core); the links and the backward factor as saved.
+    The cores change speed from day to day; a prediction is checked against a measurement
+    beside a fresh probe of the same cores."""
+    fresh = _device_cost(probe)
+    # rates, and the one time the probe measures (input per sample): today's over the saved
+    ratio = {k: getattr(fresh, k) / getattr(cal.device, k)
+             for k in (*_RATES, "input_s_per_sample")
+             if getattr(cal.device, k) and getattr(fresh, k)}  # fmt: skip
+    # the framework's CPU work per step, sample and cold lookup: as the core's speed moved
+    slower = 1 / ratio.get("dense_flops_per_s", 1.0)
+    ratio |= dict.fromkeys(_OVERHEADS, slower)
+
+    def scaled(d):
+        return replace(d, **{k: getattr(d, k) * r for k, r in ratio.items()})
+
+    out = replace(cal, device=scaled(cal.device),
+                  shares={k: scaled(v) for k, v in cal.shares.items()})  # fmt: skip
+    out.measured = {**cal.measured, "refreshed": {"vs_saved": ratio,
+                                                  "environment": environment()}}  # fmt: skip
+    return out
+
+
+def refresh_calibration():
+    """`refreshed(load_calibration(), <a new compute probe>)`: what `recalibrate=true` in
+    `benchmarks.plan_train` and `benchmarks.pipeline` predicts with."""
+    print("re-measuring the per-core rates (2 ranks at once, about a minute) ...", flush=True)
+    probe = raise_on_failure(spawn_ranks(measure_compute, 2, timeout_s=900), "compute probe")
+    return refreshed(load_calibration(), probe[0])
 
 
 def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None,

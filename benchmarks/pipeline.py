@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns, plots
-from benchmarks.calibrate import measured_ms, predict_ms
+from benchmarks.calibrate import measured_ms, predict_ms, refresh_calibration
 from benchmarks.common import (
     BenchTrainer,
     emulated_preset,
@@ -112,6 +112,9 @@ class PipelineBenchConfig:
     # its own inter-node rate is the slow link (link_rate unused), fast_rate the fast one
     cluster: ClusterSpec | None = None
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
+    # predict with the per-core rates re-measured at the start (about a minute;
+    # benchmarks.calibrate.refreshed), not the saved calibration's
+    recalibrate: bool = False
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = ""  # "": benchmarks/results/pipeline, pipeline_<preset> with cluster=
 
@@ -166,14 +169,16 @@ def _trainer(cfg: PipelineBenchConfig, rate: str | None, burst: str) -> Iterator
         yield partial(netns.train_pair, link)
 
 
-def _predicted_ms(cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path) -> float | None:
+def _predicted_ms(cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path,
+                  cal=None) -> float | None:  # fmt: skip
     """The cost model's step time for the run's plan and pipeline, where the calibration
-    has its link (the emulated cluster's own; a veth pair only at a calibrated rate)."""
+    (`cal`, or the saved one) has its link (the emulated cluster's own; a veth pair only at a
+    calibrated rate)."""
     name = emulated_preset(cfg.cluster, "pipeline")
     where = [f"cluster={name}"] if name else []
     link = name or f"veth_{cfg.link_rate}"
     try:
-        return predict_ms([*where, *overrides], run_dir, link, load_calibration())
+        return predict_ms([*where, *overrides], run_dir, link, cal or load_calibration())
     except CalibrationError:  # not calibrated
         return None
 
@@ -187,6 +192,7 @@ def _train_all(
     extra: tuple[str, ...] = (),
     tag: str = "",
     repeats: int = 1,
+    cal=None,
 ) -> dict[str, dict]:
     """Every pipeline across the slow link (rate None: the configured one) or `rate`, each
     run in its own directory under `tmp` (a burst the sensitivity sweep repeats included);
@@ -194,7 +200,7 @@ def _train_all(
     With `repeats`, that many rounds of every pipeline, each pipeline's fastest run kept
     (and whether its losses were the same every round). The cost model's prediction beside
     the main and multi-hot sets (the row-wise set's GPU plan rehearsed on CPU ranks is not
-    what it prices)."""
+    what it prices); `cal`: the calibration it predicts with (None: the saved one)."""
     runs: dict[str, list[dict]] = {label: [] for label in pipelines}
     steps = cfg.trainer.max_steps or cfg.steps
     tmp = Path(tempfile.mkdtemp(prefix=f"{rate}_{burst}_", dir=tmp))
@@ -218,7 +224,8 @@ def _train_all(
             "summary": best["summary"], "bytes": best["bytes"], "losses": best["losses"],
             "runs": [r["summary"]["samples_per_s"] for r in done],
             "same_losses_every_round": all(r["losses"] == best["losses"] for r in done),
-            "predicted_ms": _predicted_ms(cfg, best["overrides"], best["dir"]) if predict else None,
+            "predicted_ms": _predicted_ms(cfg, best["overrides"], best["dir"], cal)
+            if predict else None,
         }  # fmt: skip
     return out
 
@@ -292,9 +299,10 @@ def run(cfg: PipelineBenchConfig) -> dict:
     if cfg.link_burst is None:
         cfg = replace(cfg, link_burst=_own_burst(cfg))
     sensitivity, multi, row_wise = {}, None, None
+    cal = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
     with tempfile.TemporaryDirectory() as tmp:
         link = link_report(cfg, cfg.link_burst)
-        rows = _row_set(cfg, Path(tmp), cfg.pipelines, (), "")
+        rows = _row_set(cfg, Path(tmp), cfg.pipelines, (), "", cal)
         for burst in cfg.burst_sensitivity:
             runs = _train_all(cfg, None, burst, Path(tmp), cfg.sensitivity_pipelines)
             speeds = {p: r["summary"]["samples_per_s"] for p, r in runs.items()}
@@ -304,7 +312,7 @@ def run(cfg: PipelineBenchConfig) -> dict:
             }
         if cfg.multi_hot is not None:
             extra = (f"dataset.hotness={_hydra_value(cfg.multi_hot)}",)
-            multi = _row_set(cfg, Path(tmp), cfg.multi_hot_pipelines, extra, "multi_hot")
+            multi = _row_set(cfg, Path(tmp), cfg.multi_hot_pipelines, extra, "multi_hot", cal)
         if cfg.row_wise is not None and cfg.cluster is None:  # a two-GPU plan: the veth pair
             extra = tuple(cfg.row_wise)
             row_wise = _row_set(cfg, Path(tmp), cfg.row_wise_pipelines, extra, "row_wise")
@@ -320,6 +328,8 @@ def run(cfg: PipelineBenchConfig) -> dict:
         "multi_hot": None if multi is None else {"hotness": cfg.multi_hot, **_summary(multi)},
         "plans": _plans(cfg, main, row_wise),
         "not_run": NOT_RUN,
+        # the predictions' per-core rates: re-measured at the start, against the saved ones
+        "calibration_refreshed": None if cal is None else cal.measured["refreshed"]["vs_saved"],
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
     }
@@ -327,11 +337,11 @@ def run(cfg: PipelineBenchConfig) -> dict:
 
 
 def _row_set(cfg: PipelineBenchConfig, tmp: Path, pipes: list[str], extra: tuple[str, ...],
-             tag: str) -> list[dict]:  # fmt: skip
+             tag: str, cal=None) -> list[dict]:  # fmt: skip
     """A row set (`pipes` with `extra` overrides) on the slow and the fast link; the main
     set ("" tag) `cfg.repeats` times on each."""
     repeats = cfg.repeats if not tag else 1
-    slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag, repeats)
+    slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag, repeats, cal)
     fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag, repeats)
             if cfg.fast_link else None)  # fmt: skip
     return _rows(pipes, slow, fast)

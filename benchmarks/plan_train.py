@@ -13,6 +13,7 @@ planner name, `samples_per_s`, `predicted_ms`, `measured_ms`, `link_bytes`. Need
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns, plots
-from benchmarks.calibrate import measured_ms
+from benchmarks.calibrate import measured_ms, refresh_calibration
 from benchmarks.common import (
     BenchTrainer,
     emulated_preset,
@@ -53,6 +54,9 @@ class PlanTrainBenchConfig:
     link_rate: str = "1gbit"
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
     cluster: ClusterSpec | None = None
+    # predict with the per-core rates re-measured at the start (about a minute;
+    # benchmarks.calibrate.refreshed), not the saved calibration's
+    recalibrate: bool = False
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = ""  # "": benchmarks/results/plan_train, plan_train_<preset> with cluster=
@@ -83,12 +87,15 @@ def trainer_on(cfg: PlanTrainBenchConfig) -> Iterator[Callable[..., tuple[int, d
 def run(cfg: PlanTrainBenchConfig) -> dict:
     from recsys.app.planning import make_plan, plan_inputs
     from recsys.app.train import to_typed
+    from sharding.plan_eval import evaluate
+    from sharding.two_d import evaluate_two_d
 
     short, long = cfg.steps
     if cfg.trainer.max_steps is not None:  # shorter runs: the long one at max_steps
         short, long = max(1, cfg.trainer.max_steps // 4), cfg.trainer.max_steps
     runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in cfg.planners}
     short_bytes: dict[str, float] = {}
+    fresh = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
     with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):  # interleaved, so drift on the machine hits all alike
             for planner in cfg.planners:
@@ -102,7 +109,11 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     rows = []
     for planner in cfg.planners:
         typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, planner)))
-        plan = make_plan(typed, plan_inputs(typed, None, None))
+        plan = make_plan(typed, plan_inputs(typed, None, None))  # the plan the runs trained
+        saved_ms = plan.est_step_ms
+        if fresh is not None:  # that plan, priced with today's per-core rates
+            again = evaluate_two_d if plan.sharding_group_size else evaluate
+            plan = again(copy.deepcopy(plan), plan_inputs(typed, None, None, fresh))
         b_long, best = max(runs[planner], key=lambda run: run[1]["samples_per_s"])
         rows.append({"planner": planner,
                      "bytes_per_step": (b_long - short_bytes[planner]) / (long - short),
@@ -111,6 +122,7 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                      "samples_per_s_runs": [r[1]["samples_per_s"] for r in runs[planner]],
                      "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
                      "predicted_step_ms": plan.est_step_ms,
+                     "predicted_with_saved_rates_ms": saved_ms,
                      "measured_step_ms": measured_ms(best)})  # fmt: skip
     base = rows[0]
     for r in rows:
@@ -122,6 +134,8 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                               "predicted_ms": r["predicted_step_ms"],
                               "measured_ms": r["measured_step_ms"],
                               "link_bytes": r["link_bytes"]} for r in rows},
+            "calibration_refreshed": None if fresh is None
+            else fresh.measured["refreshed"]["vs_saved"],
             "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
             "environment": environment()}  # fmt: skip
 

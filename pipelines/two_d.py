@@ -87,8 +87,8 @@ def place_group_plan(plan: ShardingPlan, size: int) -> ShardingPlan:
 
 @dataclass
 class _Table:
-    """One table (shard) of one TBE in a lookup: the features reading it, where each
-    feature's values sit in the lookup's output, and its update."""
+    """One table (shard) of one TBE in a lookup: the features reading it, its columns and
+    its pooling."""
 
     features: list[str]
     dim: int
@@ -126,7 +126,8 @@ class _LookupTables:
                     g = grad[col : col + n].view(-1, t.dim)
                     col += n
                 else:
-                    bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+                    bags = torch.arange(lengths.numel(), device=lengths.device)
+                    bag = torch.repeat_interleave(bags, lengths)
                     g = grad[bag, col : col + t.dim]
                     col += t.dim
                     if t.pooling == PoolingType.MEAN:
@@ -138,28 +139,29 @@ class _LookupTables:
             out.append((torch.cat(ids), torch.cat(grads)))
         return out
 
-    def single_id_bags(self, rows: list[torch.Tensor]) -> tuple[KeyedJaggedTensor, list]:
-        """A batch that looks up each table's `rows` once, each in a bag of its own (under
-        the table's first feature), and where each row's lookup sits in the output."""
-        lengths_of = {k: [] for k in self.keys}
+    def single_id_bags(self, rows: list[torch.Tensor]) -> tuple[KeyedJaggedTensor, int]:
+        """A batch that looks up each table's `rows` once, each in a bag of its own under
+        the table's first feature (a sequence lookup: one bag of them), and its stride."""
+        device = rows[0].device
+        rows_of = {t.features[0]: r for t, r in zip(self.tables, rows, strict=True)}
+        none = torch.zeros(0, dtype=torch.int64, device=device)
         stride = 1 if self.sequence else max([len(r) for r in rows] + [1])
-        for t, r in zip(self.tables, rows, strict=True):
-            lengths_of[t.features[0]] = r
         values, lengths = [], []
         for k in self.keys:
-            r = lengths_of[k]
-            values.append(r if len(r) else torch.zeros(0, dtype=torch.int64))
+            r = rows_of.get(k, none)
+            values.append(r)
             if self.sequence:
-                lengths.append(torch.tensor([len(r)]))
+                lengths.append(torch.tensor([len(r)], dtype=torch.int32, device=device))
             else:
-                ones = torch.ones(len(r), dtype=torch.int32)
-                lengths.append(torch.cat([ones, torch.zeros(stride - len(r), dtype=torch.int32)]))
+                bag = torch.zeros(stride, dtype=torch.int32, device=device)
+                bag[: len(r)] = 1
+                lengths.append(bag)
         values = torch.cat(values)
         kjt = KeyedJaggedTensor(
             keys=self.keys,
             values=values,
-            lengths=torch.cat(lengths).to(torch.int32),
-            weights=torch.ones(values.numel()) if self.weighted else None,
+            lengths=torch.cat(lengths),
+            weights=torch.ones(values.numel(), device=device) if self.weighted else None,
             stride=stride,
         )
         return kjt, stride
@@ -189,16 +191,17 @@ def replica_row_grads(ids: list[torch.Tensor], grads: list[torch.Tensor], dims: 
     """Per table, the union of the rows any replica's ids touch (sorted) and each row's
     gradient summed over every replica's ids: two all-gathers (how many rows, which) and
     one all-reduce of the rows' gradients."""
+    device = ids[0].device
     mine = [torch.unique(i, return_inverse=True) for i in ids]
-    summed = [torch.zeros(len(u), d, dtype=torch.float32).index_add_(0, inv, g.float())
+    summed = [torch.zeros(len(u), d, device=device).index_add_(0, inv, g.float())
               for (u, inv), g, d in zip(mine, grads, dims, strict=True)]  # fmt: skip
     n = dist.get_world_size(replicas)
-    counts = torch.tensor([len(u) for u, _ in mine], dtype=torch.int64)
+    counts = torch.tensor([len(u) for u, _ in mine], dtype=torch.int64, device=device)
     every = [torch.empty_like(counts) for _ in range(n)]
     dist.all_gather(every, counts, group=replicas)
     longest = torch.stack(every).sum(dim=1).max()
-    flat = torch.full((int(longest),), -1, dtype=torch.int64)
-    flat[: int(counts.sum())] = torch.cat([u for u, _ in mine]) if mine else flat[:0]
+    flat = torch.full((int(longest),), -1, dtype=torch.int64, device=device)  # padded alike
+    flat[: int(counts.sum())] = torch.cat([u for u, _ in mine])
     gathered = [torch.empty_like(flat) for _ in range(n)]
     dist.all_gather(gathered, flat, group=replicas)
     unions = [[] for _ in ids]
@@ -208,10 +211,10 @@ def replica_row_grads(ids: list[torch.Tensor], grads: list[torch.Tensor], dims: 
     unions = [torch.unique(torch.cat(u)) for u in unions]
     buffers = []
     for (u, _), s, union, d in zip(mine, summed, unions, dims, strict=True):
-        b = torch.zeros(len(union), d, dtype=torch.float32)
+        b = torch.zeros(len(union), d, device=device)
         b[torch.searchsorted(union, u)] = s
         buffers.append(b)
-    flat_grads = torch.cat([b.reshape(-1) for b in buffers]) if buffers else torch.zeros(0)
+    flat_grads = torch.cat([b.reshape(-1) for b in buffers])
     dist.all_reduce(flat_grads, group=replicas)
     sizes = [b.numel() for b in buffers]
     out = [f.view(-1, d) for f, d in zip(flat_grads.split(sizes), dims, strict=True)]

@@ -191,6 +191,10 @@ class DenseAllreduce(str, Enum):
     # TorchRec's DDP (its own buckets, rebuilt after the first step); nested then has its own
     # buckets and equals the plain loop on 2 ranks only
     ddp_buckets = "ddp_buckets"
+    # buckets or hierarchical, whichever the cost model prices faster: our planners plan
+    # under both and keep the faster plan (plan.json's dense_allreduce); with TorchRec's
+    # planner, the faster reduction of the dense parameters (sharding.plan_eval)
+    auto = "auto"
 
 
 class SparseOptimizer(str, Enum):

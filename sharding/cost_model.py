@@ -177,6 +177,15 @@ def hierarchical_allreduce_s(nbytes: float, per_node: Sequence[int],
     return within + allreduce_s(nbytes, len(per_node), flat)
 
 
+def hierarchical_pays(nbytes: float, per_node: Sequence[int], network: NetworkCost) -> bool:
+    """Whether the hierarchical reduction of `nbytes` is priced faster than the flat one on
+    nodes of `per_node` ranks (`trainer.dense_allreduce=auto` with TorchRec's planner, whose
+    plan is made in the ranks: the dense parameters' bytes)."""
+    world = sum(per_node)
+    flat = allreduce_s(nbytes, world, replace(network, hierarchical_allreduce=False))
+    return len(per_node) > 1 and hierarchical_allreduce_s(nbytes, per_node, network) < flat
+
+
 def dense_s_per_sample(d: DeviceCost, dense_params: int, interaction_flops: float) -> float:
     """Seconds of dense work per sample on a device: 6 FLOPs per parameter (2 forward, 4
     backward) at its dense rate, and the feature interaction's at its own rate."""

@@ -113,6 +113,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
     cost = plan_cost(plan, inputs)
     mem = rank_memory(inputs, shards, plan.batch_per_rank)
     plan.schedule, plan.micro_batches = inputs.schedule.value, inputs.micro_batches
+    plan.dense_allreduce = "hierarchical" if inputs.network.hierarchical_allreduce else "flat"
     plan.precision = inputs.precision
     plan.est_step_ms = 1000 * cost.step_s(inputs.schedule, inputs.micro_batches)
     parts = step_parts_s(cost, inputs.schedule, inputs.micro_batches)

@@ -452,6 +452,9 @@ class Plan:
     # 2D groups: this plan is one group's, of this many ranks, replicated over the cluster
     # (sharding.two_d); 0: the plan spans every rank
     sharding_group_size: int = 0
+    # the dense reduction est_step_ms prices: "flat" (one all-reduce over every rank) or
+    # "hierarchical" (within each node, then across nodes)
+    dense_allreduce: str = "flat"
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]

@@ -182,7 +182,15 @@ def torchrec_plans(cfg: TrainConfig, inputs: PlanInputs) -> TorchRecPlans:
 def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
     """The configured planner's plan (TorchRec's: its own choice), evaluated. With
     `trainer.sharding_group_size`, one group's plan (2D groups, `sharding.two_d`); with
-    `planner.two_d`, the faster of the plan for every rank and each 2D plan."""
+    `planner.two_d`, the faster of the plan for every rank and each 2D plan; with
+    `trainer.dense_allreduce=auto` on more than one node, the faster of the plans made
+    under a flat and a hierarchical dense reduction."""
+    if DenseAllreduce(cfg.trainer.dense_allreduce) == DenseAllreduce.auto:
+        modes = [DenseAllreduce.buckets]
+        if len({r.node for r in inputs.ranks}) > 1:
+            modes.append(DenseAllreduce.hierarchical)
+        plans = [make_plan(*_under(cfg, inputs, mode)) for mode in modes]
+        return min(plans, key=lambda p: (not p.feasible, p.est_step_ms))
     start = time.perf_counter()
     group = cfg.trainer.sharding_group_size
     if group and group != inputs.world:
@@ -195,6 +203,15 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
             plan = best_with_groups(plan, inputs, lambda g: _planned(cfg, g))
     plan.planning_s = time.perf_counter() - start
     return plan
+
+
+def _under(cfg: TrainConfig, inputs: PlanInputs,
+           mode: DenseAllreduce) -> tuple[TrainConfig, PlanInputs]:  # fmt: skip
+    """`cfg` and `inputs` with the dense reduction `mode`."""
+    hierarchical = mode == DenseAllreduce.hierarchical
+    network = replace(inputs.network, hierarchical_allreduce=hierarchical)
+    trainer = replace(cfg.trainer, dense_allreduce=mode)
+    return replace(cfg, trainer=trainer), replace(inputs, network=network)
 
 
 def _planned(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
@@ -233,6 +250,7 @@ def plan_json(plan: Plan) -> dict:
         "step_parts_ms": plan.step_parts_ms,  # est_step_ms split: slowest rank per stage, ...
         "devices": plan.devices,
         "sharding_group_size": plan.sharding_group_size,  # 2D: one group's plan (0: none)
+        "dense_allreduce": plan.dense_allreduce,  # the dense reduction it prices: flat or by node
         # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions,
         # and where each constant comes from
         "constants": {k: constants_provenance(k)

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import warnings
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from recsys import launch, preflight
 from recsys.app import CONF_DIR
 from recsys.app.planning import SavedPlanError, load_plan, make_plan, plan_inputs, plan_json
 from recsys.config import (
+    DenseAllreduce,
     Mode,
     TrainConfig,
     TrainConfigError,
@@ -42,7 +44,7 @@ from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type
 from sharding.constants import DEVICE_CATALOG, gpu_kind
-from sharding.cost_model import schedule_of
+from sharding.cost_model import hierarchical_pays, schedule_of
 from sharding.errors import UserError
 from sharding.plan_eval import check_fits
 from sharding.torchrec_planner import plan_with_torchrec
@@ -93,6 +95,10 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     run's other outputs."""
     if cfg.trainer.plan:
         plan = load_plan(cfg.trainer.plan, inputs)
+        if DenseAllreduce(cfg.trainer.dense_allreduce) == DenseAllreduce.auto:  # priced both ways
+            by_node = load_plan(cfg.trainer.plan, replace(inputs, network=replace(
+                inputs.network, hierarchical_allreduce=True)))  # fmt: skip
+            plan = min(plan, by_node, key=lambda p: p.est_step_ms)
         log.info("training the saved %s plan %s as it is (predicted %.2f ms/step here)",
                  plan.planner, cfg.trainer.plan, plan.est_step_ms)  # fmt: skip
         asked, made = cfg.trainer.sharding_group_size, plan.sharding_group_size or inputs.world
@@ -117,6 +123,21 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
             f"(it then plans without them) or another pipeline (sparse_dist, nested)"
         )
     return plan
+
+
+def _resolve_auto_reduction(cfg: TrainConfig, inputs: PlanInputs, plan: Plan | None) -> TrainConfig:
+    """`trainer.dense_allreduce=auto`, decided before any rank starts: our plan's reduction
+    (the planner priced both), or with TorchRec's planner the faster for the dense
+    parameters alone (`cost_model.hierarchical_pays`)."""
+    if plan is not None:
+        hierarchical = plan.dense_allreduce == "hierarchical"
+    else:
+        per_node = list(Counter(r.node for r in inputs.ranks).values())
+        hierarchical = hierarchical_pays(inputs.dense_params * 4, per_node, inputs.network)
+    mode = DenseAllreduce.hierarchical if hierarchical else DenseAllreduce.buckets
+    log.info("trainer.dense_allreduce=auto: %s (the cost model's faster dense reduction here)",
+             mode.value)  # fmt: skip
+    return replace(cfg, trainer=replace(cfg.trainer, dense_allreduce=mode))
 
 
 def _say_if_plan_follows_pipeline(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> None:
@@ -345,6 +366,8 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
     plan = plan_ours(tcfg, inputs, run_dir) if ours else None
     if plan is not None and tcfg.trainer.plan:  # the summary names the plan's planner
         tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName(plan.planner)))
+    if DenseAllreduce(tcfg.trainer.dense_allreduce) == DenseAllreduce.auto:
+        tcfg = _resolve_auto_reduction(tcfg, inputs, plan)
     if plan is not None and plan.sharding_group_size != tcfg.trainer.sharding_group_size:
         # the plan chose 2D groups (planner.two_d, or a saved plan): the ranks train them
         trainer = replace(tcfg.trainer, sharding_group_size=plan.sharding_group_size)

@@ -250,6 +250,8 @@ def _dense_reduction(mode: DenseAllreduce, nodes: list[int]) -> SharedReduction 
     """How dense gradients are averaged over ranks: the buckets every pipeline shares
     (`pipelines.dense_reduce`; per tensor: a bucket each; hierarchical: by node), or None:
     TorchRec's DDP. `nodes`: each rank's node."""
+    if mode == DenseAllreduce.auto:  # recsys.app.train decides it before any rank starts
+        raise ValueError("trainer.dense_allreduce=auto reached a rank undecided")
     if mode == DenseAllreduce.ddp_buckets:
         return None
     if mode == DenseAllreduce.per_tensor:

@@ -484,3 +484,67 @@ def test_fp16_tables_halve_their_memory_and_reads_not_the_exchange(typed_cfg) ->
     used = {n: sum(d["hbm_used_bytes"] + d["host_used_bytes"] for d in p.devices)
             for n, p in plans.items()}  # fmt: skip
     assert used["fp16"] < 0.6 * used["fp32"]
+
+
+def test_auto_keeps_the_dense_reduction_the_cost_model_prices_faster(typed_cfg) -> None:
+    """`trainer.dense_allreduce=auto`: our planner plans under the flat and the
+    hierarchical reduction and keeps the faster plan, which says which (plan.json); one node
+    plans flat only; with TorchRec's planner (its plan made in the ranks) the faster
+    reduction of the dense parameters is taken (`hierarchical_pays`: small gradients pay
+    for fewer hops across a slow link, large ones for one NIC share)."""
+    from dataclasses import replace
+
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.train import _resolve_auto_reduction
+    from sharding.cost_model import hierarchical_pays
+
+    two_nodes = ["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10", "planner=hybrid"]
+    cfg = typed_cfg([*two_nodes, "trainer.dense_allreduce=auto"])
+    inputs = plan_inputs(cfg, None, None)
+    plans = {mode: make_plan(c := typed_cfg([*two_nodes, f"trainer.dense_allreduce={mode}"]),
+                             plan_inputs(c, None, None))
+             for mode in ("buckets", "hierarchical")}  # fmt: skip
+    auto = make_plan(cfg, inputs)
+    faster = min(plans, key=lambda m: plans[m].est_step_ms)
+    assert auto.est_step_ms == pytest.approx(plans[faster].est_step_ms)
+    assert auto.dense_allreduce == ("hierarchical" if faster == "hierarchical" else "flat")
+    assert _resolve_auto_reduction(cfg, inputs, auto).trainer.dense_allreduce.value == faster
+    one_node = typed_cfg(["cluster=1x8_h100", "planner=hybrid", "trainer.dense_allreduce=auto"])
+    assert make_plan(one_node, plan_inputs(one_node, None, None)).dense_allreduce == "flat"
+    net = inputs.network
+    assert hierarchical_pays(64e3, [8, 8], net) and not hierarchical_pays(64e6, [8, 8], net)
+    assert not hierarchical_pays(64e3, [16], net)
+    for dense, mode in ((16_000, "hierarchical"), (16_000_000, "buckets")):
+        small = replace(inputs, dense_params=dense)
+        assert _resolve_auto_reduction(cfg, small, None).trainer.dense_allreduce.value == mode
+
+
+def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed() -> None:
+    """`recalibrate=true` (benchmarks.plan_train, benchmarks.pipeline): a compute probe that
+    finds the core twice as fast doubles the saved rates, halves the input and overhead
+    times, on one core and on every emulated share alike; links and the backward factor stay
+    as saved; the ratios are recorded."""
+    from dataclasses import asdict
+
+    from benchmarks.calibrate import refreshed
+    from sharding.calibration import load_calibration
+
+    cal = load_calibration()
+    d = cal.device
+    probe = {"embedding": {"emb_read_bytes_per_s": 2 * d.emb_read_bytes_per_s,
+                           "emb_bwd_factor": 9.0},
+             "dense": {"dense_flops_per_s": 2 * d.dense_flops_per_s,
+                       "interaction_flops_per_s": 2 * d.interaction_flops_per_s},
+             "input": {"input_s_per_sample": d.input_s_per_sample / 2}}  # fmt: skip
+    new = refreshed(cal, probe)
+    assert cal.shares, "the saved calibration has emulated shares"
+    for old, now in [(d, new.device)] + [(cal.shares[k], new.shares[k]) for k in cal.shares]:
+        for rate in ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s"):
+            assert getattr(now, rate) == pytest.approx(2 * getattr(old, rate))
+        for time_ in ("input_s_per_sample", "step_overhead_s", "sample_overhead_s",
+                      "sequence_s_per_lookup"):  # fmt: skip
+            assert getattr(now, time_) == pytest.approx(getattr(old, time_) / 2)
+        assert now.emb_bwd_factor == old.emb_bwd_factor
+    assert asdict(new)["links"] == asdict(cal)["links"]
+    assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
+    assert load_calibration().device == d  # the saved calibration is not touched
