@@ -2,8 +2,7 @@
 
 One `progress()` call trains batch i. What runs, in order (the stages of the design):
 
-1. data prefetch of batch i+1 (assembled during batch i-1's last gradient chunks), with
-   key-centric sample clustering (`clustering.py`);
+1. data prefetch of batch i+1, with key-centric sample clustering (`clustering.py`);
 2. host-to-device copy of batch i+1;
 3. key routing of batch i+1: TorchRec's own input all-to-all, started now, waited for
    only when batch i's micro-batches are done; with `dedup`, only each micro-batch's
@@ -13,7 +12,7 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
    the wire (on GPUs on a side stream), and after the update
    the bags of batch i+1 that hold a row batch i touched are looked up again (the dual
    buffer refresh), so nothing is stale; without it, right after batch i's update. Its
-   embedding chunks go on the wire at once (under the start of step i+1);
+   embedding chunks go on the wire at once (under batch i's all-reduce and step);
 5. batch i in N micro-batches under a frozen window: the pooled-embedding all-to-all of
    every chunk is in flight while earlier micro-batches' dense forward and backward run,
    and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
@@ -28,8 +27,7 @@ logit's gradient as the plain loop's backward computes it, dense parameters' gra
 once over the whole batch in data order, the embedding lookups and their update once per
 batch in data order (clustering only chooses which samples each micro-batch takes). Dense
 gradients are averaged over ranks in the buckets the model's own backward uses
-(`dense_reduce.py`), once per batch; the dense optimizer step runs while the last gradient
-chunks are still on the wire (it touches no table), then the embedding update.
+(`dense_reduce.py`), once per batch, in flight while the embedding update runs.
 
 Files, one stage each: `lookups.py` (stages 1-4 and the update), `exchange.py` and
 `dedup.py` (the chunked all-to-all of stage 5), `dense_step.py` (a micro-batch's dense
@@ -107,7 +105,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._reduce = reduce
         self._loss_fn = batch_loss_fn(self._model)
         self._next: Step | None = None
-        self._fetched: Any = None  # the batch after `_next`, assembled ahead (or _END)
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
@@ -115,11 +112,11 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             with torch.no_grad():
                 return self._dmp(next(dataloader_iter).to(self._device))[1]
         if self._next is None:  # the first batch: nothing was prefetched
-            self._next = self._lookups.start(self._take(dataloader_iter))
+            self._next = self._lookups.start(next(dataloader_iter))
             self._lookups.look_up(self._next, exchanged=True)
         cur = self._next
         try:
-            self._next = self._lookups.start(self._take(dataloader_iter))
+            self._next = self._lookups.start(next(dataloader_iter))
         except StopIteration:
             self._next = None
         self._optimizer.zero_grad()
@@ -134,14 +131,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         if nxt is not None and self._lookahead:
             with self._side():
                 self._lookups.look_up(nxt, exchanged=True)
-        if nxt is not None:  # the batch after next, assembled (its collectives: next step)
-            self._fetch(dataloader_iter)
-        # the dense and data-parallel update: their gradients are final, the embedding
-        # tables' (updated in the fused backward below) are other parameters
-        if reduce is not None:
-            with self._waiting("dense_allreduce"):
-                reduce()
-        self._optimizer.step()
         with self._waiting("gradients"):
             for pending in backs:
                 pending.wait()
@@ -152,23 +141,15 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                 self._lookups.refresh(nxt, cur)  # after both: whatever the lookup read is fixed
             else:
                 self._lookups.look_up(nxt, exchanged=True)
-            # batch i+1's chunks start now (their values are final): the first is on the
-            # wire under the start of the next step
+            # batch i+1's chunks start now: the first is on the wire under this step's
+            # all-reduce, the optimizer step and the next batch's fetch (its values are final)
             self._send_chunks(nxt)
+        if reduce is not None:
+            with self._waiting("dense_allreduce"):
+                reduce()
+        self._optimizer.step()
         self.stats["steps"] += 1
         return output
-
-    def _take(self, dataloader_iter: Iterator[Any]) -> Any:
-        """The next batch: the one `_fetch` assembled ahead, or from the iterator."""
-        batch, self._fetched = self._fetched, None
-        if batch is _END:
-            raise StopIteration
-        return next(dataloader_iter) if batch is None else batch
-
-    def _fetch(self, dataloader_iter: Iterator[Any]) -> None:
-        """Assemble the next batch now (under the last gradient chunks), its routing later."""
-        if self._fetched is None:
-            self._fetched = next(dataloader_iter, _END)
 
     @contextmanager
     def _waiting(self, what: str):
@@ -290,9 +271,6 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     empty = grads[mi][g].new_zeros(0, group.exchange.width)
                     state = step.modules[mi].states[g]
                     backs.append(group.send_back(empty, plan, state, k, grads[mi][g]))
-
-
-_END = object()  # the iterator had no batch left
 
 
 def _returns(value):
