@@ -41,6 +41,9 @@ PUBLISHED = [
       "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]"]),
     ("plan_train_emu_mixed4", "summary.json",
      ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"]),
+    ("plan_train_emu_mixed3", "summary.json",
+     ["benchmarks.plan_train", "cluster=emu_mixed3", "planners=[torchrec,hybrid]", "repeats=2",
+      "recalibrate=true"]),
     ("pipeline_emu_mixed4", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
       "pipelines=[plain,base,sparse_dist,semi_sync,nested1,nested2,nested4,nested8,"
@@ -89,7 +92,12 @@ PUBLISHED = [
 ]  # fmt: skip
 
 # <name>_<cluster> already
-_DEFAULT_DIR = {"plan_train_emu_mixed4", "pipeline_emu_mixed4", "plan_train_emu_2node"}
+_DEFAULT_DIR = {
+    "plan_train_emu_mixed4",
+    "pipeline_emu_mixed4",
+    "plan_train_emu_2node",
+    "plan_train_emu_mixed3",
+}
 # overrides a set's command states that were the defaults when it was published (the
 # published config does not list them; what the run did, the command now says)
 THEN_DEFAULT = {"pipeline_emu_mixed4_ddp_buckets": ["trainer.dense_allreduce=ddp_buckets"]}
