@@ -218,9 +218,10 @@ def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
     tmp_path: Path,
 ) -> None:
     # fast_link=false: the slow link's runs only (the fast link's are the loopback test's);
-    # the benchmark's own overrides, with batches of 256 instead of 2048
+    # one round (the rounds are unit-tested); the benchmark's own overrides, with batches
+    # of 256 instead of 2048
     s = _bench(tmp_path, "benchmarks.pipeline", "pipelines=[plain,sparse_dist,nested2]",
-               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2",
+               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2", "repeats=1",
                "fast_link=false", "overrides=['trainer.batch_size=256','planner=round_robin',"
                "'trainer.dense_optimizer=sgd','trainer.lr=0.1']")  # fmt: skip
     rows = {r["pipeline"]: r for r in s["rows"]}
