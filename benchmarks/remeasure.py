@@ -49,6 +49,10 @@ PUBLISHED = [
       "pipelines=[plain,base,sparse_dist,semi_sync,nested1,nested2,nested4,nested8,"
       "nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,nested4+dedup+cluster]",
       f"overrides=[{_SGD}]"]),
+    ("pipeline_emu_mixed3", "summary.json",
+     ["benchmarks.pipeline", "cluster=emu_mixed3", *_SHAPED,
+      "pipelines=[plain,sparse_dist,fused_sparse_dist,semi_sync,nested2,nested4,nested8,"
+      "nested4+dedup]", f"overrides=[{_SGD}]"]),
     # after the sets its validation reads (DEPENDS)
     ("scale", "summary.json", ["benchmarks.scale"]),
     ("data", "data.json", ["benchmarks.data"]),
@@ -97,6 +101,7 @@ _DEFAULT_DIR = {
     "pipeline_emu_mixed4",
     "plan_train_emu_2node",
     "plan_train_emu_mixed3",
+    "pipeline_emu_mixed3",
 }
 # overrides a set's command states that were the defaults when it was published (the
 # published config does not list them; what the run did, the command now says)

@@ -145,6 +145,9 @@ class PlannerConfig:
     # torchrec: the sharding types it may choose (None: every type it supports here);
     # [table_row_wise] is the baseline EMBark and MLPerf's GPU runs compare against
     torchrec_sharding_types: list[str] | None = None
+    # CPU ranks: a calibration file to plan with (`python -m benchmarks.calibrate`'s
+    # local_cpu.json of some day); None: the saved one, sharding/calibration/local_cpu.json
+    calibration: str | None = None
     # our planners: also plan 2D groups (the tables sharded within groups of whole nodes,
     # the groups replicated; sharding.two_d) and keep the faster; the plan says which
     two_d: bool = False

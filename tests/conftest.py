@@ -139,6 +139,9 @@ def cluster_of(name: str, overrides: list[str] | None = None):
 
 
 # The prepared-Criteo runs' config: the `criteo` fixture's files, tiny model and batches
+# the calibration some tests were written against: a new day's calibration moves hybrid's
+# (and, through the topology's costs, TorchRec's) CPU plans, which those tests depend on
+CALIBRATION_2026_12_04 = f"planner.calibration={REPO / 'tests/data/local_cpu_2026-12-04.json'}"
 CRITEO = ["debug=tiny", "dataset=criteo_kaggle", "dataset.eval_batches=2", "trainer.batch_size=64"]
 
 

@@ -122,11 +122,14 @@ def plan_inputs(
     cal: Calibration | None = None,
     profile_path: str = "",
 ) -> PlanInputs:
-    """The planner's inputs, checked; CPU clusters use `cal`, or the saved calibration."""
+    """The planner's inputs, checked; CPU clusters use `cal`, or `planner.calibration`'s
+    file, or the saved calibration."""
     check_plan_config(cfg)
     ranks = resolve_cluster(cfg.cluster)
     cpu = compute_device_type(ranks) == "cpu"
-    cal = cal or (load_calibration() if cpu else None)
+    if cal is None and cpu:
+        where = cfg.planner.calibration
+        cal = load_calibration(Path(where)) if where else load_calibration()
     pooling = {t.name: t.lookups_per_sample for t in profile.tables} if profile else None
     hotness = resolve_hotness(cfg.dataset.hotness, len(cfg.model.num_embeddings_per_feature))
     if pooling is None and hotness is not None:  # no profile: the bags' own sizes

@@ -10,7 +10,7 @@ import pytest
 import rank_jobs
 import torch
 import yaml
-from conftest import compose_config, plan_with_splits
+from conftest import CALIBRATION_2026_12_04, compose_config, plan_with_splits
 from omegaconf import OmegaConf
 
 from recsys.app.train import to_typed
@@ -340,7 +340,7 @@ def test_nested_equals_the_plain_loop_with_unequal_batch_shares(tmp_path: Path) 
     reduced one tensor at a time (`trainer.dense_allreduce=per_tensor`). Beside it, in the
     same job, hybrid's sequence cold parts with bags of 0 to 20 ids."""
     base = ["debug=tiny", "planner=hybrid", "cluster=local_cpu3_skewed",
-            "trainer.dense_allreduce=per_tensor", *SGD]  # fmt: skip
+            "trainer.dense_allreduce=per_tensor", CALIBRATION_2026_12_04, *SGD]  # fmt: skip
     sequence = [*base, "planner.cold_only_exchange=true", MULTI_HOT]
     bases = {"pooled": [*base, "planner.cold_only_exchange=false"], "sequence, multi-hot": sequence}
     for b in bases.values():

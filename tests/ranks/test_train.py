@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import rank_jobs
 import torch
-from conftest import CONF_DIR, compose_config, plan_with_splits
+from conftest import CALIBRATION_2026_12_04, CONF_DIR, compose_config, plan_with_splits
 
 from recsys.app.train import to_typed, train
 from recsys.config import TrainConfigError
@@ -133,27 +133,32 @@ def test_resume_is_bit_exact_at_three_ranks(tmp_path: Path) -> None:
     assert resumed["eval_auc"] == full["eval_auc"]
 
 
+PINNED = [*TINY, CALIBRATION_2026_12_04]
+
+
 def test_resume_under_another_plan_works_if_tables_keep_their_kind_else_is_refused(
     tmp_path: Path,
 ) -> None:
-    first = train(compose_config(TINY + ["trainer.save_checkpoint=true"]), tmp_path / "first")
+    """Written against the calibration of 2026-12-04 (its TorchRec plan replicates tables
+    greedy_size shards)."""
+    first = train(compose_config(PINNED + ["trainer.save_checkpoint=true"]), tmp_path / "first")
     ckpt = Path(first["checkpoint"])
     saved = json.loads((ckpt / "run.json").read_text())
     assert saved["model"]["embedding_dim"] == 16 and len(saved["plan_layout"]) == 26
     resume = [f"trainer.resume_from={ckpt}", "trainer.max_steps=8"]
     # three ranks: TorchRec's tables move and are cut otherwise, DCP reshards them
-    three = train(compose_config(TINY + resume + ["cluster.nodes.0.devices.0.count=3"]),
+    three = train(compose_config(PINNED + resume + ["cluster.nodes.0.devices.0.count=3"]),
                   tmp_path / "three")  # fmt: skip
     assert three["start_step"] == 6 and three["world_size"] == 3
     # greedy_size shards the tables TorchRec replicated: their optimizer state differs
     with pytest.raises(RankFailedError, match=r"was saved under another plan: table t_cat_\d+ "
                        r"was data_parallel there and is sharded here"):  # fmt: skip
-        train(compose_config(TINY + resume + ["planner=greedy_size"]), tmp_path / "greedy")
+        train(compose_config(PINNED + resume + ["planner=greedy_size"]), tmp_path / "greedy")
     # another model: one line before any rank starts
     differs = r"\(model.over_arch_layer_sizes: \[64, 32, 1\] in the checkpoint, \[32, 1\] here\)"
     with pytest.raises(TrainConfigError, match=r"the checkpoint holds another model " + differs):
         train(
-            compose_config(TINY + resume + ["model.over_arch_layer_sizes=[32,1]"]),
+            compose_config(PINNED + resume + ["model.over_arch_layer_sizes=[32,1]"]),
             tmp_path / "other_model",
         )
 

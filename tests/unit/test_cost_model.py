@@ -548,3 +548,20 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
     assert asdict(new)["links"] == asdict(cal)["links"]
     assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
     assert load_calibration().device == d  # the saved calibration is not touched
+
+
+def test_planner_calibration_plans_with_a_recorded_calibration(typed_cfg) -> None:
+    """`planner.calibration=<file>`: CPU ranks planned with that day's constants, not the
+    saved ones; a file that is not there is named."""
+    from recsys.app.planning import plan_inputs
+    from sharding.calibration import CalibrationError, load_calibration
+
+    path = Path(__file__).parents[1] / "data" / "local_cpu_2026-12-02.json"
+    recorded, saved = load_calibration(path).device, load_calibration().device
+    assert recorded.dense_flops_per_s != saved.dense_flops_per_s
+    inputs = plan_inputs(typed_cfg([f"planner.calibration={path}"]), None, None)
+    assert inputs.devices[0].dense_flops_per_s == recorded.dense_flops_per_s
+    assert plan_inputs(typed_cfg(), None, None).devices[0].dense_flops_per_s == \
+        saved.dense_flops_per_s  # fmt: skip
+    with pytest.raises(CalibrationError, match="no calibration at /nowhere/cal.json"):
+        plan_inputs(typed_cfg(["planner.calibration=/nowhere/cal.json"]), None, None)

@@ -7,7 +7,7 @@ import io
 import os
 
 import pytest
-from conftest import REPO
+from conftest import CALIBRATION_2026_12_04, REPO
 from omegaconf import OmegaConf
 
 from recsys.app.train import train
@@ -136,7 +136,7 @@ def test_a_plan_that_follows_the_pipeline_is_said_to(typed_cfg, tmp_path, caplog
     from recsys.app.train import plan_ours
 
     base = ["debug=tiny", "cluster=local_cpu3_skewed", "cluster.nodes.0.devices.0.count=3",
-            "planner=hybrid"]  # fmt: skip
+            "planner=hybrid", CALIBRATION_2026_12_04]  # fmt: skip
     with caplog.at_level(logging.INFO, logger="recsys.app.train"):
         for overrides in (base, [*base, "pipeline=nested"]):
             cfg = typed_cfg(overrides)
