@@ -103,11 +103,15 @@ def test_groups_are_whole_alike_nodes_dividing_the_cluster() -> None:
         group_inputs(mixed_inputs, 4)
 
 
-def test_the_planner_keeps_2d_groups_only_where_the_step_gains() -> None:
+def test_the_planner_keeps_2d_groups_only_where_the_step_gains(monkeypatch) -> None:
     """Many multi-hot lookups of small tables across a slow link between nodes: one node's
     group exchanges within it and syncs only touched rows across, and `best_with_groups`
     takes it (a 2D plan, evaluated on the whole cluster: its step is `two_d_cost`'s, its
-    bound the cluster's). Across a fast link the plan for every rank stays."""
+    bound the cluster's). Across a fast link the plan for every rank stays. A GPU rank's
+    batch assembly is this machine's calibrated host time: pinned to 2026-12-04's."""
+    from sharding import calibration
+
+    monkeypatch.setattr(calibration, "host_assembly_s", lambda: 1.4077e-06)
     for gbit, wins in ((10.0, True), (100.0, False)):
         inputs = inputs_for(_cluster(8, gbit), MULTI_HOT, batch=4096)
         one = _hybrid(inputs)
