@@ -6,7 +6,8 @@ plan for G ranks) on its own samples, its embedding all-to-alls within the group
 holding the same shards (the same place `p` in every group: `p, p+G, p+2G, ...`) form a
 replica group. TorchRec 1.9's `DMPCollection` keeps replicas close by averaging their
 weights and optimizer state every few steps, which for Adagrad is not the plain loop's
-update. Here the replicas agree before the update, so the step is the plain loop's:
+update. Here the replicas agree before the update, so the step is the plain loop's up to
+the order of each row gradient's sum (see the end):
 
 - each exchanged lookup's output is cut from the TBE's graph (`install_replica_sync`); when
   backward reaches it, the gradient of each row the group's samples touched is summed from
@@ -43,31 +44,19 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
-@dataclass
-class TwoDGroups:
-    """This rank's sharding group (G consecutive ranks) and replica group (the ranks at its
-    place in every sharding group), and TorchRec's 2D sharding environment over them."""
-
-    size: int  # G
-    sharding: dist.ProcessGroup
-    replicas: dist.ProcessGroup
-    env: ShardingEnv2D
-
-
-def two_d_groups(size: int, device: torch.device) -> TwoDGroups:
-    """TorchRec's `DMPCollection` groups with `use_inter_host_allreduce=True` (consecutive
-    ranks shard, so a group of whole nodes exchanges within them), made here because
-    `DMPCollection` takes only CUDA devices. Every rank calls it (making groups is
-    collective)."""
+def two_d_env(size: int, device: torch.device) -> ShardingEnv2D:
+    """TorchRec's 2D environment as `DMPCollection` makes it with
+    `use_inter_host_allreduce=True`: groups of `size` consecutive ranks shard (a group of
+    whole nodes exchanges within them), the ranks at one place in every group are replicas
+    (`replica_pg`); made here because `DMPCollection` takes only CUDA devices. Every rank
+    calls it (making groups is collective); `size` divides the world (checked before any
+    rank starts, `sharding.two_d.group_inputs`)."""
     world = dist.get_world_size()
-    if size < 1 or world % size:
-        raise ValueError(f"2D groups of {size} ranks do not divide {world} ranks")
     mesh = DeviceMesh(device.type, [list(range(g, g + size)) for g in range(0, world, size)],
                       mesh_dim_names=("replicate", "shard"))  # fmt: skip
-    sharding, replicas = mesh.get_group("shard"), mesh.get_group("replicate")
-    env = ShardingEnv2D(sharding_pg=sharding, replica_pg=replicas, global_pg=dist.group.WORLD,
-                        device_mesh=mesh, use_inter_host_allreduce=True)  # fmt: skip
-    return TwoDGroups(size, sharding, replicas, env)
+    return ShardingEnv2D(sharding_pg=mesh.get_group("shard"),
+                         replica_pg=mesh.get_group("replicate"), global_pg=dist.group.WORLD,
+                         device_mesh=mesh, use_inter_host_allreduce=True)  # fmt: skip
 
 
 def place_group_plan(plan: ShardingPlan, size: int) -> ShardingPlan:
@@ -247,7 +236,7 @@ class _ReplicaSync(torch.autograd.Function):
         return None, None, None, None, None
 
 
-def install_replica_sync(model: torch.nn.Module, groups: TwoDGroups) -> None:
+def install_replica_sync(model: torch.nn.Module, env: ShardingEnv2D) -> None:
     """Hook every exchanged lookup of the model's sharded embedding modules (see the module
     docstring)."""
     for fqn, module in model.named_modules():
@@ -269,7 +258,7 @@ def install_replica_sync(model: torch.nn.Module, groups: TwoDGroups) -> None:
                     f"gradients. Give each table one feature, or train without "
                     f"trainer.sharding_group_size"
                 )
-            lookup.register_forward_hook(_sync_hook(tables, groups.replicas))
+            lookup.register_forward_hook(_sync_hook(tables, env.replica_pg))
 
 
 def _sync_hook(tables: _LookupTables, replicas: dist.ProcessGroup):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sharding.batch_split import capped_time, dense_s_per_sample
-from sharding.cost_model import allreduce_s, exposed_exchange_passes, ring_bytes
+from sharding.cost_model import allreduce_s, exposed_exchange_passes, ranks_per_node, ring_bytes
 from sharding.memory import input_bytes_per_sample
 from sharding.types import FLOAT_BYTES, Schedule
 
@@ -64,9 +64,9 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):
         per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
-    per_node = np.bincount([r.node for r in inputs.ranks])
+    per_node = ranks_per_node([r.node for r in inputs.ranks])
     allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network,
-                            per_node[per_node > 0])  # fmt: skip
+                            per_node)  # fmt: skip
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
     device = lookup + dense_and_exchange + per_sample + allreduce + overhead

@@ -177,6 +177,12 @@ def hierarchical_allreduce_s(nbytes: float, per_node: Sequence[int],
     return within + allreduce_s(nbytes, len(per_node), flat)
 
 
+def ranks_per_node(nodes: Sequence[int]) -> np.ndarray:
+    """How many ranks each node holds, from each rank's node (nodes with none left out)."""
+    counts = np.bincount(np.asarray(nodes, dtype=np.int64))
+    return counts[counts > 0]
+
+
 def hierarchical_pays(nbytes: float, per_node: Sequence[int], network: NetworkCost) -> bool:
     """Whether the hierarchical reduction of `nbytes` is priced faster than the flat one on
     nodes of `per_node` ranks (`trainer.dense_allreduce=auto` with TorchRec's planner, whose
@@ -214,8 +220,7 @@ def step_cost(
     dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
-    per_node = np.bincount(node)
-    allreduce = allreduce_s(grad_bytes, world, network, per_node[per_node > 0])
+    allreduce = allreduce_s(grad_bytes, world, network, ranks_per_node(node))
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],

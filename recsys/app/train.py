@@ -14,7 +14,6 @@ import os
 import sys
 import threading
 import warnings
-from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -44,12 +43,12 @@ from recsys.data.multi_hot import resolve_hotness
 from recsys.models.dlrm import build_model
 from sharding.cluster import compute_device_type
 from sharding.constants import DEVICE_CATALOG, gpu_kind
-from sharding.cost_model import hierarchical_pays, schedule_of
+from sharding.cost_model import hierarchical_pays, ranks_per_node, schedule_of
 from sharding.errors import UserError
 from sharding.plan_eval import check_fits
 from sharding.torchrec_planner import plan_with_torchrec
 from sharding.two_d import group_inputs, rank_shares
-from sharding.types import Plan, PlanDoesNotFitError, PlanInputs, PlannerName
+from sharding.types import FLOAT_BYTES, Plan, PlanDoesNotFitError, PlanInputs, PlannerName
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +131,9 @@ def _resolve_auto_reduction(cfg: TrainConfig, inputs: PlanInputs, plan: Plan | N
     if plan is not None:
         hierarchical = plan.dense_allreduce == "hierarchical"
     else:
-        per_node = list(Counter(r.node for r in inputs.ranks).values())
-        hierarchical = hierarchical_pays(inputs.dense_params * 4, per_node, inputs.network)
+        per_node = ranks_per_node([r.node for r in inputs.ranks])
+        dense_bytes = inputs.dense_params * FLOAT_BYTES
+        hierarchical = hierarchical_pays(dense_bytes, per_node, inputs.network)
     mode = DenseAllreduce.hierarchical if hierarchical else DenseAllreduce.buckets
     log.info("trainer.dense_allreduce=auto: %s (the cost model's faster dense reduction here)",
              mode.value)  # fmt: skip

@@ -18,7 +18,7 @@ from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimi
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ShardingEnv, ShardingEnv2D
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -26,7 +26,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from pipelines.build import build_pipeline, unsupported_sharding
 from pipelines.dense_reduce import SharedReduction
 from pipelines.exchange import install_ordered_reduce_scatter
-from pipelines.two_d import TwoDGroups, install_replica_sync, place_group_plan, two_d_groups
+from pipelines.two_d import install_replica_sync, place_group_plan, two_d_env
 from recsys import launch
 from recsys.checkpoint import CheckpointMismatchError, saved_split
 from recsys.collectives import all_reduce_sum
@@ -196,7 +196,7 @@ def _check_saved_split(checkpoint: str, hot_ids: dict[str, torch.Tensor],
             )
 
 
-def _model_and_plan(ctx: RunContext, source, rank: int, device, groups: TwoDGroups | None):
+def _model_and_plan(ctx: RunContext, source, rank: int, device, two_d: ShardingEnv2D | None):
     """The train module (with its fused embedding optimizer), its TorchRec plan (2D
     groups: one group's), the sharders, and the id remap its batches need (None unless
     tables are split)."""
@@ -205,7 +205,7 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device, groups: TwoDGrou
     if our_plan is None:
         model = build_model(cfg.model, dense_device=device)
         _fuse_embedding_optimizer(cfg.trainer, model)
-        inputs = group_inputs(ctx.inputs, groups.size) if groups else ctx.inputs
+        inputs = group_inputs(ctx.inputs, two_d.world_size) if two_d else ctx.inputs
         # rank 0 plans (one group's plan, for 2D groups) and every rank gets it
         plan = plan_with_torchrec(model, inputs, cfg.planner, sharders, dist.group.WORLD)
         return model, plan.plan, sharders, None
@@ -301,12 +301,12 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     tcfg = cfg.trainer
     world = len(ctx.ranks)
     # 2D groups: the plan is one group's, each group trains it on its own samples
-    two_d = 0 < tcfg.sharding_group_size < world
-    groups = two_d_groups(tcfg.sharding_group_size, device) if two_d else None
+    group = tcfg.sharding_group_size
+    two_d = two_d_env(group, device) if 0 < group < world else None
     torch.manual_seed(tcfg.seed)  # same dense init on every rank; shards seeded the same way
     shares = rank_shares(our_plan, world) if our_plan else [tcfg.batch_size] * world
     source = build_source(cfg.dataset, cfg.model, shares[rank], world, batch_per_rank=shares)
-    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device, groups)
+    model, plan, sharders, remap = _model_and_plan(ctx, source, rank, device, two_d)
     why = unsupported_sharding(cfg.pipeline, plan)
     if why:  # before DMP materialises the shards
         raise TrainConfigError(why)
@@ -320,8 +320,8 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     set_precision(model, tcfg.precision, device)
     reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce), [r.node for r in ctx.ranks])
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    if groups is not None:  # the group's plan on this rank's group
-        env, plan = groups.env, place_group_plan(plan, groups.size)
+    if two_d is not None:  # the group's plan on this rank's group
+        env, plan = two_d, place_group_plan(plan, group)
     model = DistributedModelParallel(
         module=model,
         env=env,
@@ -330,12 +330,12 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         sharders=sharders,
         data_parallel_wrapper=reduction,
     )
-    if groups is not None:  # replicas sum row gradients before the fused update
-        install_replica_sync(model, groups)
+    if two_d is not None:  # replicas sum row gradients before the fused update
+        install_replica_sync(model, two_d)
         if rank == 0:
             log.info("2D groups: the tables sharded within each group of %d ranks, %d groups; "
                      "they sum the touched rows' gradients before each update",
-                     groups.size, world // groups.size)  # fmt: skip
+                     group, world // group)  # fmt: skip
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
