@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sharding.cluster import resolve_cluster
+from sharding.cluster import cfs_period_us, resolve_cluster
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, RankDevice
 
@@ -200,7 +200,7 @@ class Emulation:
 
 def _make_cgroup(path: Path, share: float | None, period_us: int, version: int) -> None:
     path.mkdir(exist_ok=True)
-    quota = -1 if share is None else max(1000, round(share * period_us))
+    quota = -1 if share is None else round(share * period_us)  # >= 1 ms: cfs_period_us
     if version == 1:
         (path / "cpu.cfs_period_us").write_text(str(period_us))
         (path / "cpu.cfs_quota_us").write_text(str(quota))
@@ -229,7 +229,7 @@ def setup(emu: Emulation) -> None:
         for where, dev in ((ns, node_if), (emu.switch_ns, switch_if)):
             shape(where, dev, rate, burst)
     version = (_cgroup_root() or (None, 1))[1]
-    period = spec.emulation.cfs_period_us
+    period = cfs_period_us(spec)
     _make_cgroup(emu.cgroup, None, period, version)
     if version == 2:
         _enable_cpu_v2(emu.cgroup)

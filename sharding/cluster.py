@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from sharding.constants import A100_DENSE_FLOPS_PER_S, DEVICE_CATALOG, GIB, DeviceKind
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, DeviceGroup, RankDevice
@@ -35,6 +37,8 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
             raise ClusterConfigError(f"cluster '{spec.name}': {where} has no devices")
         for d, dev in enumerate(group.devices):
             _check_device(spec, dev, f"{where}.devices[{d}]")
+    if spec.emulation.enabled:
+        cfs_period_us(spec)
     ranks: list[RankDevice] = []
     node = 0
     for group in spec.nodes:
@@ -103,11 +107,32 @@ def _check_network(spec: ClusterSpec) -> None:
             f"cluster '{spec.name}': network.allreduce must be ring or nccl, got "
             f"'{spec.network.allreduce}'"
         )
-    if spec.emulation.enabled and not spec.emulation.cfs_period_us >= 1000:
+
+
+MIN_CFS_QUOTA_US = 1000  # the kernel refuses a shorter cpu.cfs_quota_us / cpu.max quota
+
+
+def cfs_period_us(spec: ClusterSpec) -> int:
+    """The CFS period of an emulated cluster's rank quotas: `emulation.cfs_period_us`, or
+    with 0 the shortest whole number of milliseconds at which every rank's quota (its share
+    of the period) is at least the kernel's 1 ms minimum. Short periods make a share a
+    slower core: a rank that waits on the network loses the rest of that period's quota
+    only, so with long periods it computes at a whole core's speed after a wait. A period
+    too short for a share's quota is refused (the kernel would raise the quota)."""
+    shares = [d.share for g in spec.nodes for d in g.devices if d.share is not None]
+    period = spec.emulation.cfs_period_us
+    if not shares:
+        return period or 100_000
+    if period == 0:
+        return 1000 * math.ceil(MIN_CFS_QUOTA_US / min(shares) / 1000 - 1e-9)
+    if period * min(shares) < MIN_CFS_QUOTA_US - 1e-6:
         raise ClusterConfigError(
-            f"cluster '{spec.name}': emulation.cfs_period_us must be >= 1000 (the kernel's "
-            f"minimum), got {spec.emulation.cfs_period_us}"
+            f"cluster '{spec.name}': emulation.cfs_period_us={period} gives the share "
+            f"{min(shares)} a quota of {period * min(shares):.0f} us, under the kernel's "
+            f"{MIN_CFS_QUOTA_US} us minimum; use at least "
+            f"{math.ceil(MIN_CFS_QUOTA_US / min(shares))}, or 0 (the shortest that fits)"
         )
+    return period
 
 
 def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:

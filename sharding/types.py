@@ -77,7 +77,12 @@ class EmulationSpec:
     # 0.93x-0.97x for 64 KB to 256 KB chunks (16 KB chunks, half of which fit the bucket:
     # 0.97x in one run, 1.14x in another)
     burst: str = "8kb"
-    cfs_period_us: int = 100_000
+    # CFS period of the ranks' quotas; 0: the shortest one at which every rank's quota is
+    # the kernel's 1 ms minimum or more (`sharding.cluster.cfs_period_us`; 4 ms at a 0.25
+    # share). A rank that waits on the network leaves its quota unused only for the rest of
+    # the period it waits in: with 100 ms periods a 0.25 share computed at nearly a whole
+    # core's speed after each wait (docs/clusters.md, "How faithful")
+    cfs_period_us: int = 0
 
 
 @dataclass

@@ -11,7 +11,7 @@ from conftest import cluster_of, compose_config
 
 from recsys import emulation
 from recsys.app.train import to_typed, train
-from sharding.cluster import ClusterConfigError, resolve_cluster
+from sharding.cluster import ClusterConfigError, cfs_period_us, resolve_cluster
 
 
 def test_presets_resolve_to_their_shares_and_nodes() -> None:
@@ -25,6 +25,15 @@ def test_presets_resolve_to_their_shares_and_nodes() -> None:
     assert emulation.link_rate(cluster_of("emu_mixed4")) == "200mbit"
 
 
+def test_the_default_cfs_period_is_the_shortest_whole_ms_the_smallest_share_allows() -> None:
+    assert cfs_period_us(cluster_of("emu_mixed4")) == 4000  # 0.25 of 4 ms: the 1 ms minimum
+    assert cfs_period_us(cluster_of("emu_2node")) == 2000  # 0.8: 1,250 us at least
+    spec = cluster_of("emu_mixed4", ["cluster.nodes.1.devices.0.share=0.35"])
+    assert cfs_period_us(spec) == 3000
+    spec = cluster_of("emu_mixed4", ["cluster.emulation.cfs_period_us=100000"])
+    assert cfs_period_us(spec) == 100_000  # as asked
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [
@@ -33,7 +42,9 @@ def test_presets_resolve_to_their_shares_and_nodes() -> None:
         (["cluster.nodes.0.devices.0.share=0"], r"fraction of one core in \(0, 1\]"),
         (["cluster.nodes.0.devices.0.kind=h100_80g", "cluster.nodes.0.devices.0.share=null"],
          "an emulated cluster runs CPU ranks"),
-        (["cluster.emulation.cfs_period_us=10"], "cfs_period_us must be >= 1000"),
+        (["cluster.emulation.cfs_period_us=3000"],
+         r"cfs_period_us=3000 gives the share 0.25 a quota of 750 us, under the kernel's 1000 "
+         r"us minimum; use at least 4000, or 0"),
     ],
 )  # fmt: skip
 def test_bad_emulation_sections_are_refused_by_key(overrides: list[str], match: str) -> None:
