@@ -606,6 +606,10 @@ ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 def main(cfg: DictConfig) -> None:
     typed: CalibrateConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))
+    if typed.save and not result["validation"]:  # e.g. a user's cluster measured alone
+        print(f"nothing was validated: the constants are saved, the published results in "
+              f"{typed.results_dir} are kept", flush=True)  # fmt: skip
+        typed = replace(typed, save=False)
     finish(result, table(result), "calibrate", typed, json_name="summary")
 
 

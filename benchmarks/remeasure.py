@@ -46,8 +46,9 @@ PUBLISHED = [
       "recalibrate=true"]),
     ("pipeline_emu_mixed4", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
-      "pipelines=[plain,base,sparse_dist,semi_sync,nested1,nested2,nested4,nested8,"
-      "nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,nested4+dedup+cluster]",
+      "pipelines=[plain,base,sparse_dist,fused_sparse_dist,semi_sync,nested1,nested2,nested4,"
+      "nested8,nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,"
+      "nested4+dedup+cluster]",
       f"overrides=[{_SGD}]"]),
     ("pipeline_emu_mixed3", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed3", *_SHAPED,
