@@ -55,7 +55,7 @@ PUBLISHED = [
       "pipelines=[plain,sparse_dist,fused_sparse_dist,semi_sync,nested2,nested4,nested8,"
       "nested4+dedup]", f"overrides=[{_SGD}]"]),
     # after the sets its validation reads (DEPENDS)
-    ("scale", "summary.json", ["benchmarks.scale"]),
+    ("scale", "summary.json", ["benchmarks.scale", "precision=bf16"]),  # MLPerf's precision
     ("data", "data.json", ["benchmarks.data"]),
     ("speed_aware", "speed_aware.json", ["benchmarks.speed_aware", "repeats=3"]),
     ("order_noise", "order_noise.json", ["benchmarks.order_noise"]),
@@ -79,6 +79,7 @@ PUBLISHED = [
       "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
       "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false",
       "precision=bf16"]),
+    ("emulation_fidelity", "emulation_fidelity.json", ["benchmarks.emulation_fidelity"]),
     ("two_d", "summary.json", ["benchmarks.two_d"]),  # hybrid's plan vs synchronous 2D groups
     # ... and 2D groups trained: one replica per node of the emulated 2-node cluster
     ("plan_train_emu_2node", "summary.json",
@@ -106,7 +107,7 @@ _DEFAULT_DIR = {
 }
 # overrides a set's command states that were the defaults when it was published (the
 # published config does not list them; what the run did, the command now says)
-THEN_DEFAULT = {"pipeline_emu_mixed4_ddp_buckets": ["trainer.dense_allreduce=ddp_buckets"]}
+THEN_DEFAULT: dict[str, list[str]] = {}
 # the sets a set's run reads, which PUBLISHED's order runs first (benchmarks.scale validates
 # its simulator against the calibration's and the emulated pipeline's measured steps)
 DEPENDS = {
@@ -117,6 +118,10 @@ DEPENDS = {
 }
 # result sets that compare stacks, each run adding its own stack's rows: never stale
 ACROSS_STACKS = {"tbe_cpu"}
+# result sets a user's own steps made, more than one command each (benchmarks/results/
+# README.md lists them): never re-run from here
+BY_HAND = {"plan_train_lab3": "a user's own emulated layout: calibrate measure=emulated, "
+                              "then plan_train with that calibration"}  # fmt: skip
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
 
 

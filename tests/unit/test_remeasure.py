@@ -19,7 +19,8 @@ from recsys import CONF_DIR
 
 def test_every_published_result_set_has_its_command() -> None:
     folders = {p.name for p in remeasure.RESULTS.iterdir() if p.is_dir()}
-    assert folders - remeasure.ACROSS_STACKS == {name for name, _, _ in remeasure.PUBLISHED}
+    by_hand = set(remeasure.BY_HAND)
+    assert folders - remeasure.ACROSS_STACKS - by_hand == {n for n, _, _ in remeasure.PUBLISHED}
     for name, file, _ in remeasure.PUBLISHED:
         assert (remeasure.RESULTS / name / file).exists(), name
 
