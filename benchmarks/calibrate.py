@@ -606,11 +606,18 @@ ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 def main(cfg: DictConfig) -> None:
     typed: CalibrateConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))
-    if typed.save and not result["validation"]:  # e.g. a user's cluster measured alone
+    finish(result, table(result), "calibrate", publishing(typed, result), json_name="summary")
+
+
+def publishing(cfg: CalibrateConfig, result: dict) -> CalibrateConfig:
+    """`cfg` for writing the results: with `save=true` and nothing validated (a user's own
+    cluster measured alone, `settings=[]`) the constants are saved (`run`), but the published
+    results, whose point is the validation, are kept."""
+    if cfg.save and not result["validation"]:
         print(f"nothing was validated: the constants are saved, the published results in "
-              f"{typed.results_dir} are kept", flush=True)  # fmt: skip
-        typed = replace(typed, save=False)
-    finish(result, table(result), "calibrate", typed, json_name="summary")
+              f"{cfg.results_dir} are kept", flush=True)  # fmt: skip
+        return replace(cfg, save=False)
+    return cfg
 
 
 if __name__ == "__main__":

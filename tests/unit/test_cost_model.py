@@ -565,3 +565,15 @@ def test_planner_calibration_plans_with_a_recorded_calibration(typed_cfg) -> Non
         saved.dense_flops_per_s  # fmt: skip
     with pytest.raises(CalibrationError, match="no calibration at /nowhere/cal.json"):
         plan_inputs(typed_cfg(["planner.calibration=/nowhere/cal.json"]), None, None)
+
+
+def test_a_calibration_that_validated_nothing_keeps_the_published_results() -> None:
+    """`measure=emulated 'settings=[]' save=true` (a user's own cluster measured alone) saves
+    the constants; the published results, the validation's table, stay as they were."""
+    from benchmarks.calibrate import CalibrateConfig, publishing
+
+    told = CalibrateConfig(save=True, settings=[], measure="emulated")
+    assert publishing(told, {"validation": []}).save is False
+    validated = {"validation": [{"setting": "dlrm_small b1024 loopback plain"}]}
+    assert publishing(told, validated).save is True
+    assert publishing(CalibrateConfig(), {"validation": []}).save is False
