@@ -61,9 +61,14 @@ def test_the_gap_to_the_bound_counts_only_plans_that_fit() -> None:
     for r, gap in zip([r for r in rows if r["planner"] == "hybrid"], (1.2, 1.5, 9.0),
                       strict=True):  # fmt: skip
         r["gap_to_bound"] = gap  # cell c: hybrid's plan overflows memory
+    rows += _cell("d", "other", hybrid=2.0)
+    rows[-5]["gap_to_bound"] = 1.01
     g = summarize(rows)
-    assert g["median_gap_to_bound"] == pytest.approx(1.35)
+    assert g["median_gap_to_bound"] == pytest.approx(1.2)  # 1.01, 1.2, 1.5
     assert g["max_gap_to_bound"] == pytest.approx(1.5)
+    # per cluster too (a layout's cells, e.g. the mixed ones joined by slow links)
+    assert g["clusters"]["c"]["median_gap_to_bound"] == pytest.approx(1.35)
+    assert g["clusters"]["other"]["median_gap_to_bound"] == pytest.approx(1.01)
 
 
 def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -> None:
