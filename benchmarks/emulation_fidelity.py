@@ -61,27 +61,17 @@ class FidelityConfig:
 
 def period_for(share: float, period_us: int) -> int:
     """The period the emulator uses for a rank at `share` (0: its default)."""
-    from sharding.cluster import cfs_period_us
-    from sharding.types import ClusterSpec, DeviceGroup, EmulationSpec, NodeGroup
+    from sharding.cluster import shortest_cfs_period_us
 
-    node = NodeGroup(devices=[DeviceGroup(kind="cpu", share=share)])
-    spec = ClusterSpec(name="fidelity", nodes=[node],
-                       emulation=EmulationSpec(enabled=True, cfs_period_us=period_us))  # fmt: skip
-    return cfs_period_us(spec)
+    return period_us or shortest_cfs_period_us(share)
 
 
 def loop_s(share: float, period_us: int, compute_s: float, wait_s: float, iterations: int) -> float:
     """Wall seconds per iteration of the compute-and-wait loop in a fresh cgroup holding
-    `share` of each `period_us` period (made as the emulator makes a rank's), removed after."""
+    `share` of each `period_us` period (`recsys.emulation.capped_cgroup`, as a rank's)."""
     from recsys import emulation
 
-    found = emulation._cgroup_root()
-    if os.geteuid() != 0 or found is None:
-        raise SystemExit("benchmarks.emulation_fidelity needs root and a cpu cgroup controller")
-    root, version = found
-    cgroup = root / f"rx_fidelity_{os.getpid()}"
-    emulation._make_cgroup(cgroup, share, period_us, version)
-    try:
+    with emulation.capped_cgroup(share, period_us) as cgroup:
         procs = cgroup / "cgroup.procs"
         out = subprocess.run(
             [sys.executable, "-c", _LOOP, str(compute_s), str(wait_s), str(iterations)],
@@ -89,8 +79,6 @@ def loop_s(share: float, period_us: int, compute_s: float, wait_s: float, iterat
             capture_output=True, text=True, check=True, timeout=600,
         )  # fmt: skip
         return float(out.stdout)
-    finally:
-        cgroup.rmdir()
 
 
 def run(cfg: FidelityConfig) -> dict:

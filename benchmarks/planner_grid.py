@@ -298,12 +298,13 @@ def summarize(rows: list[dict]) -> dict:
                 losses.append(entry)
             elif others[p] < h["est_step_ms"]:  # faster, but within TIE
                 ties.append(entry)
-        c = clusters.setdefault(cluster, {"cells": 0, "speedups": [], "hybrid_feasible": 0,
+        c = clusters.setdefault(cluster, {"cells": 0, "speedups": [], "gaps": [],
+                                          "hybrid_feasible": 0,
                                           "torchrec_feasible": 0,
                                           "only_hybrid_fits": 0})  # fmt: skip
         c["cells"] += 1
-        if h["feasible"] and "gap_to_bound" in h:
-            c.setdefault("gaps", []).append(h["gap_to_bound"])
+        if h["feasible"] and "gap_to_bound" in h:  # as the grid's median below
+            c["gaps"].append(h["gap_to_bound"])
         c["hybrid_feasible"] += h["feasible"]
         c["torchrec_feasible"] += by["torchrec"]["feasible"]
         c["only_hybrid_fits"] += h["feasible"] and len(fits) == 1
@@ -315,8 +316,8 @@ def summarize(rows: list[dict]) -> dict:
                          "hybrid_ms": h["est_step_ms"],
                          "torchrec_ms": by["torchrec"]["est_step_ms"]}  # fmt: skip
     for c in clusters.values():
-        gaps_here = c.pop("gaps", [])  # hybrid's plans that fit, as the grid's median below
-        c["median_gap_to_bound"] = float(np.median(gaps_here)) if gaps_here else None
+        g = c.pop("gaps")
+        c["median_gap_to_bound"] = float(np.median(g)) if g else None
         s = c.pop("speedups")
         c["median_speedup_vs_torchrec"] = float(np.median(s)) if s else None
         c["min_speedup_vs_torchrec"] = float(np.min(s)) if s else None

@@ -120,8 +120,7 @@ DEPENDS = {
 ACROSS_STACKS = {"tbe_cpu"}
 # result sets a user's own steps made, more than one command each (benchmarks/results/
 # README.md lists them): never re-run from here
-BY_HAND = {"plan_train_lab3": "a user's own emulated layout: calibrate measure=emulated, "
-                              "then plan_train with that calibration"}  # fmt: skip
+BY_HAND = {"plan_train_lab3"}  # calibrate measure=emulated, then plan_train with that
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
 
 

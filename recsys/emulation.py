@@ -208,6 +208,22 @@ def _make_cgroup(path: Path, share: float | None, period_us: int, version: int) 
         (path / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period_us}")
 
 
+@contextmanager
+def capped_cgroup(share: float, period_us: int) -> Iterator[Path]:
+    """A cpu cgroup holding `share` of each `period_us` period, made as a rank's is (root),
+    for a process to join by writing its pid to `cgroup.procs`; killed and removed after."""
+    found = _cgroup_root()
+    if os.geteuid() != 0 or found is None:
+        raise EmulationError("a capped cgroup needs root and a cpu cgroup controller")
+    root, version = found
+    path = root / f"recsys-capped-{os.getpid()}"
+    _make_cgroup(path, share, period_us, version)
+    try:
+        yield path
+    finally:
+        _kill_and_remove(path)
+
+
 def _enable_cpu_v2(path: Path) -> None:
     (path / "cgroup.subtree_control").write_text("+cpu")
 

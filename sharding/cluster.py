@@ -121,10 +121,10 @@ def cfs_period_us(spec: ClusterSpec) -> int:
     too short for a share's quota is refused (the kernel would raise the quota)."""
     shares = [d.share for g in spec.nodes for d in g.devices if d.share is not None]
     period = spec.emulation.cfs_period_us
-    if not shares:
+    if not shares:  # no quota: the period is never used
         return period or 100_000
     if period == 0:
-        return 1000 * math.ceil(MIN_CFS_QUOTA_US / min(shares) / 1000 - 1e-9)
+        return shortest_cfs_period_us(min(shares))
     if period * min(shares) < MIN_CFS_QUOTA_US - 1e-6:
         raise ClusterConfigError(
             f"cluster '{spec.name}': emulation.cfs_period_us={period} gives the share "
@@ -133,6 +133,12 @@ def cfs_period_us(spec: ClusterSpec) -> int:
             f"{math.ceil(MIN_CFS_QUOTA_US / min(shares))}, or 0 (the shortest that fits)"
         )
     return period
+
+
+def shortest_cfs_period_us(share: float) -> int:
+    """The shortest whole number of milliseconds whose `share` is the kernel's minimum
+    quota or more (4 ms at 0.25): the default period of an emulated rank at that share."""
+    return 1000 * math.ceil(MIN_CFS_QUOTA_US / share / 1000 - 1e-9)
 
 
 def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:

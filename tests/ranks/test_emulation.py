@@ -70,8 +70,8 @@ def test_a_share_really_limits_a_rank() -> None:
 @needs_root
 def test_a_share_is_a_slower_core_even_for_a_rank_that_waits() -> None:
     # 10 ms of one core's work and a 40 ms wait (a slow rank's compute, then its exchange):
-    # a core slowed to 0.25 takes 80 ms; the emulator's default period gave 76.5 ms, where
-    # 100 ms periods gave 52.1 (the rank computed at a whole core's speed after each wait;
+    # a core slowed to 0.25 takes 80 ms; the emulator's default period gave 76.3 ms, where
+    # 100 ms periods gave 51.0 (the rank computed at a whole core's speed after each wait;
     # benchmarks/results/emulation_fidelity/); a busy machine only makes it slower
     from benchmarks.emulation_fidelity import loop_s, period_for
 
