@@ -390,11 +390,12 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
     plt = _plt()
     colors = {"lookup": "tab:blue", "dense": "tab:green", "emb": "tab:orange",
               "grad": "tab:red", "ids": "tab:purple", "allreduce": "tab:brown",
-              "update": "tab:gray", "copy": "tab:olive"}  # fmt: skip
+              "update": "tab:gray", "overheads": "tab:pink", "copy": "tab:olive"}  # fmt: skip
     names = {
         "emb": "embedding chunks",
         "grad": "gradient chunks",
         "update": "lookup backward, update, overheads",
+        "overheads": "optimizer step, overheads (nested)",
         "copy": "batch to the device",
     }
     panels = []

@@ -21,6 +21,9 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
   plus the feature interaction's (DLRM's dot products, `dot_interaction_flops`) /
   `interaction_flops_per_s` (batched small products run slower than the MLPs' GEMMs).
 - all-reduce of dense gradients and of data-parallel tables: ring, 2(W-1)/W x bytes.
+- under the nested pipeline's N micro-batches, each further micro-batch's fixed overhead
+  (`micro_batch_overhead_s`: its dense step's launches and bookkeeping) and each further
+  chunk of the embedding exchange its collective's latency again, both ways.
 - a fixed per-step overhead (framework, Python, kernel launches), a per-sample one
   (`sample_overhead_s`: id routing, permutes, loss), and on CPU ranks the batch assembly
   that runs on the training thread (`input_s_per_sample`).
@@ -97,8 +100,11 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
 
 def exposed_exchange_passes(schedule: Schedule, micro_batches: int = 1) -> float:
     """How many whole embedding exchanges (forward and backward: 2) a schedule leaves
-    exposed at least: all of them, except under `nested`, 1/N of them (`StepCost.step_s`)."""
-    return 2.0 / max(1, micro_batches) if schedule == Schedule.nested else 2.0
+    exposed at least: all of them, except under `nested` with N > 1 micro-batches, the
+    last gradient chunk's 1/N (`StepCost.device_step_s`: the first forward chunk can hide
+    under the previous step's optimizer step and overheads)."""
+    n = max(1, micro_batches)
+    return 1.0 / n if schedule == Schedule.nested and n > 1 else 2.0
 
 
 def vectors_per_sample(s: Shard, t: TableStats) -> float:
@@ -216,7 +222,7 @@ def step_cost(
     node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
     ex = _Exchange(b, node)
     lookup, seq_lookups, seq_bytes, dp_bytes = _shard_work(tables, shards, devices, ex)
-    emb, ids, sent, (emb_parts, ids_parts) = ex.times(network)
+    emb, ids, sent, (emb_parts, ids_parts), emb_latency = ex.times(network)
     dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
@@ -230,6 +236,8 @@ def step_cost(
         dense_s=dense,
         allreduce_s=allreduce,
         overhead_s=max(d.step_overhead_s for d in devices),
+        micro_batch_s=max(d.micro_batch_overhead_s for d in devices),
+        emb_latency_s=emb_latency,
         input_s=max(
             float(n) * (d.input_s_per_sample + d.sample_overhead_s)
             for n, d in zip(b, devices, strict=True)
@@ -368,13 +376,16 @@ class _Exchange:
         self.sent_intra[owner] += vec * local
         self.sent_inter[owner] += vec * remote
 
-    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float], tuple]:
+    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float], tuple,
+                                                   float]:  # fmt: skip
         """Per rank: the embedding exchange's time (one way), the ids', the bytes it sends
         in all of them (forward, backward and ids), and both times split by link: per
         rank, on its NIC share (`nic`, across nodes) and within its node (`fabric`), each
-        with that link's latency."""
+        with that link's latency; and the embedding exchange's latency (each collective's,
+        the largest any rank pays: what each further chunk of it pays again)."""
         (si, ri, se, re), (isi, iri, ise, ire) = self._bytes()
         intra, inter = network.intra_alltoall, network.alltoall
+        latencies = [0.0]
 
         def time(si, ri, se, re) -> list[float]:
             out = []
@@ -382,6 +393,7 @@ class _Exchange:
                 busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
                 latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
                 out.append(latency + busy if busy > 0 else 0.0)
+                latencies.append(latency if busy > 0 else 0.0)
             return out
 
         def on(link: LinkCost, sent: np.ndarray, received: np.ndarray) -> list[float]:
@@ -389,11 +401,12 @@ class _Exchange:
             return np.where(busy > 0, link.latency_s + busy, 0.0).tolist()
 
         emb = time(si, ri, se, re)
+        emb_latency = max(latencies)
         ids = time(isi, iri, ise, ire)
         sent = 2 * (si + se) + isi + ise
         parts = ({"nic": on(inter, se, re), "fabric": on(intra, si, ri)},
                  {"nic": on(inter, ise, ire), "fabric": on(intra, isi, iri)})  # fmt: skip
-        return emb, ids, sent.tolist(), parts
+        return emb, ids, sent.tolist(), parts, emb_latency
 
     def _bytes(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """Per rank (sent within its node, received within, sent across, received across),

@@ -23,7 +23,10 @@ Schedules (the train pipelines):
   exchange -> lookup backward and update -> all-reduce -> fixed overheads, per step.
 - `sparse_dist`: TorchRec's; the next batch's id exchange runs under this batch's dense work.
 - `nested`: also the embedding exchange and its gradients in N micro-batch chunks, each
-  chunk's dense work waiting for its own chunk only.
+  chunk's dense and per-sample work waiting for its own chunk only (each chunk pays the
+  exchange's latency, each micro-batch past the first its fixed work); the update after the
+  last gradient chunk, then the next batch's lookups under the all-reduce, and its forward
+  chunks under the optimizer step and fixed overheads that end the step (the code's order).
 - SemiSync (`stale=True`): TorchRec's; the next batch's lookups and embedding exchange run
   under this batch's dense work, before its update (one step stale).
 Steady state: several steps are simulated and the step time is the last step's period.
@@ -104,6 +107,8 @@ def step_tasks(
     """The tasks of `steps` consecutive training steps (module docstring); `stale`: SemiSync,
     the next batch's lookups and embedding exchange under this batch's dense work."""
     b = _StepTasks(cost, schedule, micro_batches, network)
+    if b.n > 1:
+        return _nested_tasks(b, steps)
     ahead = stale or schedule in (Schedule.sparse_dist, Schedule.nested)
     pending = b.ids(0, [], ahead)  # the first batch's ids
     prev_done: list[str] = []
@@ -123,6 +128,25 @@ def step_tasks(
     return b.tasks
 
 
+def _nested_tasks(b: _StepTasks, steps: int) -> list[Task]:
+    """`pipelines.nested`'s order with N > 1 micro-batches: each chunk's dense and per-sample
+    work waits for its own forward chunk, its gradient chunk goes out under the next one's;
+    after the last gradient chunk the update, then the next batch's lookups (under the
+    all-reduce) and its forward chunks at once, which cross under the optimizer step and
+    the fixed overheads that end the step."""
+    pending = b.ids(0, [], True)
+    fwd = b.forward(0, pending)
+    for k in range(steps):
+        pending = b.ids(k + 1, fwd[0], True)  # sent after the first micro-batch
+        grads, reduce = b.chunks(k, fwd, b.cost.input_s)
+        update = [f"s{k}:update@{r}" for r in b.ranks]
+        for r in b.ranks:
+            b.tasks.append(Task(update[r], f"compute:{r}", b.cost.lookup_bwd_s[r], tuple(grads)))
+        fwd = b.forward(k + 1, (*pending, *update))
+        b.end_step(k, "overheads", [b.cost.overhead_s] * b.world, reduce)
+    return b.tasks
+
+
 class _StepTasks:
     """Builds a step's tasks stage by stage; each method returns the names to wait on."""
 
@@ -139,10 +163,12 @@ class _StepTasks:
         self.tasks: list[Task] = []
 
     def parts(self, durations: Sequence[float], split: dict[str, list[float]],
-              scale: float = 1.0) -> dict[str, list[float]]:  # fmt: skip
-        """An exchange's per-rank durations by queue: split by link where the cost has it."""
+              chunks: int = 1) -> dict[str, list[float]]:  # fmt: skip
+        """An exchange's per-rank durations by queue: split by link where the cost has it;
+        one of `chunks` chunks of it (`StepCost.chunk_s`: each pays the latency again)."""
         chosen = split or {"net": list(durations)}
-        return {link: [x * scale * self.net for x in xs] for link, xs in chosen.items()}
+        return {link: [self.cost.chunk_s(x, chunks) * self.net for x in xs]
+                for link, xs in chosen.items()}  # fmt: skip
 
     def collective(self, name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
                    cpu_s: Sequence[float] = ()) -> list[str]:  # fmt: skip
@@ -181,28 +207,45 @@ class _StepTasks:
         for r in self.ranks:
             self.tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + self.seq[r],
                                    tuple(deps)))  # fmt: skip
-        fwd = self.parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, 1 / self.n)
+        fwd = self.parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, self.n)
         return [self.collective(f"s{k}:emb{c}", fwd, lookups, self.emb_cpu) for c in range(self.n)]
 
-    def backward_and_update(self, k: int, fwd: list[list[str]]) -> list[str]:
-        """Step k's dense work chunk by chunk (each waits for its own chunk only), each
-        chunk's gradient exchange, the all-reduce, then the update on every rank."""
+    def chunks(self, k: int, fwd: list[list[str]], per_sample_s: float = 0.0
+               ) -> tuple[list[str], list[str]]:  # fmt: skip
+        """Step k's dense work chunk by chunk (each waits for its own chunk only; with
+        `per_sample_s`, its share of that too, and every chunk past the first its fixed
+        work), each chunk's gradient exchange, and the all-reduce after the last chunk: the
+        names to wait on for each."""
         cost, p = self.cost, f"s{k}"
-        bwd = self.parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, 1 / self.n)
+        fixed = cost.micro_batch_s * (self.n - 1) / self.n
+        bwd = self.parts(cost.emb_a2a_bwd_s, cost.emb_a2a_parts_s, self.n)
         grads: list[str] = []
         for c in range(self.n):
             dense = [f"{p}:dense{c}@{r}" for r in self.ranks]
             for r in self.ranks:
-                self.tasks.append(Task(dense[r], f"compute:{r}", cost.dense_s[r] / self.n,
+                self.tasks.append(Task(dense[r], f"compute:{r}",
+                                       (cost.dense_s[r] + per_sample_s) / self.n + fixed,
                                        tuple(fwd[c])))  # fmt: skip
             grads += self.collective(f"{p}:grad{c}", bwd, dense, self.emb_cpu)
         reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
         allreduce = {reduce_on: [cost.allreduce_s * self.net] * self.world}
-        reduce = self.collective(f"{p}:allreduce", allreduce, dense, self.cpu.get("allreduce", ()))
-        done = [f"{p}:update@{r}" for r in self.ranks]
-        fixed = cost.overhead_s + cost.input_s
+        return grads, self.collective(f"{p}:allreduce", allreduce, dense,
+                                      self.cpu.get("allreduce", ()))  # fmt: skip
+
+    def end_step(self, k: int, kind: str, durations: Sequence[float],
+                 deps: Sequence[str]) -> list[str]:  # fmt: skip
+        """The compute (`kind`, per rank) that ends step k on every rank."""
+        done = [f"s{k}:{kind}@{r}" for r in self.ranks]
         for r in self.ranks:
-            self.tasks.append(Task(done[r], f"compute:{r}", cost.lookup_bwd_s[r] + fixed,
-                                   (*grads, *reduce)))  # fmt: skip
-        self.tasks.append(Task(f"{p}:done", "step", 0.0, tuple(done)))
-        return [f"{p}:done"]
+            self.tasks.append(Task(done[r], f"compute:{r}", durations[r], tuple(deps)))
+        self.tasks.append(Task(f"s{k}:done", "step", 0.0, tuple(done)))
+        return [f"s{k}:done"]
+
+    def backward_and_update(self, k: int, fwd: list[list[str]]) -> list[str]:
+        """Step k's chunks (`chunks`), then the update on every rank after every gradient
+        chunk and the all-reduce."""
+        grads, reduce = self.chunks(k, fwd)
+        fixed = self.cost.overhead_s + self.cost.input_s
+        return self.end_step(
+            k, "update", [b + fixed for b in self.cost.lookup_bwd_s], (*grads, *reduce)
+        )

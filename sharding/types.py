@@ -236,6 +236,9 @@ class DeviceCost:
     # and per byte of each such lookup's vector (GPUs: per-id outputs and their gradients
     # written and read again in device memory)
     sequence_s_per_byte: float = 0.0
+    # the nested pipeline: each micro-batch's fixed work beyond one per step (its dense
+    # forward and backward's launches, the chunk's bookkeeping), measured by calibration
+    micro_batch_overhead_s: float = 0.0
     # CPU ranks: this rank's speed against one whole core of the calibration machine (an
     # emulated rank's share, measured), which CPU work measured at one core divides by
     core_speed: float = 1.0
@@ -292,6 +295,8 @@ class StepCost:
     allreduce_s: float
     overhead_s: float
     input_s: float = 0.0  # batch assembly and per-sample framework work
+    micro_batch_s: float = 0.0  # each further micro-batch's fixed work (nested), slowest rank
+    emb_latency_s: float = 0.0  # the embedding exchange's latency, paid again by each chunk
     sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
     a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
     # per rank, for the step simulator's resources (empty: not split): each exchange's part
@@ -318,6 +323,12 @@ class StepCost:
         ids, emb = self.comm_cpu_s["ids"], self.comm_cpu_s["emb"]
         return max(i + 2 * e * (n - 1) / n for i, e in zip(ids, emb, strict=True))
 
+    def chunk_s(self, exchange_s: float, n: int) -> float:
+        """One of n chunks of an exchange that takes `exchange_s` whole: its share of the
+        bytes and the latency again."""
+        latency = min(self.emb_latency_s, exchange_s)
+        return (exchange_s - latency) / n + latency
+
     def feed_s(self) -> tuple[float, float]:
         """Feeding the batch: the slowest rank's host work plus copy (what the plain loop
         waits for), and the longer of the slowest host work and the slowest copy (what a
@@ -337,18 +348,29 @@ class StepCost:
         """The step once its batch is on the device (`step_s` without feeding it)."""
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
-        emb = max(self.emb_a2a_fwd_s) + max(self.emb_a2a_bwd_s)
-        fixed = lookup + dense + self.allreduce_s + self.overhead_s + self.input_s
-        fixed += max(self.sequence_s, default=0.0)
-        if schedule == Schedule.plain:
-            return fixed + ids + emb
-        # what hides under the dense work lengthens it by its CPU work (CPU ranks)
+        fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)
+        seq = max(self.sequence_s, default=0.0)
+        # what hides under compute lengthens it by its CPU work (CPU ranks)
         cpu = self.hidden_cpu_s(schedule, micro_batches)
-        if schedule == Schedule.sparse_dist:  # the embedding exchange stays exposed
-            return fixed + emb + max(0.0, ids - dense, cpu)
-        n = max(1, micro_batches)  # nested: 1/n of the embedding exchange stays exposed; the
-        # rest and the next batch's ids hide under dense compute as far as it lasts
-        return fixed + emb / n + max(0.0, emb * (n - 1) / n + ids - dense, cpu)
+        n = max(1, micro_batches)
+        if schedule == Schedule.nested and n > 1:
+            # pipelines.nested's order, two resources (the rank's compute, the link): the
+            # last gradient chunk ends the micro-batches with nothing under it; then the
+            # update and the next lookups run while the all-reduce is on the link; the
+            # next batch's first chunk (sent after its lookups) arrives under the optimizer
+            # step and the fixed overheads; the other chunks both ways and the next ids
+            # cross under the micro-batches' dense and per-sample work. Each chunk pays the
+            # exchange's latency, each micro-batch past the first its fixed work.
+            chunk_fwd, chunk_bwd = self.chunk_s(fwd, n), self.chunk_s(bwd, n)
+            work = dense + self.input_s + cpu + (n - 1) * self.micro_batch_s
+            return (chunk_bwd + max(lookup, self.allreduce_s) + max(self.overhead_s, chunk_fwd)
+                    + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids) + seq)  # fmt: skip
+        fixed = lookup + dense + self.allreduce_s + self.overhead_s + self.input_s + seq
+        if schedule == Schedule.plain:
+            return fixed + ids + fwd + bwd
+        # SparseDist, and nested in one micro-batch: the embedding exchange stays exposed,
+        # the next batch's ids hide under the dense work
+        return fixed + fwd + bwd + max(0.0, ids - dense, cpu)
 
 
 class PlanDoesNotFitError(UserError, RuntimeError):

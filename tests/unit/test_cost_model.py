@@ -85,9 +85,13 @@ def test_two_table_wise_tables_on_two_ranks() -> None:
     assert plain == pytest.approx(expected)
     # SparseDist hides the id exchange under the dense compute (6e-4 > 1.2e-4)
     assert cost.step_s(Schedule.sparse_dist) == pytest.approx(expected - 1.2e-4)
-    # nested with 4 micro-batches: a quarter of the embedding exchange stays exposed
+    # nested with 4 micro-batches: each chunk a quarter of the 4e-5 of bytes and the 1e-4
+    # latency again (1.1e-4); the last gradient chunk exposed; the all-reduce under the
+    # update and the next lookups (48e-6); the first forward chunk under the 1 ms of
+    # overheads; the six other chunks and the ids (7.8e-4) outlast the dense work (6e-4)
     nested = cost.step_s(Schedule.nested, micro_batches=4)
-    assert nested == pytest.approx(expected - 1.2e-4 - 2 * 1.4e-4 * 3 / 4)
+    assert cost.chunk_s(1.4e-4, 4) == pytest.approx(1.1e-4)
+    assert nested == pytest.approx(1.1e-4 + 48e-6 + 1e-3 + 6 * 1.1e-4 + 1.2e-4)
 
 
 def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> None:
@@ -112,10 +116,11 @@ def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> No
     # SparseDist: the next batch's ids (1.2e-4 on the wire) hide under 6e-4 of dense work,
     # which their CPU work on the slower rank lengthens
     assert cost.step_s(Schedule.sparse_dist) == pytest.approx(plain - 1.2e-4 + 6.4e-5)
-    # nested4: also 3/4 of the embedding exchange both ways hides, with its CPU work
+    # nested4: also 3/4 of the embedding exchange both ways hides, with its CPU work: the
+    # dense work and that CPU work (8.74e-4) now outlast the six chunks and the ids (7.8e-4)
     hidden_cpu = 6.4e-5 + 2 * 1.4e-4 * 3 / 4
     assert cost.step_s(Schedule.nested, 4) == pytest.approx(
-        free.step_s(Schedule.nested, 4) + hidden_cpu
+        free.step_s(Schedule.nested, 4) - 7.8e-4 + 6e-4 + hidden_cpu
     )
 
 
@@ -542,12 +547,39 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
         for rate in ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s"):
             assert getattr(now, rate) == pytest.approx(2 * getattr(old, rate))
         for time_ in ("input_s_per_sample", "step_overhead_s", "sample_overhead_s",
-                      "sequence_s_per_lookup"):  # fmt: skip
+                      "sequence_s_per_lookup", "micro_batch_overhead_s"):  # fmt: skip
             assert getattr(now, time_) == pytest.approx(getattr(old, time_) / 2)
         assert now.emb_bwd_factor == old.emb_bwd_factor
     assert asdict(new)["links"] == asdict(cal)["links"]
     assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
     assert load_calibration().device == d  # the saved calibration is not touched
+
+
+def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
+    monkeypatch, tmp_path
+) -> None:  # fmt: skip
+    """`benchmarks.calibrate.measure_micro_batch`: nested at N = 1 and 8, each run's measured
+    step less its prediction without the per-micro-batch work; the difference over the 7
+    micro-batches added. Where the model already explains all of it, none (not negative)."""
+    from benchmarks import calibrate
+
+    cfg = calibrate.CalibrateConfig()
+    measured, predicted = {1: 30.0, 8: 50.0}, {1: 32.0, 8: 31.0}
+
+    def train(overrides, steps, run_dir, link):
+        n = int(overrides[-1].split("=")[1])
+        return {"batch_per_rank": [1000, 1000], "samples_per_s": 2000 / measured[n] * 1000}
+
+    def predict(overrides, run_dir, link, cal):
+        return predicted[int(overrides[-1].split("=")[1])]
+
+    monkeypatch.setattr(calibrate, "_train", train)
+    monkeypatch.setattr(calibrate, "predict_ms", predict)
+    micro = calibrate.measure_micro_batch(cfg, tmp_path, None)
+    assert micro["per_micro_batch_s"] == pytest.approx((50.0 - 31.0 - (30.0 - 32.0)) / 7 / 1000)
+    assert [r["micro_batches"] for r in micro["runs"]] == [1, 8]
+    measured[8] = 25.0
+    assert calibrate.measure_micro_batch(cfg, tmp_path, None)["per_micro_batch_s"] == 0.0
 
 
 def test_planner_calibration_plans_with_a_recorded_calibration(typed_cfg) -> None:

@@ -55,12 +55,39 @@ def test_the_plain_loop_exposes_the_whole_exchange() -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_nested_leaves_about_one_nth_of_the_exchange_exposed_when_compute_covers_it(n: int):
-    """NestPipe's shape: with N micro-batches, the first forward chunk and the last gradient
-    chunk stay exposed, 1/N of each exchange; the rest hides under dense work."""
+    """NestPipe's shape, in `pipelines.nested`'s order: with N > 1 micro-batches the last
+    gradient chunk stays exposed (1/N of one exchange), and the first forward chunk for as
+    long as it outlasts the optimizer step and overheads it crosses under (0.5 here); the
+    all-reduce hides under the update and the next lookups, the rest under dense work. One
+    micro-batch is SparseDist: both exchanges exposed. The closed form agrees."""
     emb, cost = 4.0, _cost(dense=40.0, emb=4.0)
     r = simulate(cost, Schedule.nested, n)
-    exposed_exchange = r.exposed_comm_s - cost.allreduce_s
-    assert exposed_exchange == pytest.approx(2 * emb / n, rel=0.01)
+    if n == 1:
+        assert r.exposed_comm_s - cost.allreduce_s == pytest.approx(2 * emb)
+    else:
+        assert r.exposed_comm_s == pytest.approx(emb / n + max(0.0, emb / n - cost.overhead_s))
+    assert r.step_s == pytest.approx(cost.step_s(Schedule.nested, n))
+
+
+def test_each_chunk_pays_the_latency_and_each_micro_batch_its_fixed_work() -> None:
+    """With 0.5 of latency in each 4.0 exchange and 0.4 of fixed work per micro-batch past
+    the first, more micro-batches stop paying: each chunk moves 3.5/N and pays 0.5 again,
+    the micro-batches' work grows by 0.4 each, and beyond N = 4 the chunks' latencies
+    outlast the 8.25 of dense and per-sample work they cross under. The simulator and the
+    closed form agree at every N."""
+    from dataclasses import replace
+
+    cost = replace(_cost(dense=8.0, emb=4.0), emb_latency_s=0.5, micro_batch_s=0.4)
+    steps = {n: simulate(cost, Schedule.nested, n).step_s for n in (1, 2, 4, 8, 16)}
+    for n, step in steps.items():
+        assert step == pytest.approx(cost.step_s(Schedule.nested, n))
+    assert cost.chunk_s(4.0, 8) == pytest.approx(3.5 / 8 + 0.5)
+    # N = 8: the last gradient chunk, the lookups and update (3.0) over the all-reduce, the
+    # first forward chunk over the 0.5 of overheads, then 14 chunks and the ids (13.25)
+    # over the dense, per-sample and 7 x 0.4 of fixed work (11.05)
+    chunk = 3.5 / 8 + 0.5
+    assert steps[8] == pytest.approx(chunk + 3.0 + chunk + 14 * chunk + 1.0)
+    assert steps[4] < steps[2] < steps[1] and steps[4] < steps[8] < steps[16]
 
 
 def test_semi_sync_hides_the_forward_exchange_but_not_the_gradients() -> None:
@@ -91,15 +118,21 @@ def test_the_networks_cpu_work_takes_the_compute_queue_as_in_the_closed_form(sch
 
 
 def test_nested_chunks_cpu_work_lengthens_the_dense_work_it_runs_beside() -> None:
-    """nested4 under 40 s of dense work: the forward chunks' CPU work (4 x 0.25) runs while
-    the first chunk is on the wire (1.0), then the next batch's ids' (0.5) and three
-    gradient chunks' (3 x 0.25) lengthen the dense work; the last gradient chunk's runs
-    beside its own exposed transfer."""
+    """nested4 under 40 s of dense work: the forward chunks' CPU work (4 x 0.25) runs after
+    the next lookups, before the overheads (0.5), so the first chunk (1.0 on the wire) is
+    waited for 0.5 longer; the next batch's ids' (0.5) and three gradient chunks'
+    (3 x 0.25) lengthen the dense work; the last gradient chunk's runs beside its own
+    exposed transfer. The closed form charges the micro-batches the ids' and 3/4 of both
+    exchanges' CPU work (0.5 + 1.5) instead: 0.25 more."""
     from dataclasses import replace
 
-    plain_cpu = simulate(_cost(dense=40.0), Schedule.nested, 4).step_s
-    cost = replace(_cost(dense=40.0), comm_cpu_s=CPU)
-    assert simulate(cost, Schedule.nested, 4).step_s == pytest.approx(plain_cpu + 0.5 + 0.75)
+    no_cpu = _cost(dense=40.0)
+    cost = replace(no_cpu, comm_cpu_s=CPU)
+    simulated = simulate(cost, Schedule.nested, 4).step_s
+    assert simulated == pytest.approx(simulate(no_cpu, Schedule.nested, 4).step_s + 0.5 + 1.25)
+    closed = cost.step_s(Schedule.nested, 4)
+    assert closed == pytest.approx(no_cpu.step_s(Schedule.nested, 4) + 2.0)
+    assert closed - simulated == pytest.approx(0.25)
 
 
 def test_an_exchange_split_by_link_takes_its_slower_link_and_copies_hide_when_prefetched() -> None:
