@@ -29,8 +29,10 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
     """The default run learns, writes its outputs, and works out the cluster, the planner's
     inputs and the model once per process that needs them (rank_jobs.COUNTED)."""
     import recsys.app.train
+    from recsys.models import cost_inputs
 
     cfg = compose_config(["trainer.max_steps=60", "trainer.batch_size=256", "trainer.log_every=10"])
+    monkeypatch.setattr(cost_inputs, "_COSTS", {})  # this process's earlier tests' models
     in_parent = rank_jobs.count_calls(monkeypatch.setattr)
     monkeypatch.setattr(recsys.app.train, "rank_main", rank_jobs.counted_rank_main)
     summary = train(cfg, tmp_path)
