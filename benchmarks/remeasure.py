@@ -105,9 +105,6 @@ _DEFAULT_DIR = {
     "plan_train_emu_mixed3",
     "pipeline_emu_mixed3",
 }
-# overrides a set's command states that were the defaults when it was published (the
-# published config does not list them; what the run did, the command now says)
-THEN_DEFAULT: dict[str, list[str]] = {}
 # the sets a set's run reads, which PUBLISHED's order runs first (benchmarks.scale validates
 # its simulator against the calibration's and the emulated pipeline's measured steps)
 DEPENDS = {

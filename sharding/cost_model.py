@@ -385,24 +385,23 @@ class _Exchange:
         the largest any rank pays: what each further chunk of it pays again)."""
         (si, ri, se, re), (isi, iri, ise, ire) = self._bytes()
         intra, inter = network.intra_alltoall, network.alltoall
-        latencies = [0.0]
 
-        def time(si, ri, se, re) -> list[float]:
-            out = []
+        def time(si, ri, se, re) -> tuple[list[float], float]:
+            """Per rank, and the largest latency a rank pays."""
+            out, most = [], 0.0
             for a, c, e, f in zip(si, ri, se, re, strict=True):
                 busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
                 latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
                 out.append(latency + busy if busy > 0 else 0.0)
-                latencies.append(latency if busy > 0 else 0.0)
-            return out
+                most = max(most, latency if busy > 0 else 0.0)
+            return out, most
 
         def on(link: LinkCost, sent: np.ndarray, received: np.ndarray) -> list[float]:
             busy = np.maximum(sent, received) / link.bytes_per_s
             return np.where(busy > 0, link.latency_s + busy, 0.0).tolist()
 
-        emb = time(si, ri, se, re)
-        emb_latency = max(latencies)
-        ids = time(isi, iri, ise, ire)
+        emb, emb_latency = time(si, ri, se, re)
+        ids, _ = time(isi, iri, ise, ire)
         sent = 2 * (si + se) + isi + ise
         parts = ({"nic": on(inter, se, re), "fabric": on(intra, si, ri)},
                  {"nic": on(inter, ise, ire), "fabric": on(intra, isi, iri)})  # fmt: skip
