@@ -654,4 +654,7 @@ def publishing(cfg: CalibrateConfig, result: dict) -> CalibrateConfig:
 
 
 if __name__ == "__main__":
+    from recsys.launch import serve_forks_from_here
+
+    serve_forks_from_here()  # its ranks start from the stack this process imported
     main()

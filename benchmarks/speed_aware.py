@@ -86,4 +86,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from recsys.launch import serve_forks_from_here
+
+    serve_forks_from_here()  # its ranks start from the stack this process imported
     main()

@@ -8,6 +8,8 @@ others fail with an error that names it, never a hang.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import inspect
 import multiprocessing as mp
 import os
 import queue
@@ -21,7 +23,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import reduction
+from multiprocessing import connection, forkserver, reduction, resource_tracker
 from multiprocessing.context import ForkServerProcess
 from pathlib import Path
 from typing import Any, Protocol
@@ -198,6 +200,55 @@ def exit_now(code: int) -> None:
 # what the fork server imports once, before it forks ranks (a module it cannot import is
 # skipped; each rank imports what it needs in any case)
 _PRELOAD = ["torch", "torchrec", "recsys.trainer.loop"]
+# the arguments of multiprocessing.forkserver.main this was written against (Python 3.11)
+_SERVER_ARGS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+
+
+def serve_forks_from_here() -> bool:
+    """Make the fork server `spawn_ranks` uses a fork of this process as it is now, and say
+    whether it did.
+
+    A command's entry calls it first, before any work: then its ranks start from the
+    training stack this process has already imported, where multiprocessing's own fork
+    server would start a fresh interpreter and import it again (about 4 s of CPU, and of
+    waiting, per command). The server is forked before the command has done anything, so
+    its ranks still share nothing with the command's later state but what is pickled to
+    them, as with multiprocessing's server. Where this Python's fork server is not the one
+    this was written against (`_SERVER_ARGS`), or a server already runs, or torchrun or
+    Slurm started this process as a rank, it does nothing (and `spawn_ranks` starts
+    multiprocessing's own)."""
+    server = forkserver._forkserver
+    if launched_externally() or list(inspect.signature(forkserver.main).parameters) != _SERVER_ARGS:
+        return False  # torchrun or Slurm started this rank; or another Python's fork server
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    with server._lock:
+        if server._forkserver_pid is not None:
+            return False
+        resource_tracker.ensure_running()  # before the fork: the ranks share this one
+        address = connection.arbitrary_address("AF_UNIX")
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(address)
+            os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()  # as multiprocessing's: it ends once no client is left
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the server: serves until every client has gone, never returns
+                code = 1
+                try:
+                    os.close(alive_w)
+                    forkserver.main(listener.fileno(), alive_r, [])
+                except SystemExit:
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+    return True
 
 
 class _Fd:

@@ -6,5 +6,7 @@ module is never imported, so the layers keep one direction, tests/unit/test_laye
 
 if __name__ == "__main__":
     from recsys.app.train import cli
+    from recsys.launch import serve_forks_from_here
 
+    serve_forks_from_here()  # its ranks start from the stack this process imported
     cli()

@@ -16,7 +16,7 @@ def all_reduce_rank(timeout_s: float) -> dict:
     rank, world = launch.init_distributed(timeout_s)
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    return {"rank": rank, "world": world, "sum": float(t)}
+    return {"rank": rank, "world": world, "sum": float(t), "parent": os.getppid()}
 
 
 def reduce_scatters(timeout_s: float) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -32,6 +33,42 @@ def test_ranks_run_a_collective_and_return_results(world: int) -> None:
     expected = world * (world + 1) / 2
     assert [r["rank"] for r in job.results] == list(range(world))
     assert all(r["sum"] == expected and r["world"] == world for r in job.results)
+
+
+def test_a_command_forks_its_ranks_from_a_fork_of_itself(tmp_path: Path) -> None:
+    """`serve_forks_from_here`: the fork server is this command's child (no second
+    interpreter importing the stack), its ranks still run collectives, it starts once, and
+    it ends with the command."""
+    command = textwrap.dedent("""
+        import json, os, sys
+        sys.path.insert(0, "tests")
+        import rank_jobs
+        from recsys import launch
+        started = [launch.serve_forks_from_here(), launch.serve_forks_from_here()]
+        server = launch.forkserver._forkserver._forkserver_pid
+        with open(f"/proc/{server}/stat") as f:
+            server_parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        job = launch.spawn_ranks(rank_jobs.all_reduce_rank, 2, args=(30.0,), timeout_s=120)
+        print(json.dumps({"pid": os.getpid(), "server": server, "server_parent": server_parent,
+                          "started": started, "results": job.results}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", command], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout)
+    assert said["started"] == [True, False] and said["server_parent"] == said["pid"]
+    assert [(r["sum"], r["parent"]) for r in said["results"]] == [(3.0, said["server"])] * 2
+    stat, deadline = Path(f"/proc/{said['server']}/stat"), time.monotonic() + 30
+
+    def server_runs() -> bool:  # a zombie has ended (no parent is left to reap it at once)
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    while server_runs():
+        assert time.monotonic() < deadline, "the fork server outlived its command by 30 s"
+        time.sleep(0.05)
 
 
 def test_whatever_ends_rank_zeros_planning_reaches_every_rank_at_once() -> None:
