@@ -7,7 +7,5 @@ training command with `trainer.mode=evaluate`; an entry module only (see recsys/
 
 if __name__ == "__main__":
     from recsys.app.train import evaluate_cli
-    from recsys.launch import serve_forks_from_here
 
-    serve_forks_from_here()  # its ranks start from the stack this process imported
-    evaluate_cli()
+    evaluate_cli(serve_forks=True)  # its ranks start from the stack this process imported

@@ -6,7 +6,5 @@ module is never imported, so the layers keep one direction, tests/unit/test_laye
 
 if __name__ == "__main__":
     from recsys.app.train import cli
-    from recsys.launch import serve_forks_from_here
 
-    serve_forks_from_here()  # its ranks start from the stack this process imported
-    cli()
+    cli(serve_forks=True)  # its ranks start from the stack this process imported

@@ -535,9 +535,13 @@ def exit_status_of_sweep() -> int:
     return min(len(FAILED_JOBS), 100)
 
 
-def cli() -> None:
+def cli(serve_forks: bool = False) -> None:
     """`python -m recsys.train`: the command, then its exit status (a sweep's: how many of
-    its jobs failed)."""
+    its jobs failed). `serve_forks`: this process is the command's own, started by its entry
+    module, and its ranks' fork server is to be forked from it now
+    (`launch.serve_forks_from_here`)."""
+    if serve_forks:
+        launch.serve_forks_from_here()
     main()
     if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now
         launch.exit_now(0)
@@ -545,10 +549,10 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    cli(serve_forks=True)
 
 
-def evaluate_cli() -> None:
+def evaluate_cli(serve_forks: bool = False) -> None:
     """`python -m recsys.evaluate`: the command with `trainer.mode=evaluate`, placed after
     Hydra's own options (`--config-dir <dir>`, ...; later arguments may not set another
     mode)."""
@@ -557,4 +561,4 @@ def evaluate_cli() -> None:
     while i < len(args) and args[i].startswith("-"):  # an option, with its value if separate
         i += 1 if "=" in args[i] or args[i] in flags else 2
     args.insert(i, "trainer.mode=evaluate")
-    cli()
+    cli(serve_forks)
