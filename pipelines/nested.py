@@ -105,6 +105,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._reduce = reduce
         self._loss_fn = batch_loss_fn(self._model)
         self._next: Step | None = None
+        self._placeholders: dict[tuple, KeyedJaggedTensor] = {}
         self._stream = torch.cuda.Stream() if device.type == "cuda" else None
 
     def progress(self, dataloader_iter: Iterator[Any]) -> Any:
@@ -220,6 +221,14 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             loss = self._loss_fn(logit, batch.labels.float())
         return (loss, logit, batch.labels), backs
 
+    def _placeholder(self, kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
+        """`_placeholder(kjt, batch)`, made once for each shape (never read: the same one
+        serves every micro-batch of its size)."""
+        key = _placeholder_key(kjt, batch)
+        if key not in self._placeholders:
+            self._placeholders[key] = _placeholder(kjt, batch)
+        return self._placeholders[key]
+
     def _micro_batch(self, step: Step, k: int, b: int, plans, sends, grads,
                      backs: list[Pending]) -> torch.Tensor:  # fmt: skip
         """Micro-batch k (`b` of my samples): its dense forward and backward on the chunk's
@@ -238,15 +247,15 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             leaf = [p.requires_grad_() for p in parts]
             leaves.append(leaf)
             m.module.forward = _returns(m.output(leaf, ms.states, k))
+        # requires grad so that every layer's output gradient is computed
+        dense = batch.dense_features[mine].requires_grad_()
+        sparse = self._placeholder(batch.sparse_features, b)
+        label = batch.labels[mine].float()
         try:
-            with deferred:
-                deferred.start_micro_batch()
-                # requires grad so that every layer's output gradient is computed
-                dense = batch.dense_features[mine].requires_grad_()
-                sparse = _placeholder(batch.sparse_features, b)
+            deferred.start_micro_batch()
+            with deferred:  # the forward only: what it records, the backward completes
                 logit = self._model.model(dense, sparse).squeeze(-1)
-                label = batch.labels[mine].float()
-                logit.backward(loss_seed(self._model, logit, label, batch.dense_features.shape[0]))
+            logit.backward(loss_seed(self._model, logit, label, batch.dense_features.shape[0]))
         finally:
             for m in self._lookups.modules:
                 del m.module.forward
@@ -290,3 +299,9 @@ def _placeholder(kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
         lengths=kjt.lengths().new_zeros(len(keys) * batch),
         stride=batch,
     )
+
+
+def _placeholder_key(kjt: KeyedJaggedTensor, batch: int) -> tuple:
+    """What a placeholder of `batch` samples for `kjt` depends on."""
+    values, lengths = kjt.values(), kjt.lengths()
+    return tuple(kjt.keys()), batch, values.dtype, lengths.dtype, values.device
