@@ -224,7 +224,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
     def _placeholder(self, kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
         """`_placeholder(kjt, batch)`, made once for each shape (never read: the same one
         serves every micro-batch of its size)."""
-        key = _placeholder_key(kjt, batch)
+        values = kjt.values()
+        key = (tuple(kjt.keys()), batch, values.dtype, kjt.lengths().dtype, values.device)
         if key not in self._placeholders:
             self._placeholders[key] = _placeholder(kjt, batch)
         return self._placeholders[key]
@@ -299,9 +300,3 @@ def _placeholder(kjt: KeyedJaggedTensor, batch: int) -> KeyedJaggedTensor:
         lengths=kjt.lengths().new_zeros(len(keys) * batch),
         stride=batch,
     )
-
-
-def _placeholder_key(kjt: KeyedJaggedTensor, batch: int) -> tuple:
-    """What a placeholder of `batch` samples for `kjt` depends on."""
-    values, lengths = kjt.values(), kjt.lengths()
-    return tuple(kjt.keys()), batch, values.dtype, lengths.dtype, values.device
