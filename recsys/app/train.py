@@ -535,12 +535,17 @@ def exit_status_of_sweep() -> int:
     return min(len(FAILED_JOBS), 100)
 
 
+# Hydra's options that print and exit: no rank starts
+_HYDRA_INFO = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info",
+               "-sc", "--shell-completion"}  # fmt: skip
+
+
 def cli(serve_forks: bool = False) -> None:
     """`python -m recsys.train`: the command, then its exit status (a sweep's: how many of
     its jobs failed). `serve_forks`: this process is the command's own, started by its entry
     module, and its ranks' fork server is to be forked from it now
     (`launch.serve_forks_from_here`)."""
-    if serve_forks:
+    if serve_forks and not _HYDRA_INFO.intersection(sys.argv[1:]):  # ranks will start
         launch.serve_forks_from_here()
     main()
     if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now

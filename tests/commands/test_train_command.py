@@ -1,13 +1,17 @@
 """`python -m recsys.train` refusing bad input in one line (a zero timeout, a planner value out
-of range, missing data) and ending cleanly when no figure can be computed."""
+of range, missing data), ending cleanly when no figure can be computed, and forking its
+ranks' server only where ranks may start."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import CRITEO, run_command
+
+from recsys.app import train as app
 
 
 @pytest.mark.slow
@@ -54,3 +58,20 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples_per_s"] is None and summary["eval_auc"] is None
     assert summary["steps"] == 3 and summary["train_loss"] is not None
+
+
+@pytest.mark.parametrize(("args", "forks"), [(["--help"], 0), (["--cfg", "job"], 0),
+                                             (["trainer.max_steps=1"], 1)])  # fmt: skip
+def test_the_command_forks_its_ranks_server_only_where_ranks_may_start(monkeypatch, args,
+                                                                        forks) -> None:  # fmt: skip
+    """`python -m recsys.train` (`cli(serve_forks=True)`): its fork server is forked before a
+    run, not for Hydra's options that only print; an in-process call never forks it."""
+    calls = []
+    monkeypatch.setattr(app.launch, "serve_forks_from_here", lambda: calls.append(1))
+    monkeypatch.setattr(app, "main", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["recsys.train", *args])
+    for serve, expected in ((True, forks), (False, 0)):
+        calls.clear()
+        with pytest.raises(SystemExit):
+            app.cli(serve_forks=serve)
+        assert len(calls) == expected, (serve, args)
