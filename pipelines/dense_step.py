@@ -90,15 +90,15 @@ def loss_seed(train: torch.nn.Module, logits: torch.Tensor, labels: torch.Tensor
               batch: int) -> torch.Tensor:  # fmt: skip
     """d(the whole batch's loss) / d(these logits), computed as the plain loop's backward
     computes it; `batch` is the rank's batch size."""
-    fn = train.loss_fn
-    if exact_seed(train) and getattr(train, "loss_reduction", "mean") != "sum":
+    fn, summed = train.loss_fn, getattr(train, "loss_reduction", "mean") == "sum"
+    if exact_seed(train) and not summed:
         # autograd's formula for BCE's backward (FunctionsManual.cpp, no weights):
         # (sigmoid(x) - y) * grad, then / numel under the mean, with grad = 1 and the plain
         # loop's numel; computed directly: no forward loss and no graph to run
         return (logits.detach().sigmoid() - labels).div_(batch)
     x = logits.detach().requires_grad_()
     with torch.enable_grad():
-        if getattr(train, "loss_reduction", "mean") == "sum":
+        if summed:
             (grad,) = torch.autograd.grad(fn(x, labels), x)
             return grad
         # another mean loss: this micro-batch's mean, weighted by its share (rounds)

@@ -210,7 +210,7 @@ def serve_forks_from_here() -> bool:
 
     A command's entry calls it first, before any work: then its ranks start from the
     training stack this process has already imported, where multiprocessing's own fork
-    server would start a fresh interpreter and import it again (about 4 s of CPU, and of
+    server would start a fresh interpreter and import it again (seconds of CPU, and of
     waiting, per command). The server is forked before the command has done anything, so
     its ranks still share nothing with the command's later state but what is pickled to
     them, as with multiprocessing's server. Where this Python's fork server is not the one
