@@ -59,7 +59,8 @@ NOT_RUN = {
 
 @dataclass
 class PipelineBenchConfig:
-    # a pipeline name, or nested<N> with optional +lookahead / +cluster / +dedup
+    # a pipeline name, or nested<N> with optional +lookahead / +cluster / +dedup (unique
+    # rows both ways: within rounding) or +dedup_fwd (unique rows forward: bit for bit)
     pipelines: list[str] = field(default_factory=lambda: [
         "plain", "base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync",
         "nested1", "nested2", "nested4", "nested8", "nested4+lookahead", "nested4+cluster",
@@ -128,15 +129,17 @@ def pipeline_overrides(label: str) -> list[str]:
             raise ValueError(f"'{label}': options (+...) apply to nested<N> only")
         return [f"pipeline={name}"]
     n = name[len("nested") :]
-    unknown = set(options) - {"lookahead", "cluster", "dedup"}
-    if not n.isdigit() or unknown:
+    unknown = set(options) - {"lookahead", "cluster", "dedup", "dedup_fwd"}
+    if not n.isdigit() or unknown or {"dedup", "dedup_fwd"} <= set(options):
         raise ValueError(
-            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup], e.g. nested4+dedup"
+            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup|+dedup_fwd], e.g. "
+            f"nested4+dedup (+dedup_fwd: unique rows forward only, gradients pooled)"
         )
-    return ["pipeline=nested", f"pipeline.micro_batches={n}",
-            f"pipeline.lookahead={'lookahead' in options}",
-            f"pipeline.cluster_samples={'cluster' in options}",
-            f"pipeline.dedup={'dedup' in options}"]  # fmt: skip
+    overrides = ["pipeline=nested", f"pipeline.micro_batches={n}",
+                 f"pipeline.lookahead={'lookahead' in options}",
+                 f"pipeline.cluster_samples={'cluster' in options}",
+                 f"pipeline.dedup={'dedup' in options or 'dedup_fwd' in options}"]  # fmt: skip
+    return overrides + (["pipeline.dedup_grads=False"] if "dedup_fwd" in options else [])
 
 
 def _losses(run_dir: Path) -> list[float]:

@@ -133,14 +133,16 @@ def plan_at(cfg: ScaleConfig, spec, planner: str, profile: AccessProfile | None
 class ScheduleLabel:
     """A schedule label parsed: `plain`, `sparse_dist`, `semi_sync` (SparseDist's ids ahead,
     and the next batch's embeddings: stale) or `nested<N>`, the last with `+dedup` (each
-    micro-batch's distinct ids and rows exchanged, `sharding.distinct`) and `+cluster`
-    (key-centric clustering first: it changes only what dedup sends)."""
+    micro-batch's distinct ids and rows exchanged, `sharding.distinct`) or `+dedup_fwd`
+    (distinct rows forward only, gradients pooled) and `+cluster` (key-centric clustering
+    first: it changes only what dedup sends)."""
 
     schedule: Any  # sharding.types.Schedule
     micro_batches: int = 1
     stale: bool = False
     dedup: bool = False
     clustered: bool = False
+    dedup_grads: bool = True
 
 
 def schedule_of_label(label: str) -> ScheduleLabel:
@@ -148,11 +150,16 @@ def schedule_of_label(label: str) -> ScheduleLabel:
     from sharding.types import Schedule
 
     name, *extras = label.split("+")
-    if set(extras) - {"dedup", "cluster"} or (extras and not name.startswith("nested")):
-        raise ValueError(f"schedule '{label}': only nested<N> takes +dedup and +cluster")
+    if (set(extras) - {"dedup", "dedup_fwd", "cluster"} or {"dedup", "dedup_fwd"} <= set(extras)
+            or (extras and not name.startswith("nested"))):  # fmt: skip
+        raise ValueError(
+            f"schedule '{label}': only nested<N> takes +dedup (or +dedup_fwd) and +cluster"
+        )
     if name.startswith("nested"):
         return ScheduleLabel(Schedule.nested, int(name[len("nested") :] or 4),
-                             dedup="dedup" in extras, clustered="cluster" in extras)  # fmt: skip
+                             dedup=bool({"dedup", "dedup_fwd"} & set(extras)),
+                             clustered="cluster" in extras,
+                             dedup_grads="dedup_fwd" not in extras)  # fmt: skip
     if name == "semi_sync":
         return ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
     return ScheduleLabel(schedule_of(name))  # TorchRec's base pipeline runs the plain loop
@@ -170,7 +177,7 @@ def simulate_label(
     volume = None
     if label.dedup:
         volume = dedup_volume(plan, inputs, label.micro_batches, profile, label.clustered)
-        cost = with_dedup(cost, volume)
+        cost = with_dedup(cost, volume, label.dedup_grads)
     return simulate(cost, label.schedule, label.micro_batches, stale=label.stale), cost, volume
 
 
@@ -268,10 +275,9 @@ def validation_settings() -> list[dict]:
     for row in emu["rows"]:
         label = row["pipeline"]
         extra = {}
-        if "+dedup" in label and label.replace("+dedup", "") in link_bytes:
-            extra["measured_link_ratio"] = (
-                row["link_bytes"] / link_bytes[label.replace("+dedup", "")]
-            )
+        plain = label.replace("+dedup_fwd", "").replace("+dedup", "")  # its pooled twin
+        if plain != label and plain in link_bytes:
+            extra["measured_link_ratio"] = row["link_bytes"] / link_bytes[plain]
 
         overrides = ["cluster=emu_mixed4", *c["overrides"], *pipeline_overrides(label)]
         out.append({"setting": f"emu_mixed4 {label}", "overrides": overrides,
@@ -321,8 +327,10 @@ def validate() -> list[dict]:
         rows.append({**s, "predicted_ms": predicted, "closed_form_ms": closed,
                      "rel_error": (predicted - s["measured_ms"]) / s["measured_ms"],
                      "dedup": label.dedup})  # fmt: skip
-        if volume is not None:  # what dedup sends, embedding rows / pooled vectors
-            rows[-1]["predicted_volume_ratio"] = statistics.mean(volume.vectors)
+        if volume is not None:  # what dedup sends, embedding rows / pooled vectors (both
+            # ways; +dedup_fwd: the forward's rows and the pooled gradients)
+            both = volume.vectors if label.dedup_grads else [(1 + v) / 2 for v in volume.vectors]
+            rows[-1]["predicted_volume_ratio"] = statistics.mean(both)
     return rows
 
 

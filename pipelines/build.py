@@ -91,7 +91,7 @@ def build_pipeline(
     if name == PipelineName.nested:
         return NestedPipeline(
             model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead,
-            cfg.dedup, reduce,
+            cfg.dedup, reduce, cfg.dedup_grads,
         )  # fmt: skip
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"

@@ -12,6 +12,14 @@ few rows, so here:
   over its bags before sending it back; the fused update runs once per batch on each row's
   summed gradient.
 
+With `grads=False` (`pipeline.dedup_grads=false`) only the forward is deduplicated: every id
+is routed as TorchRec routes it, the owner works each block's distinct rows out of them and
+looks them up beside the full lookup (whose graph the update runs through), and the
+gradients go back pooled, one vector per sample and feature (`ChunkedPooledExchange`). The
+requester pools each bag from its rows in the bag's order, as the TBE does, so the result is
+the plain loop's bit for bit, for about two thirds of the pooled exchange's bytes where ids
+repeat within a micro-batch.
+
 Both sides know every block's size from the same distinct ids, so nothing else is
 exchanged first. On a GPU each side works out all its blocks (every micro-batch and owner,
 or every micro-batch and requester) at once on the device, with sorts and scatters whose
@@ -21,8 +29,9 @@ waits for the device (`tests/unit/test_dedup_blocks.py` counts the reads). On a 
 a read waits for nothing, the requester's blocks are worked out one by one, which is faster
 there; both give the same blocks, bit for bit (tested).
 
-The arithmetic differs from the pooled exchange only in the order of sums (a row's gradient
-is summed per micro-batch first): equal within rounding, not bit for bit.
+With gradients deduplicated the arithmetic differs from the pooled exchange only in the
+order of sums (a row's gradient is summed per micro-batch first): equal within rounding,
+not bit for bit.
 
 Shapes: b = samples of one micro-batch of one rank, n = distinct (feature, id) of one
 (requester, micro-batch) block, F = features of one owner, D = their embedding dim.
@@ -63,6 +72,10 @@ class DedupBatch:
     received: list[list[_Block]] = field(default_factory=list)
     sent: list[list[_Block]] = field(default_factory=list)
     where: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    # forward-only dedup (`grads=False`): the owner's single-id bags of every block and
+    # their lookup (no graph), what the chunks send; the full lookup keeps the graph
+    unique: KeyedJaggedTensor | None = None
+    rows: torch.Tensor | None = None
 
 
 def _block(kjt: KeyedJaggedTensor, keys: torch.Tensor, rows, requester: bool = True) -> _Block:
@@ -219,9 +232,12 @@ class DedupExchange:
         columns: dict[str, tuple[int, int]],
         fqn: str,
         stats: dict[str, int],
+        grads: bool = True,
     ) -> None:
-        """`columns`: where each of this rank's features sits in its lookup's output."""
+        """`columns`: where each of this rank's features sits in its lookup's output;
+        `grads`: the gradients go back as unique rows too (else pooled, bit for bit)."""
         self.pg = pg
+        self.grads = grads
         self.rank = dist.get_rank(pg)
         self.world = len(features_per_rank)
         self.features = features_per_rank
@@ -255,13 +271,16 @@ class DedupExchange:
         stacked input (`route_distinct`'s: each block's distinct ids): feature f's bags are
         its blocks' ids, block after block ((micro-batch, requester) order), one id a bag;
         features with fewer pad with empty bags. On a GPU (`batched`) with one host read,
-        the blocks' sizes; on a CPU block by block (`_owner_by_block`), the same output."""
+        the blocks' sizes; on a CPU block by block (`_owner_by_block`), the same output.
+        Forward-only dedup (`grads=False`): `kjt` holds every id, and each block's distinct
+        ones are worked out here, block by block."""
         names = self.features[self.rank]
         if not names:
             return kjt
         if list(kjt.keys()) != names:
             raise RuntimeError(f"pipeline.dedup: input features {kjt.keys()} != shard {names}")
-        if not (kjt.values().device.type != "cpu" if batched is None else batched):
+        if not self.grads or not (kjt.values().device.type != "cpu" if batched is None
+                                  else batched):  # fmt: skip
             return self._owner_by_block(kjt, plan, state)
         values, lengths, stride = kjt.values(), kjt.lengths(), kjt.stride()
         device, f, blocks = values.device, len(names), plan.n * self.world
@@ -310,7 +329,8 @@ class DedupExchange:
     def _owner_by_block(
         self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch
     ) -> KeyedJaggedTensor:
-        """`owner_input` one (micro-batch, requester) block at a time (the CPU path)."""
+        """`owner_input` one (micro-batch, requester) block at a time (the CPU path, and
+        forward-only dedup's: its blocks' distinct ids from every id routed)."""
         names, device = self.features[self.rank], kjt.values().device
         keys = torch.arange(len(names), device=device)
         position = self._columns(names, device)
@@ -319,7 +339,7 @@ class DedupExchange:
         for k in range(plan.n):
             blocks, where = [], []
             for s in range(self.world):
-                block = _block(kjt, keys, plan.rows(s, k), requester=False)
+                block = _block(kjt, keys, plan.rows(s, k), requester=not self.grads)
                 counts = torch.tensor(block.counts, device=device)
                 feature = torch.repeat_interleave(keys, counts)
                 first = torch.tensor(used, device=device) - (torch.cumsum(counts, 0) - counts)

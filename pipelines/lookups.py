@@ -1,8 +1,8 @@
 """The nested pipeline's sharded-embedding side, stage by stage, for one batch at a time.
 
 Stages 1-4 of `pipelines.nested`: the clustering order (`clustering.py`), the copy to the
-device, key routing (TorchRec's own input all-to-all, in its two collectives; with dedup,
-each micro-batch's distinct ids only, `dedup.py`), the local lookups with their graph kept,
+device, key routing (TorchRec's own input all-to-all, in its two collectives; with dedup
+and its gradients, each micro-batch's distinct ids only, `dedup.py`), the local lookups with their graph kept,
 and the dual-buffer refresh of the bags whose rows the previous batch's update changed.
 Then, after the micro-batches, the lookups' backward: the TBE's fused update, once per
 batch on the whole batch's gradient.
@@ -93,15 +93,16 @@ class _Group:
         return chunk
 
     def send(self, values: torch.Tensor, plan: ChunkPlan, state, k: int) -> Pending:
-        if self.dedup is not None:
-            return self.dedup.forward(values, state, k, plan.sizes[self.dedup.rank][k])
+        if self.dedup is not None:  # forward-only dedup: the distinct rows' own lookup
+            rows = values if self.dedup.grads else state.rows
+            return self.dedup.forward(rows, state, k, plan.sizes[self.dedup.rank][k])
         if self.sequence:
             return self.exchange.forward(values, plan, k, state)
         return self.exchange.forward(values, plan, k)
 
     def send_back(self, grad: torch.Tensor, plan: ChunkPlan, state, k: int,
                   out: torch.Tensor) -> Pending:  # fmt: skip
-        if self.dedup is not None:
+        if self.dedup is not None and self.dedup.grads:
             return self.dedup.backward(grad, state, k, out)
         if self.sequence:
             return self.exchange.backward(grad, plan, k, out, state)
@@ -208,7 +209,8 @@ def _sequence_exchange(module: ShardedEmbeddingCollection, g: int, fqn: str):
                                    module._embedding_names_per_sharding[g])  # fmt: skip
 
 
-def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExchange:
+def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict,
+                    grads: bool) -> DedupExchange:  # fmt: skip
     """The unique-row exchange of a sum-pooled table-wise / column-wise group."""
     if not isinstance(group.exchange, ChunkedPooledExchange):
         raise NotImplementedError(
@@ -225,7 +227,7 @@ def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict) -> DedupExch
         )
     return DedupExchange(group.exchange.pg, sharding.feature_names_per_rank(),
                          sharding._emb_dim_per_rank_per_feature(), group.columns, fqn,
-                         stats)  # fmt: skip
+                         stats, grads)  # fmt: skip
 
 
 class Lookups:
@@ -234,7 +236,8 @@ class Lookups:
     refresh) and the lookups' backward (the fused update, once per batch)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, micro_batches: int,
-                 cluster: bool, dedup: bool, stats: dict) -> None:  # fmt: skip
+                 cluster: bool, dedup: bool, stats: dict,
+                 dedup_grads: bool = True) -> None:  # fmt: skip
         self._device = device
         self._n = micro_batches
         self._cluster = cluster
@@ -242,9 +245,10 @@ class Lookups:
         self.stats = stats
         self._align = 1  # samples; set from the dense features' dtype
         self._train = model
-        self.modules = self._find_modules(model, dedup)
+        self.modules = self._find_modules(model, dedup, dedup_grads)
 
-    def _find_modules(self, model: torch.nn.Module, dedup: bool) -> list[_Module]:
+    def _find_modules(self, model: torch.nn.Module, dedup: bool,
+                      dedup_grads: bool) -> list[_Module]:  # fmt: skip
         found = []
         for fqn, m in model.named_modules():
             if not isinstance(m, ShardedModule):
@@ -269,7 +273,8 @@ class Lookups:
             for group, (_, sharding) in zip(groups, shardings, strict=True):
                 # sequence groups already send each lookup's own row
                 if dedup and group.exchange is not None and not group.sequence:
-                    group.dedup = _dedup_exchange(group, sharding, fqn, self.stats)
+                    group.dedup = _dedup_exchange(group, sharding, fqn, self.stats,
+                                                  dedup_grads)  # fmt: skip
             found.append(_Module(fqn, m, groups))
         if not found:
             raise ValueError("pipeline=nested: the model has no sharded embedding modules")
@@ -293,7 +298,8 @@ class Lookups:
 
     def _route_distinct(self, m: _Module, batch: Batch, order: torch.Tensor | None):
         """With dedup: each micro-batch's distinct rows per owner (and how its bags pool
-        from them), and the ids to route: each micro-batch's distinct ids only."""
+        from them), and the ids to route: each micro-batch's distinct ids only (every id
+        where the gradients go back pooled: the owner's update needs them all)."""
         states: list[DedupBatch | None] = [None] * len(m.groups)
         kjt = batch.sparse_features
         if not any(g.dedup is not None for g in m.groups):
@@ -311,7 +317,10 @@ class Lookups:
         deduped = [g for g, state in enumerate(states) if state is not None]
         for g, done in zip(deduped, finish, strict=True):
             done(host)
-            distinct.update(m.groups[g].dedup.distinct(states[g]))
+            if m.groups[g].dedup.grads:
+                distinct.update(m.groups[g].dedup.distinct(states[g]))
+        if not distinct:
+            return kjt, states
         first, lengths = lookups.first_samples(host), lookups.feature_lengths(host)
         return route_distinct(kjt, distinct, first, lengths), states
 
@@ -376,8 +385,14 @@ class Lookups:
             for g, group in enumerate(m.groups):
                 if (group.exchange is not None) == exchanged and ms.looked_up[g] is None:
                     if group.dedup is not None:  # single-id bags of each block's rows
-                        plan = self.plans(step)[mi]
-                        ms.inputs[g] = group.dedup.owner_input(ms.features[g], plan, ms.states[g])
+                        plan, state = self.plans(step)[mi], ms.states[g]
+                        unique = group.dedup.owner_input(ms.features[g], plan, state)
+                        if group.dedup.grads:
+                            ms.inputs[g] = unique
+                        else:  # what the chunks send; the full lookup below keeps the graph
+                            state.unique = unique
+                            with torch.no_grad():
+                                state.rows = group.lookup(unique)
                     ms.looked_up[g] = group.lookup(ms.inputs[g])
                     if group.sequence:  # one row per id, as TorchRec's compute shapes it
                         ms.looked_up[g] = ms.looked_up[g].view(-1, group.exchange.dim)
@@ -387,6 +402,11 @@ class Lookups:
         for m, ms, us in zip(self.modules, step.modules, updated.modules, strict=True):
             for g, group in enumerate(m.groups):
                 if group.exchange is None:
+                    continue
+                if group.dedup is not None and not group.dedup.grads:  # what is sent: the
+                    # distinct rows (the full lookup's values are never read, its graph is)
+                    state = ms.states[g]
+                    self._refresh_group(group, state.unique, us.features[g], state.rows)
                     continue
                 self._refresh_group(group, ms.inputs[g], us.features[g], ms.looked_up[g])
 

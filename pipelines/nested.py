@@ -5,8 +5,8 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
 1. data prefetch of batch i+1, with key-centric sample clustering (`clustering.py`);
 2. host-to-device copy of batch i+1;
 3. key routing of batch i+1: TorchRec's own input all-to-all, started now, waited for
-   only when batch i's micro-batches are done; with `dedup`, only each micro-batch's
-   distinct ids are routed (`dedup.py`);
+   only when batch i's micro-batches are done; with `dedup` (and its gradients), only
+   each micro-batch's distinct ids are routed (`dedup.py`);
 4. embedding retrieval of batch i+1 (the local TBE lookup) into the prefetch buffer: with
    `lookahead`, before batch i's update, while batch i's last gradient chunks are still on
    the wire (on GPUs on a side stream), and after the update
@@ -18,8 +18,10 @@ One `progress()` call trains batch i. What runs, in order (the stages of the des
    and each micro-batch's gradient all-to-all runs under the next micro-batch's dense
    work. The embedding update happens once, on the whole batch's gradient, through the
    TBE's own fused backward: the result equals the plain loop for any optimizer. With
-   `dedup` the chunks carry each micro-batch's distinct rows, pooled by the requester, and
-   each row's gradient summed over its bags (equal within rounding: sums reorder).
+   `dedup` the chunks carry each micro-batch's distinct rows, pooled by the requester in
+   each bag's order (as the TBE pools), and each row's gradient summed over its bags
+   (equal within rounding: sums reorder), or with `dedup_grads=False` the pooled
+   gradients as without dedup (bit for bit).
 
 The arithmetic is the plain loop's, in its order, bit for bit (`dense_step.py`, and
 docs/pipelines.md "Bit for bit"): micro-batch boundaries on whole vector units, each
@@ -73,6 +75,7 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         lookahead: bool = False,
         dedup: bool = False,
         reduce: BucketedReduce | None = None,
+        dedup_grads: bool = True,
     ) -> None:
         super().__init__()
         if micro_batches < 1:
@@ -88,7 +91,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         # they replace (as owner); where the step waited on the network, summed over steps
         self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0,
                       "steps": 0, "wait_ms": dict.fromkeys(WAITS, 0.0)}  # fmt: skip
-        self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats)
+        self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats,
+                                dedup_grads)  # fmt: skip
         # the dense layers: their gradients once per batch, averaged over ranks here as the
         # model's backward does (data-parallel tables: inside their lookups' own DDP)
         tables = {id(p) for m in self._lookups.modules for p in m.module.parameters()}

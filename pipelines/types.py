@@ -40,3 +40,7 @@ class PipelineConfig:
     # key routing with deduplication: each micro-batch's distinct rows cross the network
     # once, pooled by the requester, instead of one pooled vector per sample and feature
     dedup: bool = False
+    # with dedup, the gradients go back as unique rows too (each row's gradient summed over
+    # its bags by the requester: fewer bytes, equal within rounding); false: they go back
+    # pooled, and nested is the plain loop bit for bit (docs/pipelines.md "Dedup")
+    dedup_grads: bool = True

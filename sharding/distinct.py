@@ -119,18 +119,23 @@ def _distinct(
     return expected_distinct(inputs.coverage[name], rows, lookups)
 
 
-def with_dedup(cost: StepCost, volume: DedupVolume) -> StepCost:
+def with_dedup(cost: StepCost, volume: DedupVolume, grads: bool = True) -> StepCost:
     """`cost` with each rank's id and embedding exchange scaled by dedup's volume (its
-    latency too: a first-order model, documented in docs/scale.md)."""
+    latency too: a first-order model, documented in docs/scale.md). `grads=False`
+    (`pipeline.dedup_grads=false`): the forward exchange only; every id is routed and the
+    gradients go back pooled (the parts and CPU work of both directions: their mean)."""
     scale = lambda xs, f: [x * k for x, k in zip(xs, f, strict=True)]  # noqa: E731
-    by_exchange = {"ids": volume.ids, "emb": volume.vectors}  # the all-reduce keeps its bytes
+    ids = volume.ids if grads else [1.0] * len(volume.ids)
+    both = volume.vectors if grads else [(1.0 + v) / 2 for v in volume.vectors]
+    by_exchange = {"ids": ids, "emb": both}  # the all-reduce keeps its bytes
     return replace(
         cost,
-        ids_a2a_s=scale(cost.ids_a2a_s, volume.ids),
+        ids_a2a_s=scale(cost.ids_a2a_s, ids),
         emb_a2a_fwd_s=scale(cost.emb_a2a_fwd_s, volume.vectors),
-        emb_a2a_bwd_s=scale(cost.emb_a2a_bwd_s, volume.vectors),
-        ids_a2a_parts_s={k: scale(v, volume.ids) for k, v in cost.ids_a2a_parts_s.items()},
-        emb_a2a_parts_s={k: scale(v, volume.vectors) for k, v in cost.emb_a2a_parts_s.items()},
+        emb_a2a_bwd_s=cost.emb_a2a_bwd_s if not grads else scale(cost.emb_a2a_bwd_s,
+                                                                 volume.vectors),
+        ids_a2a_parts_s={k: scale(v, ids) for k, v in cost.ids_a2a_parts_s.items()},
+        emb_a2a_parts_s={k: scale(v, both) for k, v in cost.emb_a2a_parts_s.items()},
         comm_cpu_s={
             k: scale(v, by_exchange[k]) if k in by_exchange else v
             for k, v in cost.comm_cpu_s.items()

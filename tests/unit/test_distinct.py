@@ -76,7 +76,12 @@ def test_with_dedup_scales_only_the_exchange() -> None:
                     0.5, 0.1)  # fmt: skip
     from sharding.distinct import DedupVolume
 
-    out = with_dedup(cost, DedupVolume([0.5, 1.0], [0.25, 2.0], "measured"))
+    volume = DedupVolume([0.5, 1.0], [0.25, 2.0], "measured")
+    out = with_dedup(cost, volume)
     assert out.ids_a2a_s == [1.0, 2.0]
     assert out.emb_a2a_fwd_s == [1.0, 8.0] and out.emb_a2a_bwd_s == [1.0, 8.0]
     assert out.dense_s == cost.dense_s and out.allreduce_s == cost.allreduce_s
+    # forward only: every id routed, the gradients pooled
+    fwd = with_dedup(cost, volume, grads=False)
+    assert fwd.ids_a2a_s == cost.ids_a2a_s and fwd.emb_a2a_bwd_s == cost.emb_a2a_bwd_s
+    assert fwd.emb_a2a_fwd_s == [1.0, 8.0]

@@ -21,8 +21,11 @@ def test_labels_name_the_nested_variants_and_bad_ones_fail() -> None:
     assert pipeline_overrides("nested4+dedup+cluster") == [
         "pipeline=nested", "pipeline.micro_batches=4", "pipeline.lookahead=False",
         "pipeline.cluster_samples=True", "pipeline.dedup=True"]  # fmt: skip
-    with pytest.raises(ValueError, match="nested<N>"):
-        pipeline_overrides("nested4+turbo")
+    assert pipeline_overrides("nested8+dedup_fwd")[-2:] == [
+        "pipeline.dedup=True", "pipeline.dedup_grads=False"]  # fmt: skip
+    for bad in ("nested4+turbo", "nested4+dedup+dedup_fwd"):
+        with pytest.raises(ValueError, match="nested<N>"):
+            pipeline_overrides(bad)
     assert _hydra_value("mlperf") == "mlperf" and _hydra_value([0, 2, 1]) == "[0,2,1]"
 
 

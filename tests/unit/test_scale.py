@@ -36,7 +36,9 @@ def test_families_scale_their_base_preset_and_divide_the_network() -> None:
     assert schedule_of_label("base") == ScheduleLabel(Schedule.plain)  # TorchRec's, no overlap
     both = schedule_of_label("nested2+dedup+cluster")
     assert (both.micro_batches, both.dedup, both.clustered) == (2, True, True)
-    for bad in ("plain+dedup", "nested4+fast"):
+    fwd = schedule_of_label("nested4+dedup_fwd")
+    assert (fwd.dedup, fwd.dedup_grads, both.dedup_grads) == (True, False, True)
+    for bad in ("plain+dedup", "nested4+fast", "nested4+dedup+dedup_fwd"):
         with pytest.raises(ValueError, match="only nested"):
             schedule_of_label(bad)
     assert ScaleConfig().workers[-1] == 1536
