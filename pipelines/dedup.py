@@ -78,32 +78,52 @@ class DedupBatch:
     rows: torch.Tensor | None = None
 
 
-def _block(kjt: KeyedJaggedTensor, keys: torch.Tensor, rows, requester: bool = True) -> _Block:
-    """One block on its own (the CPU path: there reading a size is free, and this is the
-    faster): a requester's, the distinct (feature, id) of the bags `rows` (samples) of the
-    features at positions `keys` of `kjt`, with each lookup's distinct row and target bag;
-    an owner's (`requester=False`), the ids its requester routed, feature by feature."""
+def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list,
+            requester: bool = True) -> list[_Block]:  # fmt: skip
+    """The blocks of `samples` (a list of bag sets: each a slice or a tensor of samples) of
+    the features at positions `keys` of `kjt`, on their own (the CPU path: there reading a
+    size is free) but in one pass: a requester's, each block's distinct (feature, id), with
+    each lookup's distinct row and target bag; an owner's (`requester=False`), the ids its
+    requester routed, feature by feature. One `unique` over every block's lookups keyed by
+    (block, feature, id) gives each block's distinct ids in (feature, id) order."""
     lengths, offsets = kjt.lengths(), kjt.offsets()
-    if isinstance(rows, slice):
-        rows = torch.arange(rows.start, rows.stop, device=lengths.device)
+    device = lengths.device
+    none = torch.zeros(0, dtype=torch.int64, device=device)
     if not len(keys):  # an owner with no table of this group
-        none = torch.zeros(0, dtype=torch.int64, device=lengths.device)
-        return _Block(none, [], none, none)
-    b = len(rows)
-    bags = (keys[:, None] * kjt.stride() + rows[None, :]).reshape(-1)  # feature-major
+        return [_Block(none, [], none, none) for _ in samples]
+    rows = [torch.arange(r.start, r.stop, device=device) if isinstance(r, slice) else r
+            for r in samples]  # fmt: skip
+    f, sizes = len(keys), [len(r) for r in rows]
+    # every block's bags, block after block, each feature-major: its feature's position,
+    # its sample's place in the block, its block
+    bags = torch.cat([(keys[:, None] * kjt.stride() + r[None, :]).reshape(-1) for r in rows])
+    position = torch.cat([torch.arange(f, device=device).repeat_interleave(b) for b in sizes])
+    local = torch.cat([torch.arange(b, device=device).repeat(f) for b in sizes])
+    block = torch.arange(len(rows), device=device).repeat_interleave(
+        torch.tensor(sizes, device=device) * f)
     lens = lengths[bags]
-    bag = torch.repeat_interleave(torch.arange(len(bags), device=lens.device), lens)
-    first = torch.cumsum(lens, 0) - lens  # each bag's first id among the block's
-    values = kjt.values()[offsets[bags][bag] + torch.arange(len(bag), device=bag.device)
+    bag = torch.repeat_interleave(torch.arange(len(bags), device=device), lens)
+    first = torch.cumsum(lens, 0) - lens  # each bag's first id among the lookups
+    values = kjt.values()[offsets[bags][bag] + torch.arange(len(bag), device=device)
                           - first[bag]]  # fmt: skip
-    feature = bag // max(b, 1)
+    group = block[bag] * f + position[bag]  # (block, feature) of each lookup
     if not requester:  # the requester routed each feature's distinct ids, sorted
-        return _Block(values, torch.bincount(feature, minlength=len(keys)).tolist())
+        counts = torch.bincount(group, minlength=len(rows) * f).view(len(rows), f)
+        per_block = counts.sum(1).tolist()
+        return [_Block(ids, c) for ids, c in zip(values.split(per_block), counts.tolist(),
+                                                 strict=True)]  # fmt: skip
     span = int(values.max()) + 1 if len(values) else 1
-    keys_, inverse = torch.unique(feature * span + values, return_inverse=True)
-    counts = torch.bincount(keys_ // span, minlength=len(keys)).tolist()
-    # target row in the block's [b x F] bags: sample * F + feature
-    return _Block(keys_ % span, counts, inverse, (bag % max(b, 1)) * len(keys) + feature)
+    keys_, inverse = torch.unique(group * span + values, return_inverse=True)
+    counts = torch.bincount(keys_ // span, minlength=len(rows) * f).view(len(rows), f)
+    distinct = counts.sum(1)
+    per_block, lookups = distinct.tolist(), torch.bincount(
+        block[bag], minlength=len(rows)).tolist()  # fmt: skip
+    starts = torch.cumsum(distinct, 0) - distinct  # each block's first distinct row
+    inverse = inverse - starts[block[bag]]
+    target = local[bag] * f + position[bag]  # the lookup's bag: sample * F + feature
+    return [_Block(ids, c, inv, t) for ids, c, inv, t in zip(
+        (keys_ % span).split(per_block), counts.tolist(), inverse.split(lookups),
+        target.split(lookups), strict=True)]  # fmt: skip
 
 
 class BatchLookups:
@@ -336,10 +356,13 @@ class DedupExchange:
         position = self._columns(names, device)
         per_feature: list[list[torch.Tensor]] = [[] for _ in names]
         used = [0] * len(names)
+        every = iter(_blocks(kjt, keys, [plan.rows(s, k) for k in range(plan.n)
+                                         for s in range(self.world)],
+                             requester=not self.grads))  # fmt: skip
         for k in range(plan.n):
             blocks, where = [], []
             for s in range(self.world):
-                block = _block(kjt, keys, plan.rows(s, k), requester=not self.grads)
+                block = next(every)
                 counts = torch.tensor(block.counts, device=device)
                 feature = torch.repeat_interleave(keys, counts)
                 first = torch.tensor(used, device=device) - (torch.cumsum(counts, 0) - counts)
@@ -402,8 +425,9 @@ class DedupExchange:
         device = values.device
         if not (device.type != "cpu" if batched is None else batched):
             keys = self._positions(lookups.kjt.keys(), device, owned=True)
-            received = [[_block(lookups.kjt, keys[o], rows) for o in range(self.world)]
-                        for rows in lookups.samples]  # fmt: skip
+            per_owner = [_blocks(lookups.kjt, keys[o], lookups.samples)
+                         for o in range(self.world)]  # fmt: skip
+            received = [list(blocks) for blocks in zip(*per_owner, strict=True)]
             return lambda host: setattr(state, "received", received)
         found = []  # per owner: (features, ids, inverse, target, distinct and lookup sizes)
         for o, position in enumerate(self._positions(lookups.kjt.keys(), device)):

@@ -28,6 +28,7 @@ def _exchange(rank: int) -> DedupExchange:
     ex.columns = {f: (i * DIM, (i + 1) * DIM) for i, f in enumerate(OWNED[rank])}
     ex.dim = [DIM if names else 0 for names in OWNED]
     ex.stats, ex._position_cache = {"dedup_rows": 0, "dedup_bags": 0}, {}
+    ex.grads = True  # the gradients as unique rows too: the routed ids are distinct
     return ex
 
 
@@ -135,6 +136,43 @@ def test_the_owners_lookups_are_the_per_block_ones(rank: int, n: int, clustered:
                 assert torch.equal(a, b)
     assert stats["dedup_rows"] == len(kjt.values())
     assert stats["dedup_bags"] == sum(batches) * len(OWNED[rank])
+
+
+@pytest.mark.parametrize("n, clustered", [(1, False), (3, False), (4, True)])
+def test_forward_only_owners_work_each_blocks_distinct_rows_out_of_every_id(
+    n: int, clustered: bool
+) -> None:
+    """`dedup_grads=false`: the owner gets every id (TorchRec's routing), and its blocks
+    hold each (micro-batch, requester) block's distinct ids per feature, sorted, the ones
+    its requester pools from; its unique lookups' bag `where` names holds that id."""
+    gen = torch.Generator().manual_seed(n)
+    batches = [13, 9, 11]
+    plan = ChunkPlan(batches, n, [torch.randperm(b, generator=gen) for b in batches]
+                     if clustered else None)  # fmt: skip
+    names = OWNED[0]
+    lengths = torch.randint(0, 5, (len(names) * sum(batches),), generator=gen, dtype=torch.int32)
+    kjt = KeyedJaggedTensor(keys=names, values=torch.randint(0, 12, (int(lengths.sum()),),
+                                                             generator=gen),
+                            lengths=lengths, stride=sum(batches))  # fmt: skip
+    ex, state = _exchange(0), DedupBatch()
+    ex.grads = False
+    unique = ex.owner_input(kjt, plan, state)
+    assert ex.stats["dedup_rows"] < len(kjt.values())  # repeats were removed
+    for k in range(n):
+        for s in range(len(batches)):
+            rows = plan.rows(s, k)
+            got = state.sent[k][s]
+            for f, name in enumerate(names):
+                jt = kjt[name]
+                bags = jt.to_dense()
+                picked = [bags[i] for i in torch.arange(sum(batches))[rows].tolist()]
+                want = torch.unique(torch.cat(picked)) if picked else torch.zeros(0)
+                ids = got.ids.split(got.counts)[f]
+                assert torch.equal(ids, want.to(ids.dtype)), (k, s, name)
+            bag, column = state.where[k][s]
+            looked = [unique[names[int(c)]].to_dense()[int(b)] for b, c in zip(bag, column)]
+            assert all(len(t) == 1 for t in looked)
+            assert torch.equal(torch.cat(looked) if looked else got.ids, got.ids)
 
 
 # Calls that read a tensor's values on the host (on a GPU: wait for the device)
