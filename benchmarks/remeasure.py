@@ -48,12 +48,12 @@ PUBLISHED = [
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
       "pipelines=[plain,base,sparse_dist,fused_sparse_dist,semi_sync,nested1,nested2,nested4,"
       "nested8,nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,"
-      "nested4+dedup+cluster]",
+      "nested4+dedup+cluster,nested4+dedup_fwd,nested8+dedup_fwd,nested4+lookahead+dedup_fwd]",
       f"overrides=[{_SGD}]"]),
     ("pipeline_emu_mixed3", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed3", *_SHAPED,
       "pipelines=[plain,sparse_dist,fused_sparse_dist,semi_sync,nested2,nested4,nested8,"
-      "nested4+dedup]", f"overrides=[{_SGD}]"]),
+      "nested4+dedup,nested4+dedup_fwd,nested8+dedup_fwd]", f"overrides=[{_SGD}]"]),
     # after the sets its validation reads (DEPENDS)
     ("scale", "summary.json", ["benchmarks.scale", "precision=bf16"]),  # MLPerf's precision
     ("data", "data.json", ["benchmarks.data"]),

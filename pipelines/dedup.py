@@ -100,7 +100,8 @@ def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list,
     position = torch.cat([torch.arange(f, device=device).repeat_interleave(b) for b in sizes])
     local = torch.cat([torch.arange(b, device=device).repeat(f) for b in sizes])
     block = torch.arange(len(rows), device=device).repeat_interleave(
-        torch.tensor(sizes, device=device) * f)
+        torch.tensor(sizes, device=device) * f
+    )
     lens = lengths[bags]
     bag = torch.repeat_interleave(torch.arange(len(bags), device=device), lens)
     first = torch.cumsum(lens, 0) - lens  # each bag's first id among the lookups

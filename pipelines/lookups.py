@@ -2,8 +2,9 @@
 
 Stages 1-4 of `pipelines.nested`: the clustering order (`clustering.py`), the copy to the
 device, key routing (TorchRec's own input all-to-all, in its two collectives; with dedup
-and its gradients, each micro-batch's distinct ids only, `dedup.py`), the local lookups with their graph kept,
-and the dual-buffer refresh of the bags whose rows the previous batch's update changed.
+and its gradients, each micro-batch's distinct ids only, `dedup.py`), the local lookups
+with their graph kept, and the dual-buffer refresh of the bags whose rows the previous
+batch's update changed.
 Then, after the micro-batches, the lookups' backward: the TBE's fused update, once per
 batch on the whole batch's gradient.
 

@@ -125,15 +125,15 @@ def with_dedup(cost: StepCost, volume: DedupVolume, grads: bool = True) -> StepC
     (`pipeline.dedup_grads=false`): the forward exchange only; every id is routed and the
     gradients go back pooled (the parts and CPU work of both directions: their mean)."""
     scale = lambda xs, f: [x * k for x, k in zip(xs, f, strict=True)]  # noqa: E731
-    ids = volume.ids if grads else [1.0] * len(volume.ids)
+    ones = [1.0] * len(volume.ids)
+    ids = volume.ids if grads else ones
     both = volume.vectors if grads else [(1.0 + v) / 2 for v in volume.vectors]
     by_exchange = {"ids": ids, "emb": both}  # the all-reduce keeps its bytes
     return replace(
         cost,
         ids_a2a_s=scale(cost.ids_a2a_s, ids),
         emb_a2a_fwd_s=scale(cost.emb_a2a_fwd_s, volume.vectors),
-        emb_a2a_bwd_s=cost.emb_a2a_bwd_s if not grads else scale(cost.emb_a2a_bwd_s,
-                                                                 volume.vectors),
+        emb_a2a_bwd_s=scale(cost.emb_a2a_bwd_s, volume.vectors if grads else ones),
         ids_a2a_parts_s={k: scale(v, ids) for k, v in cost.ids_a2a_parts_s.items()},
         emb_a2a_parts_s={k: scale(v, both) for k, v in cost.emb_a2a_parts_s.items()},
         comm_cpu_s={

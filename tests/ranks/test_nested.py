@@ -202,7 +202,8 @@ def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, w
     base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
             *ADAGRAD, MULTI_HOT]  # fmt: skip
     variants = [(1, False, False, False), (3, True, True, False), (4, False, False, False),
-                (8, True, True, False), (4, False, False, "fwd"), (2, True, True, True)]  # fmt: skip
+                (8, True, True, False), (4, False, False, "fwd"),
+                (2, True, True, True)]  # fmt: skip
     _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan, variants=variants,
                     shuffles=3, noise_factor=4.0)  # fmt: skip
 

@@ -170,7 +170,8 @@ def test_forward_only_owners_work_each_blocks_distinct_rows_out_of_every_id(
                 ids = got.ids.split(got.counts)[f]
                 assert torch.equal(ids, want.to(ids.dtype)), (k, s, name)
             bag, column = state.where[k][s]
-            looked = [unique[names[int(c)]].to_dense()[int(b)] for b, c in zip(bag, column)]
+            looked = [unique[names[int(c)]].to_dense()[int(b)]
+                      for b, c in zip(bag, column, strict=True)]  # fmt: skip
             assert all(len(t) == 1 for t in looked)
             assert torch.equal(torch.cat(looked) if looked else got.ids, got.ids)
 
