@@ -292,7 +292,7 @@ def label_of(tcfg) -> str:
         return p.name.value
     return (
         f"nested{p.micro_batches}"
-        + "+dedup" * p.dedup
+        + ("+dedup" if p.dedup_grads else "+dedup_fwd") * p.dedup
         + "+cluster" * (p.dedup and p.cluster_samples)
     )
 

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from conftest import REPO, compose_config
 
-from benchmarks.scale import Family, ScaleConfig, ScheduleLabel, cluster_at, schedule_of_label
+from benchmarks.scale import (
+    Family,
+    ScaleConfig,
+    ScheduleLabel,
+    cluster_at,
+    label_of,
+    schedule_of_label,
+)
 from sharding.types import Schedule
 
 
@@ -67,3 +74,16 @@ def test_the_dense_part_is_priced_at_the_precision_asked() -> None:
     assert bf16["lookup_ms"] == pytest.approx(fp32["lookup_ms"])  # tables stay fp32
     with pytest.raises(SystemExit, match="precision=fp8 is not one of"):
         points("fp8")
+
+
+def test_a_training_configs_label_names_its_dedup() -> None:
+    """What the simulator's validation prices a measured run as: dedup both ways, or the
+    forward only (`dedup_grads=false`), clustering only where dedup sends less with it."""
+    from recsys.app.train import to_typed
+
+    nested = ["pipeline=nested", "pipeline.micro_batches=8"]
+    fwd = ["pipeline.dedup=true", "pipeline.dedup_grads=false", "pipeline.cluster_samples=true"]
+    for extra, want in (([], "nested8"), (["pipeline.dedup=true"], "nested8+dedup"),
+                        (fwd, "nested8+dedup_fwd+cluster")):  # fmt: skip
+        assert label_of(to_typed(compose_config(nested + extra))) == want
+        assert schedule_of_label(want).dedup_grads == ("dedup_fwd" not in want)
