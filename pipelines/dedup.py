@@ -78,13 +78,11 @@ class DedupBatch:
     rows: torch.Tensor | None = None
 
 
-def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list,
-            requester: bool = True) -> list[_Block]:  # fmt: skip
-    """The blocks of `samples` (a list of bag sets: each a slice or a tensor of samples) of
-    the features at positions `keys` of `kjt`, on their own (the CPU path: there reading a
-    size is free) but in one pass: a requester's, each block's distinct (feature, id), with
-    each lookup's distinct row and target bag; an owner's (`requester=False`), the ids its
-    requester routed, feature by feature. One `unique` over every block's lookups keyed by
+def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list) -> list[_Block]:
+    """A requester's blocks of `samples` (a list of bag sets: each a slice or a tensor of
+    samples) of the features at positions `keys` of `kjt`, on their own (the CPU path: there
+    reading a size is free) but in one pass: each block's distinct (feature, id), with each
+    lookup's distinct row and target bag. One `unique` over every block's lookups keyed by
     (block, feature, id) gives each block's distinct ids in (feature, id) order."""
     lengths, offsets = kjt.lengths(), kjt.offsets()
     device = lengths.device
@@ -108,11 +106,6 @@ def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list,
     values = kjt.values()[offsets[bags][bag] + torch.arange(len(bag), device=device)
                           - first[bag]]  # fmt: skip
     group = block[bag] * f + position[bag]  # (block, feature) of each lookup
-    if not requester:  # the requester routed each feature's distinct ids, sorted
-        counts = torch.bincount(group, minlength=len(rows) * f).view(len(rows), f)
-        per_block = counts.sum(1).tolist()
-        return [_Block(ids, c) for ids, c in zip(values.split(per_block), counts.tolist(),
-                                                 strict=True)]  # fmt: skip
     span = int(values.max()) + 1 if len(values) else 1
     keys_, inverse = torch.unique(group * span + values, return_inverse=True)
     counts = torch.bincount(keys_ // span, minlength=len(rows) * f).view(len(rows), f)
@@ -125,6 +118,31 @@ def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list,
     return [_Block(ids, c, inv, t) for ids, c, inv, t in zip(
         (keys_ % span).split(per_block), counts.tolist(), inverse.split(lookups),
         target.split(lookups), strict=True)]  # fmt: skip
+
+
+def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list,
+                  distinct: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """An owner's rows of every block of `samples` (block j: the bags of the samples
+    `samples[j]`, of every one of `kjt`'s `f` features), sorted by (block, feature, id), and
+    how many each (block, feature) holds ([blocks, f]). `distinct`: the ids are every id
+    routed, and each block's distinct ones are kept; else they are already its distinct ids
+    (`route_distinct`'s, sorted)."""
+    lengths, values, stride = kjt.lengths(), kjt.values(), kjt.stride()
+    device = values.device
+    of_sample = torch.empty(stride, dtype=torch.int64, device=device)
+    for j, rows in enumerate(samples):
+        of_sample[rows] = j
+    bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths,
+                                  output_size=len(values))  # fmt: skip
+    group = of_sample[bag % stride] * f + bag // stride  # (block, feature) of each id
+    if distinct:
+        span = int(values.max()) + 1 if len(values) else 1
+        keys = torch.unique(group * span + values)
+        group, ids = keys // span, keys % span
+    else:
+        order = torch.sort(group, stable=True).indices
+        group, ids = group[order], values[order]
+    return ids, torch.bincount(group, minlength=len(samples) * f).view(len(samples), f)
 
 
 class BatchLookups:
@@ -350,37 +368,44 @@ class DedupExchange:
     def _owner_by_block(
         self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch
     ) -> KeyedJaggedTensor:
-        """`owner_input` one (micro-batch, requester) block at a time (the CPU path, and
-        forward-only dedup's: its blocks' distinct ids from every id routed)."""
+        """`owner_input` on a CPU (a size read there waits for nothing), every (micro-batch,
+        requester) block in one pass; also forward-only dedup's, whose blocks' distinct
+        ids it works out from every id routed."""
         names, device = self.features[self.rank], kjt.values().device
-        keys = torch.arange(len(names), device=device)
-        position = self._columns(names, device)
-        per_feature: list[list[torch.Tensor]] = [[] for _ in names]
-        used = [0] * len(names)
-        every = iter(_blocks(kjt, keys, [plan.rows(s, k) for k in range(plan.n)
-                                         for s in range(self.world)],
-                             requester=not self.grads))  # fmt: skip
+        f = len(names)
+        samples = [plan.rows(s, k) for k in range(plan.n) for s in range(self.world)]
+        ids, counts = _owner_blocks(kjt, f, samples, distinct=not self.grads)
+        flat = counts.reshape(-1)
+        group = torch.repeat_interleave(
+            torch.arange(len(flat), device=device), flat, output_size=len(ids)
+        )  # (block, feature) of each row
+        feature = group % f
+        # each row's bag among its feature's: its feature's rows in earlier blocks, then its
+        # place among its block's
+        earlier = (torch.cumsum(counts, 0) - counts).reshape(-1)
+        first = torch.cumsum(flat, 0) - flat  # each (block, feature)'s first row
+        bag = earlier[group] + torch.arange(len(ids), device=device) - first[group]
+        used = counts.sum(0)
+        values = torch.empty_like(ids)
+        values[(torch.cumsum(used, 0) - used)[feature] + bag] = ids  # feature by feature
+        column = self._columns(names, device)[feature]
+        host = torch.cat([flat, used]).tolist()  # the one host read
+        per_block = [sum(host[b * f : (b + 1) * f]) for b in range(len(samples))]
+        rows = iter(zip(ids.split(per_block), bag.split(per_block), column.split(per_block),
+                        strict=True))  # fmt: skip
         for k in range(plan.n):
             blocks, where = [], []
             for s in range(self.world):
-                block = next(every)
-                counts = torch.tensor(block.counts, device=device)
-                feature = torch.repeat_interleave(keys, counts)
-                first = torch.tensor(used, device=device) - (torch.cumsum(counts, 0) - counts)
-                where.append((first[feature] + torch.arange(len(feature), device=device),
-                              position[feature]))  # fmt: skip
-                blocks.append(block)
-                for f, part in enumerate(block.ids.split(block.counts)):
-                    per_feature[f].append(part)
-                    used[f] += len(part)
-                self.stats["dedup_rows"] += len(block.ids)
-                self.stats["dedup_bags"] += plan.sizes[s][k] * len(names)
+                b = k * self.world + s
+                block_ids, block_bag, block_column = next(rows)
+                blocks.append(_Block(block_ids, host[b * f : (b + 1) * f]))
+                where.append((block_bag, block_column))
+                self.stats["dedup_rows"] += len(block_ids)
+                self.stats["dedup_bags"] += plan.sizes[s][k] * f
             state.sent.append(blocks)
             state.where.append(where)
-        stride = max(max(used), 1)
-        values = torch.cat([t for parts in per_feature for t in parts])
-        bag = torch.arange(stride, device=device)
-        lengths = (bag[None, :] < torch.tensor(used, device=device)[:, None]).reshape(-1)
+        stride = max(max(host[len(flat) :]), 1)
+        lengths = (torch.arange(stride, device=device)[None, :] < used[:, None]).reshape(-1)
         lengths = lengths.to(kjt.lengths().dtype)
         return KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=stride)
 
