@@ -64,7 +64,8 @@ class PipelineBenchConfig:
     pipelines: list[str] = field(default_factory=lambda: [
         "plain", "base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync",
         "nested1", "nested2", "nested4", "nested8", "nested4+lookahead", "nested4+cluster",
-        "nested4+dedup", "nested8+dedup", "nested4+dedup+cluster"])  # fmt: skip
+        "nested4+dedup", "nested8+dedup", "nested4+dedup+cluster", "nested4+dedup_fwd",
+        "nested8+dedup_fwd"])  # fmt: skip
     # round_robin: whole tables, table-wise. TorchRec's planner also replicates small
     # tables (data-parallel), which TorchRec's SemiSync cannot train (see README).
     # Dense SGD: a run whose losses are not chaotic, so equality can be checked at every
@@ -97,7 +98,7 @@ class PipelineBenchConfig:
     multi_hot: Any = "mlperf"
     multi_hot_pipelines: list[str] = field(default_factory=lambda: [
         "plain", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "nested4",
-        "nested4+dedup"])  # fmt: skip
+        "nested4+dedup", "nested4+dedup_fwd"])  # fmt: skip
     # the second plan's row set: these overrides after `overrides` (TorchRec's planner told
     # row_wise only for two GPUs, the plan rehearsed on the CPU ranks: every table's rows in
     # two blocks, each rank's lookups partial sums for both ranks' samples, reduce-scattered);
