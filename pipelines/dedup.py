@@ -26,8 +26,9 @@ or every micro-batch and requester) at once on the device, with sorts and scatte
 sizes are known, and reads their sizes on the host once a step (`BatchLookups.read`, the
 one read in `owner_input`): the all-to-alls need their split sizes there, and nothing else
 waits for the device (`tests/unit/test_dedup_blocks.py` counts the reads). On a CPU, where
-a read waits for nothing, the requester's blocks are worked out one by one, which is faster
-there; both give the same blocks, bit for bit (tested).
+a read waits for nothing, each side keys every lookup by (block, feature, id) and takes one
+`unique` (the requester one per owner), which is faster there; both give the same blocks,
+bit for bit (tested).
 
 With gradients deduplicated the arithmetic differs from the pooled exchange only in the
 order of sums (a row's gradient is summed per micro-batch first): equal within rounding,
@@ -310,9 +311,9 @@ class DedupExchange:
         stacked input (`route_distinct`'s: each block's distinct ids): feature f's bags are
         its blocks' ids, block after block ((micro-batch, requester) order), one id a bag;
         features with fewer pad with empty bags. On a GPU (`batched`) with one host read,
-        the blocks' sizes; on a CPU block by block (`_owner_by_block`), the same output.
+        the blocks' sizes; on a CPU in one pass (`_owner_in_one_pass`), the same output.
         Forward-only dedup (`grads=False`): `kjt` holds every id, and each block's distinct
-        ones are worked out here, block by block."""
+        ones are worked out here, in that one pass."""
         names = self.features[self.rank]
         if not names:
             return kjt
@@ -320,7 +321,7 @@ class DedupExchange:
             raise RuntimeError(f"pipeline.dedup: input features {kjt.keys()} != shard {names}")
         if not self.grads or not (kjt.values().device.type != "cpu" if batched is None
                                   else batched):  # fmt: skip
-            return self._owner_by_block(kjt, plan, state)
+            return self._owner_in_one_pass(kjt, plan, state)
         values, lengths, stride = kjt.values(), kjt.lengths(), kjt.stride()
         device, f, blocks = values.device, len(names), plan.n * self.world
         block = torch.full((stride,), blocks, dtype=torch.int64, device=device)
@@ -365,7 +366,7 @@ class DedupExchange:
         return KeyedJaggedTensor(keys=names, values=values[by_feature], lengths=lengths,
                                  stride=width)  # fmt: skip
 
-    def _owner_by_block(
+    def _owner_in_one_pass(
         self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch
     ) -> KeyedJaggedTensor:
         """`owner_input` on a CPU (a size read there waits for nothing), every (micro-batch,
@@ -443,10 +444,11 @@ class DedupExchange:
     ) -> Callable:
         """Each micro-batch's distinct rows from each owner, and how its bags pool from
         them: on a GPU (`batched`) for every micro-batch and owner at once on the device, on
-        a CPU block by block (a host read costs nothing there, and per-block `unique` on a
-        batch's 26 x 2048 x 8 lookups took 20 ms against the batched sorts' 150 ms on one
-        core); the same blocks either way. Returns what fills `state.received` once
-        `lookups.read()` has brought the blocks' sizes to the host."""
+        a CPU one `unique` per owner over its features' lookups (a host read costs nothing
+        there, and per-block `unique` on a batch's 26 x 2048 x 8 lookups took 20 ms against
+        the batched sorts' 150 ms on one core); the same blocks either way. Returns what
+        fills `state.received` once `lookups.read()` has brought the blocks' sizes to the
+        host."""
         n, values = lookups.n, lookups.values
         device = values.device
         if not (device.type != "cpu" if batched is None else batched):

@@ -1,6 +1,6 @@
 """Dedup's blocks (`pipelines/dedup.py`) worked out for every micro-batch and owner at once
 on the device (what a GPU runs), with one host read a side a step: the same blocks, bit for
-bit, as the block-by-block computation a CPU runs, on random batches with empty bags,
+bit, as the one-pass computation a CPU runs, on random batches with empty bags,
 clustering orders, a column-split feature and an owner without tables; and no other host
 read (`.tolist()`, `int(t)`, `unique`, ...) whatever the number of micro-batches and
 owners."""
@@ -47,7 +47,7 @@ def _samples(gen: torch.Generator, batch: int, n: int, clustered: bool) -> list:
 def _requester(
     kjt: KeyedJaggedTensor, samples: list, batched: bool = True
 ) -> tuple[DedupBatch, KeyedJaggedTensor]:
-    """The requester side as a GPU runs it (batched) or a CPU (block by block)."""
+    """The requester side as a GPU runs it (batched) or a CPU (one `unique` per owner)."""
     ex, state = _exchange(0), DedupBatch()
     lookups = BatchLookups(kjt, samples)
     finish = ex.requester_input(lookups, state, batched=batched)
