@@ -63,16 +63,15 @@ def _equal_to_plain(
     variants=VARIANTS, exact: bool = True, aligned: bool = True, shuffles: int = 1,
     noise_factor: float = 2.0,
 ) -> None:  # fmt: skip
-    """The plain loop, then nested in each variant, from the same seed: per-step losses,
-    every parameter (each rank's shards) and the optimizers' state bit for bit. Dedup
-    reorders the sums of a row's gradient, so it is held to the order noise of the same
-    config: at most `noise_factor` times what the plain loop with each batch's samples
-    shuffled differs by (`benchmarks.order_noise`'s control, run beside; with `shuffles` > 1,
-    the largest of that many shuffles); so is clustering when a rank's batch is not a whole
-    number of 32-sample units (`aligned=False`: the scalar tail of its last micro-batch
-    holds other samples). `exact=False`: all within 1e-5. `base`: one config's overrides,
-    or several by name, checked in one job (the ranks start once); `variants` then may be
-    a list per name."""
+    """The plain loop, then nested in each variant, from the same seed: per-step losses, every
+    parameter (each rank's shards) and the optimizers' state bit for bit (forward-only dedup
+    too). Dedup both ways reorders the sums of a row's gradient, so it is held to the order
+    noise of the same config: at most `noise_factor` times what the plain loop with each batch's
+    samples shuffled differs by (`benchmarks.order_noise`'s control, run beside; with `shuffles`
+    > 1, the largest of that many shuffles); so is clustering when a rank's batch is not a whole
+    number of 32-sample units (`aligned=False`: the scalar tail of its last micro-batch holds
+    other samples). `exact=False`: all within 1e-5. `base`: one config's overrides, or several
+    by name, checked in one job (the ranks start once); `variants` then may be a list per name."""
     bases = base if isinstance(base, dict) else {"": base}
     of = variants if isinstance(variants, dict) else dict.fromkeys(bases, variants)
     # the shuffled control bounds only the variants held to the order noise
