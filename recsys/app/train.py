@@ -545,7 +545,8 @@ def cli(serve_forks: bool = False) -> None:
     its jobs failed). `serve_forks`: this process is the command's own, started by its entry
     module, and its ranks' fork server is to be forked from it now
     (`launch.serve_forks_from_here`)."""
-    if serve_forks and not _HYDRA_INFO.intersection(sys.argv[1:]):  # ranks will start
+    options = {arg.split("=", 1)[0] for arg in sys.argv[1:]}  # `--cfg=job` as `--cfg job`
+    if serve_forks and not _HYDRA_INFO & options:  # ranks will start
         launch.serve_forks_from_here()
     main()
     if launch.launched_externally():  # torchrun / Slurm rank: see launch.exit_now

@@ -61,6 +61,7 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("args", "forks"), [(["--help"], 0), (["--cfg", "job"], 0),
+                                             (["--cfg=job"], 0),
                                              (["trainer.max_steps=1"], 1)])  # fmt: skip
 def test_the_command_forks_its_ranks_server_only_where_ranks_may_start(monkeypatch, args,
                                                                         forks) -> None:  # fmt: skip
