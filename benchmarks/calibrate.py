@@ -39,6 +39,7 @@ from benchmarks import netns
 from benchmarks.comm_probe import probe
 from benchmarks.common import environment, finish, start
 from recsys import CONF_DIR
+from recsys.host_memory import retain_freed_memory
 from recsys.launch import raise_on_failure, spawn_ranks
 from sharding.calibration import load_calibration, save_calibration
 from sharding.types import DeviceCost, LinkCost, NetworkCost
@@ -201,8 +202,10 @@ def measure_input(repeats: int = 15, window_s: float = 0.0) -> dict:
 def measure_compute(repeats: int | None = None, window_s: float = 0.0) -> dict:
     """Embedding, dense and input rates of one rank while the others run the same work, as
     in training: ranks on two cores share caches and memory bandwidth. In an emulated
-    cluster's cgroups: a few samples of `window_s` each (see `_median_time`)."""
+    cluster's cgroups: a few samples of `window_s` each (see `_median_time`). With the
+    host memory kept as a training rank keeps it (`trainer.retain_host_memory`)."""
     torch.set_num_threads(1)
+    retain_freed_memory()
     root = logging.getLogger()
     root.setLevel(logging.WARNING)  # FBGEMM logs every TBE it makes at INFO
     r = {} if repeats is None else {"repeats": repeats}

@@ -251,6 +251,8 @@ class TrainerConfig:
     dist_timeout_s: float = 120.0  # every collective fails after this long, never hangs
     job_timeout_s: float = 24 * 3600.0  # the local spawner kills ranks still running then
     threads_per_rank: int = 0  # torch intra-op threads; 0: cores / local ranks
+    # freed host memory kept for the next step, not given back to the kernel (host_memory.py)
+    retain_host_memory: bool = True
     # training batches built ahead on a worker thread (pinned on GPU ranks); None: 2 on GPU
     # ranks, 0 on CPU ranks (where the thread would share the rank's core with its step)
     prefetch_batches: int | None = None

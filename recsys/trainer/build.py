@@ -40,6 +40,7 @@ from recsys.config import (
 from recsys.context import RunContext
 from recsys.data.prefetch import InputStats, Prefetched
 from recsys.data.source import build_source
+from recsys.host_memory import retain_freed_memory
 from recsys.models.dlrm import build_model, feature_names
 from recsys.models.precision import set_precision
 from recsys.models.shares import SharedBatchDLRMTrain
@@ -136,7 +137,10 @@ def backend_for(ranks: list[RankDevice], rehearse: bool = False) -> str:
 
 
 def place_rank(cfg: TrainerConfig, device: RankDevice) -> None:
-    """Pin the rank to its cores (cluster config) and size its intra-op thread pool."""
+    """Pin the rank to its cores (cluster config), size its intra-op thread pool and keep
+    the host memory it frees (`trainer.retain_host_memory`)."""
+    if cfg.retain_host_memory:
+        retain_freed_memory()
     if device.cores is not None:
         available = os.sched_getaffinity(0)
         if not set(device.cores) <= available:

@@ -1,0 +1,51 @@
+"""A rank keeps the host memory it frees (`recsys/host_memory.py`): a large tensor made and
+freed every step stops faulting its pages in again, and the trainer applies it as
+`trainer.retain_host_memory` says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from recsys.trainer import build
+
+# 40 MiB, above glibc's largest mmap threshold: by default mapped afresh each time
+_STEPS = """
+import resource, sys, torch
+from recsys.host_memory import retain_freed_memory
+if sys.argv[1] == "retain":
+    assert retain_freed_memory()
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for step in range(25):
+    if step == 5:
+        first = faults()
+    torch.ones(10 << 20).sum()
+print((faults() - first) / 20)
+"""
+
+
+def _faults_per_step(mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    return float(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_tensor_freed_each_step_stops_faulting_when_memory_is_retained() -> None:
+    default, retained = _faults_per_step("default"), _faults_per_step("retain")
+    pages = (40 << 20) // 4096
+    assert default > pages / 2  # glibc maps the 40 MiB afresh every step
+    assert retained < pages / 20  # the heap's pages are reused
+
+
+@pytest.mark.parametrize("retain", [True, False])
+def test_the_trainer_retains_host_memory_as_configured(monkeypatch, retain) -> None:
+    calls = []
+    monkeypatch.setattr(build, "retain_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(build.torch, "set_num_threads", lambda n: None)
+    cfg = SimpleNamespace(retain_host_memory=retain, threads_per_rank=1)
+    build.place_rank(cfg, SimpleNamespace(cores=None, share=0.5, rank=0))
+    assert len(calls) == int(retain)
