@@ -4,10 +4,14 @@ shares, `pipelines/dense_reduce.py`), `per_tensor` (a bucket per gradient) and
 `ddp_buckets` (TorchRec's DDP), each with the plain loop and TorchRec's SparseDist, on 2
 ranks over loopback (`cluster=local_cpu2`), for each model; the runs interleaved `repeats`
 times, the reductions' order rotated each time (the run after another can be faster or
-slower by more than the difference measured), the best samples/s of each kept."""
+slower by more than the difference measured), the best samples/s of each kept. A reduction
+named with `@glibc` (`buckets@glibc`) runs with glibc's default malloc
+(`trainer.retain_host_memory=false`, `recsys/host_memory.py`), to measure what keeping the
+host memory is worth."""
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +30,8 @@ BASELINE = "ddp_buckets"
 
 @dataclass
 class DenseReduceBenchConfig:
-    reductions: list[str] = field(default_factory=lambda: ["ddp_buckets", "buckets", "per_tensor"])
+    reductions: list[str] = field(default_factory=lambda: [
+        "ddp_buckets", "buckets", "per_tensor", "ddp_buckets@glibc", "buckets@glibc"])  # fmt: skip
     pipelines: list[str] = field(default_factory=lambda: ["plain", "sparse_dist"])
     models: list[str] = field(default_factory=lambda: ["dlrm_small", "dcnv2_small"])
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
@@ -39,6 +44,9 @@ class DenseReduceBenchConfig:
 def run(cfg: DenseReduceBenchConfig) -> dict:
     from recsys.app.train import train
 
+    for r in cfg.reductions:
+        if r.partition("@")[2] not in ("", "glibc"):
+            raise ValueError(f"reductions: '{r}' is neither <reduction> nor <reduction>@glibc")
     keys = [(m, p, r) for m in cfg.models for p in cfg.pipelines for r in cfg.reductions]
     runs: dict[str, list[float]] = {"/".join(k): [] for k in keys}
     losses: dict[str, list[float]] = {}
@@ -48,8 +56,10 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
             order = [keys[i - i % n + (i + rep) % n] for i in range(len(keys))]  # rotated
             for model, pipeline, reduction in order:
                 name = f"{model}/{pipeline}/{reduction}"
+                mode, _, malloc = reduction.partition("@")
                 overrides = [f"model={model}", f"pipeline={pipeline}",
-                             f"trainer.dense_allreduce={reduction}", *cfg.overrides,
+                             f"trainer.dense_allreduce={mode}", *cfg.overrides,
+                             f"trainer.retain_host_memory={not malloc}",
                              f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
                              "trainer.warmup_steps=5", "dataset.eval_batches=1"]  # fmt: skip
                 s = train(hydra.compose(config_name="config", overrides=overrides),
@@ -58,11 +68,14 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
                 losses[name] = s["step_losses"]
                 print(name, rep, f"{s['samples_per_s']:,.0f} samples/s", flush=True)
     best = {k: max(v) for k, v in runs.items()}
-    vs = {k: v / best[k.rsplit("/", 1)[0] + "/" + BASELINE] for k, v in best.items()
-          if BASELINE in cfg.reductions}  # fmt: skip
+    median = {k: statistics.median(v) for k, v in runs.items()}
+    base = lambda k: k.rsplit("/", 1)[0] + "/" + BASELINE  # noqa: E731
+    vs = {k: v / best[base(k)] for k, v in best.items() if BASELINE in cfg.reductions}
+    vs_median = {k: v / median[base(k)] for k, v in median.items() if BASELINE in cfg.reductions}
     same = {k: losses[k] == losses[k.rsplit("/", 1)[0] + "/" + BASELINE] for k in losses
             if BASELINE in cfg.reductions}  # fmt: skip
     return {"runs": runs, "best_samples_per_s": best, "vs_ddp_buckets": vs,
+            "median_vs_ddp_buckets": vs_median,
             "losses_equal_ddp_buckets": same,
             "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
             "environment": environment()}  # fmt: skip
@@ -73,14 +86,17 @@ def table(r: dict) -> str:
     lines = [f"# Dense reduction on 2 ranks over loopback ({env['date']}, torch {env['torch']}, "
              f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
              f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})", "",
-             "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | losses equal "
-             "ddp_buckets' |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | median vs "
+             "ddp_buckets' median | losses equal ddp_buckets' |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for k, v in r["best_samples_per_s"].items():
         model, pipeline, reduction = k.split("/")
         ratio = r["vs_ddp_buckets"].get(k)
+        mid = r.get("median_vs_ddp_buckets", {}).get(k)
         same = r["losses_equal_ddp_buckets"].get(k)
         lines.append(f"| {model} | {pipeline} | {reduction} | {v:,.0f} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}x'} | "
+                     f"{'-' if mid is None else f'{mid:.3f}x'} | "
                      f"{'-' if same is None else ('yes' if same else 'no')} |")  # fmt: skip
     return "\n".join(lines)
 
