@@ -2,12 +2,13 @@
 side by side: `trainer.dense_allreduce=buckets` (the default: fixed buckets every pipeline
 shares, `pipelines/dense_reduce.py`), `per_tensor` (a bucket per gradient) and
 `ddp_buckets` (TorchRec's DDP), each with the plain loop and TorchRec's SparseDist, on 2
-ranks over loopback (`cluster=local_cpu2`), for each model; the runs interleaved `repeats`
-times, the reductions' order rotated each time (the run after another can be faster or
-slower by more than the difference measured), the best samples/s of each kept. A reduction
-named with `@glibc` (`buckets@glibc`) runs with glibc's default malloc
-(`trainer.retain_host_memory=false`, `recsys/host_memory.py`), to measure what keeping the
-host memory is worth."""
+ranks over loopback, each pinned to a core of its own (`cluster=local_cpu2_pinned`: two
+unpinned ranks sometimes share a core, which spreads the runs of one setting wider), for
+each model; the runs interleaved `repeats` times, the reductions' order rotated each time
+(the run after another can be faster or slower by more than the difference measured), the
+best and the median samples/s of each kept. A reduction named with `@glibc`
+(`buckets@glibc`) runs with glibc's default malloc (`trainer.retain_host_memory=false`,
+`recsys/host_memory.py`), to measure what keeping the host memory is worth."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class DenseReduceBenchConfig:
         "ddp_buckets", "buckets", "per_tensor", "ddp_buckets@glibc", "buckets@glibc"])  # fmt: skip
     pipelines: list[str] = field(default_factory=lambda: ["plain", "sparse_dist"])
     models: list[str] = field(default_factory=lambda: ["dlrm_small", "dcnv2_small"])
+    cluster: str = "local_cpu2_pinned"
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: int = 60
     repeats: int = 4
@@ -57,7 +59,7 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
             for model, pipeline, reduction in order:
                 name = f"{model}/{pipeline}/{reduction}"
                 mode, _, malloc = reduction.partition("@")
-                overrides = [f"model={model}", f"pipeline={pipeline}",
+                overrides = [f"model={model}", f"pipeline={pipeline}", f"cluster={cfg.cluster}",
                              f"trainer.dense_allreduce={mode}", *cfg.overrides,
                              f"trainer.retain_host_memory={not malloc}",
                              f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
@@ -83,7 +85,8 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
 
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
-    lines = [f"# Dense reduction on 2 ranks over loopback ({env['date']}, torch {env['torch']}, "
+    lines = [f"# Dense reduction on 2 ranks over loopback ({c.get('cluster', 'local_cpu2')}, "
+             f"{env['date']}, torch {env['torch']}, "
              f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
              f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})", "",
              "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | median vs "

@@ -38,6 +38,7 @@ from sharding.types import PlanDoesNotFitError, PlanInputs, PlannerConfig
 
 GRID_PLANNERS = ("hybrid", "torchrec", "torchrec_own", "greedy_size", "round_robin")
 TIE = 0.005  # relative: step times within 0.5% of each other are ties
+SLOW_LINK_GBIT_S = 25.0  # a mixed cluster's nodes joined at or below this: `slow_mixed`
 CELLS_FILE = "grid_cells.jsonl"
 
 
@@ -60,12 +61,22 @@ class GridConfig:
     profile: str | None = None  # a measured profile.json of the MLPerf tables; None: measure
     profile_batches: int = 50  # when measuring it from the synthetic data
     spec: SuiteSpec = field(default_factory=SuiteSpec)
+    # plan only the cells of the `slow_mixed` clusters (the same cells the whole grid has)
+    only_slow_mixed: bool = False
 
 
 # Filled by `run_grid` before the worker processes fork: what each cell plans.
 _WORKLOADS: list[Workload] = []
 _CLUSTERS: dict[str, PlanInputs] = {}
 _TIMEOUT: list[float] = [30.0]
+
+
+def slow_mixed(inputs: PlanInputs) -> bool:
+    """Devices of more than one kind on more than one node, the nodes joined at or below
+    `SLOW_LINK_GBIT_S`: where the dense reduction and the exchange cross a slow link."""
+    ranks = inputs.ranks
+    return (len({r.kind for r in ranks}) > 1 and len({r.node for r in ranks}) > 1
+            and inputs.network.alltoall.bytes_per_s * 8 / 1e9 <= SLOW_LINK_GBIT_S)  # fmt: skip
 
 
 def workload_for(inputs: PlanInputs, w: Workload) -> PlanInputs:
@@ -172,7 +183,8 @@ def grid_fingerprint(cfg: GridConfig, clusters: dict[str, PlanInputs],
     """What a grid's cells depend on: a cells file made under another is refused."""
     return {"cells": cfg.cells, "clusters": {c: _digest(i) for c, i in clusters.items()},
             "seed": cfg.seed, "workloads": [w.name for w in workloads], "spec": repr(cfg.spec),
-            "torchrec_timeout_s": cfg.torchrec_timeout_s}  # fmt: skip
+            "torchrec_timeout_s": cfg.torchrec_timeout_s,
+            **({"only_slow_mixed": True} if cfg.only_slow_mixed else {})}  # fmt: skip
 
 
 def _digest(inputs: PlanInputs) -> str:
@@ -228,6 +240,9 @@ def run_grid(
     _CLUSTERS.update(clusters)
     _TIMEOUT[0] = cfg.torchrec_timeout_s
     jobs = [(i, c) for i in range(len(workloads)) for c in clusters][: cfg.cells]
+    slow = sorted(c for c, inputs in clusters.items() if slow_mixed(inputs))
+    if cfg.only_slow_mixed:
+        jobs = [j for j in jobs if j[1] in slow]
     cells_file = out_dir / CELLS_FILE
     rows = _resume(cells_file, grid_fingerprint(cfg, clusters, workloads))
     have = {(r["suite"], r["cluster"]) for r in rows}
@@ -251,7 +266,7 @@ def run_grid(
     elapsed = time.perf_counter() - start
     order = {(w.name, c): k for k, (w, c) in enumerate((workloads[i], c) for i, c in jobs)}
     rows.sort(key=lambda r: (order[(r["suite"], r["cluster"])], GRID_PLANNERS.index(r["planner"])))
-    return summarize(rows) | {
+    return summarize(rows, slow) | {
         "workloads": [{"name": w.name, "tables": len(w.tables),
                        "weights_gb": w.weights_bytes() / 2**30, **w.source} for w in workloads],
         # this run's wall time and the cells an earlier, stopped run had planned; a whole
@@ -271,10 +286,11 @@ def _ratio(other: dict, hybrid: dict) -> float | None:
     return None
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], slow: list[str] = ()) -> dict:
     """`wins` per planner (fastest feasible plan of a cell, ties to each), the cells where
     another planner beats hybrid (with the fastest such planner), the worst cell against
-    TorchRec, and per-cluster figures."""
+    TorchRec, per-cluster figures, and hybrid's gap to its bound on the `slow` clusters'
+    cells (`slow_mixed`), each cell listed."""
     cells: dict[tuple[str, str], dict[str, dict]] = {}
     for r in rows:
         cells.setdefault((r["suite"], r["cluster"]), {})[r["planner"]] = r
@@ -327,7 +343,15 @@ def summarize(rows: list[dict]) -> dict:
     cut = [r for r in rows if r["planner"] == "torchrec" and r.get("search_cut")]
     # every cell's planning, whichever run planned it (torchrec_own shares torchrec's search)
     seconds = sum(r["planning_s"] for r in rows if r["planner"] != "torchrec_own")
+    on_slow = [{"suite": r["suite"], "cluster": r["cluster"], "gap_to_bound": r["gap_to_bound"]}
+               for r in rows if r["planner"] == "hybrid" and r["cluster"] in slow
+               and r["feasible"] and "gap_to_bound" in r]  # fmt: skip
+    sg = [c["gap_to_bound"] for c in on_slow]
+    slow_summary = {"clusters": list(slow), "link_gbit_s_at_most": SLOW_LINK_GBIT_S,
+                    "cells": on_slow, "median_gap_to_bound": float(np.median(sg)) if sg else None,
+                    "max_gap_to_bound": float(np.max(sg)) if sg else None}  # fmt: skip
     return {"cells": rows, "wins": wins, "hybrid_losses": losses, "hybrid_ties": ties,
+            "slow_mixed": slow_summary,
             "worst_vs_torchrec": worst, "clusters": clusters, "cell_count": len(cells),
             "median_gap_to_bound": float(np.median(gaps)) if gaps else None,
             "max_gap_to_bound": float(np.max(gaps)) if gaps else None,
@@ -416,6 +440,13 @@ def table(grid: dict) -> list[str]:
         lines.append(f"Hybrid's gap to the lower bound: median {grid['median_gap_to_bound']:.3f}x, "
                      f"largest {grid['max_gap_to_bound']:.3f}x. TorchRec searches stopped at "
                      f"their time limit: {grid['torchrec_searches_cut']}.")  # fmt: skip
+    sm = grid.get("slow_mixed") or {}
+    if sm.get("median_gap_to_bound"):
+        lines.append(f"On mixed clusters of several nodes joined at or below "
+                     f"{sm['link_gbit_s_at_most']:g} Gbit/s ({', '.join(sm['clusters'])}; "
+                     f"{len(sm['cells'])} cells hybrid fits) hybrid's gap to the lower bound: "
+                     f"median {sm['median_gap_to_bound']:.3f}x, largest "
+                     f"{sm['max_gap_to_bound']:.3f}x.")  # fmt: skip
     if worst:
         lines.append(f"Worst cell against TorchRec: {worst['suite']} on {worst['cluster']}, "
                      f"{worst['speedup_vs_torchrec']:.2f}x ({worst['hybrid_ms']:.2f} ms vs "

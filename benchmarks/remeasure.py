@@ -92,6 +92,11 @@ PUBLISHED = [
       "nested4+dedup+cluster,nested8,nested8+cluster]",
       f"overrides=['dataset=movielens100k',{_SGD}]"]),
     ("planners", "summary.json", ["benchmarks.planners"]),  # about 1.8 h: the 400-cell grid
+    # the grid's cells on mixed clusters joined at or below 25 Gbit/s alone (about 20 min)
+    ("planners_slow_mixed", "summary.json",
+     ["benchmarks.planners", "clusters=[hetero_3node]", "at_scale=false",
+      "grid.only_slow_mixed=true",
+      "grid.profile=benchmarks/results/planners/profile_mlperf_synthetic.json"]),
     # after it: its cut TorchRec searches, searched longer (about 25 min)
     ("grid_recheck", "summary.json", ["benchmarks.grid_recheck"]),
 

@@ -143,6 +143,8 @@ def test_presets_have_the_documented_shapes(typed_cfg) -> None:
     assert len({r.kind for r in hetero}) >= 4 and len({r.node for r in hetero}) == 8
     skewed = resolve_cluster(typed_cfg(["cluster=local_cpu3_skewed"]).cluster)
     assert [r.cores for r in skewed] == [(0,), (0,), (1,)]
+    pinned = resolve_cluster(typed_cfg(["cluster=local_cpu2_pinned"]).cluster)
+    assert [r.cores for r in pinned] == [(0,), (1,)]
     assert skewed[2].speed == 2 * skewed[0].speed
 
 

@@ -70,6 +70,30 @@ def test_the_gap_to_the_bound_counts_only_plans_that_fit() -> None:
     assert g["clusters"]["c"]["median_gap_to_bound"] == pytest.approx(1.35)
     assert g["clusters"]["other"]["median_gap_to_bound"] == pytest.approx(1.01)
 
+    # and over the cells of the mixed clusters joined by slow links, each cell listed
+    g = summarize(rows, slow=["c"])
+    sm = g["slow_mixed"]
+    assert sm["clusters"] == ["c"] and sm["median_gap_to_bound"] == pytest.approx(1.35)
+    assert [(c["suite"], c["gap_to_bound"]) for c in sm["cells"]] == [("a", 1.2), ("b", 1.5)]
+    assert "(c; 2 cells hybrid fits) hybrid's gap to the lower bound: median 1.350x" in "\n".join(
+        table(g)
+    )
+
+
+def test_slow_mixed_clusters_have_mixed_devices_on_several_nodes_joined_slowly() -> None:
+    from types import SimpleNamespace as NS
+
+    from benchmarks.planner_grid import slow_mixed
+
+    def cluster(kinds_by_node: list[list[str]], gbit_s: float) -> NS:
+        ranks = [NS(kind=k, node=n) for n, kinds in enumerate(kinds_by_node) for k in kinds]
+        return NS(ranks=ranks, network=NS(alltoall=NS(bytes_per_s=gbit_s * 1e9 / 8)))
+
+    assert slow_mixed(cluster([["h100", "h100"], ["t4"]], 25.0))
+    assert not slow_mixed(cluster([["h100", "h100"], ["t4"]], 26.0))  # a fast link
+    assert not slow_mixed(cluster([["h100"], ["h100"]], 10.0))  # one kind
+    assert not slow_mixed(cluster([["h100", "t4"]], 10.0))  # one node
+
 
 def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -> None:
     """Each cell is written as it finishes; run again, the grid plans only the cells it
@@ -101,6 +125,9 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     assert sorted(map(key, again["cells"])) == sorted(map(key, first["cells"]))
     with pytest.raises(UserError, match="another grid .*seed"):
         run_grid(GridConfig(**{**cfg.__dict__, "seed": 7}), {"two": cluster}, named, tmp_path)
+    only_slow = run_grid(replace(cfg, only_slow_mixed=True), {"two": cluster}, named,
+                         tmp_path / "slow")  # fmt: skip
+    assert only_slow["cell_count"] == 0  # "two" is one node of one kind
     bigger = replace(cluster, global_batch=2 * cluster.global_batch)  # same name, other cells
     with pytest.raises(UserError, match="another grid .*clusters"):
         run_grid(cfg, {"two": bigger}, named, tmp_path)
