@@ -52,6 +52,7 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
     keys = [(m, p, r) for m in cfg.models for p in cfg.pipelines for r in cfg.reductions]
     runs: dict[str, list[float]] = {"/".join(k): [] for k in keys}
     losses: dict[str, list[float]] = {}
+    faults: dict[str, list[float]] = {"/".join(k): [] for k in keys}  # rank 0's, per step
     n = len(cfg.reductions)
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
@@ -67,6 +68,7 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
                 s = train(hydra.compose(config_name="config", overrides=overrides),
                           Path(tmp) / f"{name.replace('/', '_')}_{rep}")  # fmt: skip
                 runs[name].append(s["samples_per_s"])
+                faults[name].append(s["host_page_faults_per_step"])
                 losses[name] = s["step_losses"]
                 print(name, rep, f"{s['samples_per_s']:,.0f} samples/s", flush=True)
     best = {k: max(v) for k, v in runs.items()}
@@ -77,7 +79,7 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
     same = {k: losses[k] == losses[k.rsplit("/", 1)[0] + "/" + BASELINE] for k in losses
             if BASELINE in cfg.reductions}  # fmt: skip
     return {"runs": runs, "best_samples_per_s": best, "vs_ddp_buckets": vs,
-            "median_vs_ddp_buckets": vs_median,
+            "median_vs_ddp_buckets": vs_median, "page_faults_per_step": faults,
             "losses_equal_ddp_buckets": same,
             "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
             "environment": environment()}  # fmt: skip
@@ -90,8 +92,9 @@ def table(r: dict) -> str:
              f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
              f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})", "",
              "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | median vs "
-             "ddp_buckets' median | losses equal ddp_buckets' |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "ddp_buckets' median | rank 0's page faults / step (median) | losses equal "
+             "ddp_buckets' |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for k, v in r["best_samples_per_s"].items():
         model, pipeline, reduction = k.split("/")
         ratio = r["vs_ddp_buckets"].get(k)
@@ -100,8 +103,14 @@ def table(r: dict) -> str:
         lines.append(f"| {model} | {pipeline} | {reduction} | {v:,.0f} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}x'} | "
                      f"{'-' if mid is None else f'{mid:.3f}x'} | "
+                     f"{_median_faults(r, k)} | "
                      f"{'-' if same is None else ('yes' if same else 'no')} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def _median_faults(r: dict, key: str) -> str:
+    f = r.get("page_faults_per_step", {}).get(key)
+    return f"{statistics.median(f):,.0f}" if f else "-"
 
 
 register_configs()

@@ -6,6 +6,7 @@ build, resume, the train steps with evaluations and checkpoints between them, th
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -251,7 +252,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
                       device)  # fmt: skip
-    samples_per_s = _steps(cfg, job, start, watch, between_steps, trace, scalars)
+    samples_per_s, faults_per_step = _steps(cfg, job, start, watch, between_steps, trace, scalars)
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
@@ -276,6 +277,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "global_batch_size": sum(job.shares),
         # training only: evaluations and checkpoints between timed steps are left out
         "samples_per_s": samples_per_s,
+        # this rank's process, per timed step: pages the kernel mapped in on first touch
+        # (`trainer.retain_host_memory` keeps them few; recsys/host_memory.py)
+        "host_page_faults_per_step": faults_per_step,
         "batch_per_rank": job.shares,
         "train_loss": float(window.mean()) if len(window) else None,
         **final,
@@ -301,17 +305,18 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
 def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
            between_steps: Callable[[int], None], trace: StepTrace, scalars: Scalars
-           ) -> float | None:  # fmt: skip
+           ) -> tuple[float | None, float | None]:  # fmt: skip
     """The train steps from `start`, each loss recorded in `watch` (and, checked, in
     `scalars`); `between_steps(done)` after each; `trainer.profile_steps` traced. Returns
-    the samples per second after the
-    warm-up, the time spent in `between_steps` left out (None: no timed steps)."""
+    the samples per second after the warm-up and this process's minor page faults per such
+    step, `between_steps` left out of both (None: no timed steps)."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
     t_start, timed_from = time.perf_counter(), start
     paused_s = 0.0
+    faults = paused_faults = 0
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
@@ -330,14 +335,23 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
         trace.after(done)
         if done == start + tcfg.warmup_steps:
             t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
+            faults, paused_faults = _minor_faults(), 0
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
             scalars.losses(watch.reduced)
         bar.update(1)
-        pause = time.perf_counter()
+        pause, pause_faults = time.perf_counter(), _minor_faults()
         between_steps(done)
         paused_s += time.perf_counter() - pause
+        paused_faults += _minor_faults() - pause_faults
     bar.close()
     timed_steps = tcfg.max_steps - timed_from
+    if not timed_steps:
+        return None, None
     elapsed = time.perf_counter() - t_start - paused_s
-    return sum(job.shares) * timed_steps / elapsed if timed_steps else None
+    faulted = _minor_faults() - faults - paused_faults
+    return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

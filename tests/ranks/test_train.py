@@ -46,7 +46,7 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
         assert key in on_disk, key
     assert on_disk["world_size"] == 2 and on_disk["steps"] == 60
     assert on_disk["pipeline"] == "plain" and on_disk["planner"] == "torchrec"
-    assert on_disk["samples_per_s"] > 0
+    assert on_disk["samples_per_s"] > 0 and on_disk["host_page_faults_per_step"] >= 0
     assert on_disk["eval_auc"] > 0.65, "the planted model should be learnt"
     assert on_disk["eval_samples"] == 2 * 16 * 256
     losses = summary["step_losses"]
