@@ -80,6 +80,7 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
             if BASELINE in cfg.reductions}  # fmt: skip
     return {"runs": runs, "best_samples_per_s": best, "vs_ddp_buckets": vs,
             "median_vs_ddp_buckets": vs_median, "page_faults_per_step": faults,
+            "median_page_faults_per_step": {k: statistics.median(v) for k, v in faults.items()},
             "losses_equal_ddp_buckets": same,
             "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
             "environment": environment()}  # fmt: skip
@@ -109,8 +110,8 @@ def table(r: dict) -> str:
 
 
 def _median_faults(r: dict, key: str) -> str:
-    f = r.get("page_faults_per_step", {}).get(key)
-    return f"{statistics.median(f):,.0f}" if f else "-"
+    f = r.get("median_page_faults_per_step", {}).get(key)
+    return "-" if f is None else f"{f:,.0f}"
 
 
 register_configs()
