@@ -24,6 +24,7 @@ import json
 import math
 import multiprocessing as mp
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -286,7 +287,7 @@ def _ratio(other: dict, hybrid: dict) -> float | None:
     return None
 
 
-def summarize(rows: list[dict], slow: list[str] = ()) -> dict:
+def summarize(rows: list[dict], slow: Sequence[str] = ()) -> dict:
     """`wins` per planner (fastest feasible plan of a cell, ties to each), the cells where
     another planner beats hybrid (with the fastest such planner), the worst cell against
     TorchRec, per-cluster figures, and hybrid's gap to its bound on the `slow` clusters'
