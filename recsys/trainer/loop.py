@@ -316,7 +316,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
                    enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
     t_start, timed_from = time.perf_counter(), start
     paused_s = 0.0
-    faults = paused_faults = 0
+    faults, paused_faults = _minor_faults(), 0
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
