@@ -21,6 +21,44 @@ class BenchTrainer:
     max_steps: int | None = None
 
 
+# a nested label's options: the lookahead, key-centric clustering, dedup both ways or
+# forward only (`pipeline.dedup_grads=false`)
+NESTED_OPTIONS = ("lookahead", "cluster", "dedup", "dedup_fwd")
+
+
+@dataclass(frozen=True)
+class PipelineLabel:
+    """A benchmark's pipeline label parsed: a pipeline's name, or `nested<N>` and options
+    (`nested4+lookahead+cluster+dedup_fwd`)."""
+
+    name: str  # "nested" for nested<N>
+    micro_batches: int = 1
+    options: frozenset[str] = frozenset()
+
+    @property
+    def dedup(self) -> bool:
+        return bool({"dedup", "dedup_fwd"} & self.options)
+
+    @property
+    def dedup_grads(self) -> bool:
+        return "dedup_fwd" not in self.options
+
+
+def parse_label(label: str, allowed: tuple[str, ...] = NESTED_OPTIONS) -> PipelineLabel:
+    """`label` parsed; only nested<N> takes options, those in `allowed`, one dedup at most."""
+    name, *options = label.split("+")
+    n = name[len("nested") :] if name.startswith("nested") else None
+    wrong = set(options) - set(allowed) or {"dedup", "dedup_fwd"} <= set(options)
+    if (n is None and options) or (n is not None and (not n.isdigit() or wrong)):
+        forms = "".join(f"[+{o}]" for o in allowed if o != "dedup_fwd")
+        raise ValueError(f"'{label}': only nested<N> takes options: nested<N>{forms} "
+                         f"(+dedup_fwd for +dedup: unique rows forward only, gradients "
+                         f"pooled), e.g. nested4+dedup")  # fmt: skip
+    if n is None:
+        return PipelineLabel(name)
+    return PipelineLabel("nested", int(n), frozenset(options))
+
+
 def environment() -> dict[str, Any]:
     import fbgemm_gpu
     import numpy

@@ -34,6 +34,7 @@ from benchmarks.common import (
     emulated_preset,
     environment,
     finish,
+    parse_label,
     results_dir_for,
     start,
     train_emulated,
@@ -124,23 +125,14 @@ class PipelineBenchConfig:
 def pipeline_overrides(label: str) -> list[str]:
     """`nested4+lookahead` -> pipeline=nested with N=4 and the lookahead on; other labels
     are pipeline names (nested variants default to no lookahead, no clustering, no dedup)."""
-    name, *options = label.split("+")
-    if not name.startswith("nested"):
-        if options:
-            raise ValueError(f"'{label}': options (+...) apply to nested<N> only")
-        return [f"pipeline={name}"]
-    n = name[len("nested") :]
-    unknown = set(options) - {"lookahead", "cluster", "dedup", "dedup_fwd"}
-    if not n.isdigit() or unknown or {"dedup", "dedup_fwd"} <= set(options):
-        raise ValueError(
-            f"'{label}': write nested<N>[+lookahead][+cluster][+dedup|+dedup_fwd], e.g. "
-            f"nested4+dedup (+dedup_fwd: unique rows forward only, gradients pooled)"
-        )
-    overrides = ["pipeline=nested", f"pipeline.micro_batches={n}",
-                 f"pipeline.lookahead={'lookahead' in options}",
-                 f"pipeline.cluster_samples={'cluster' in options}",
-                 f"pipeline.dedup={'dedup' in options or 'dedup_fwd' in options}"]  # fmt: skip
-    return overrides + (["pipeline.dedup_grads=False"] if "dedup_fwd" in options else [])
+    p = parse_label(label)
+    if p.name != "nested":
+        return [f"pipeline={p.name}"]
+    overrides = ["pipeline=nested", f"pipeline.micro_batches={p.micro_batches}",
+                 f"pipeline.lookahead={'lookahead' in p.options}",
+                 f"pipeline.cluster_samples={'cluster' in p.options}",
+                 f"pipeline.dedup={p.dedup}"]  # fmt: skip
+    return overrides + ([] if p.dedup_grads else ["pipeline.dedup_grads=False"])
 
 
 def _losses(run_dir: Path) -> list[float]:

@@ -33,7 +33,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import environment, finish, parse_label, start
 from recsys import CONF_DIR
 
 if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay fast
@@ -149,20 +149,14 @@ def schedule_of_label(label: str) -> ScheduleLabel:
     from sharding.cost_model import schedule_of
     from sharding.types import Schedule
 
-    name, *extras = label.split("+")
-    if (set(extras) - {"dedup", "dedup_fwd", "cluster"} or {"dedup", "dedup_fwd"} <= set(extras)
-            or (extras and not name.startswith("nested"))):  # fmt: skip
-        raise ValueError(
-            f"schedule '{label}': only nested<N> takes +dedup (or +dedup_fwd) and +cluster"
-        )
-    if name.startswith("nested"):
-        return ScheduleLabel(Schedule.nested, int(name[len("nested") :] or 4),
-                             dedup=bool({"dedup", "dedup_fwd"} & set(extras)),
-                             clustered="cluster" in extras,
-                             dedup_grads="dedup_fwd" not in extras)  # fmt: skip
-    if name == "semi_sync":
+    p = parse_label(label, ("cluster", "dedup", "dedup_fwd"))  # the simulator: no lookahead
+    if p.name == "nested":
+        return ScheduleLabel(Schedule.nested, p.micro_batches, dedup=p.dedup,
+                             clustered="cluster" in p.options,
+                             dedup_grads=p.dedup_grads)  # fmt: skip
+    if p.name == "semi_sync":
         return ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
-    return ScheduleLabel(schedule_of(name))  # TorchRec's base pipeline runs the plain loop
+    return ScheduleLabel(schedule_of(p.name))  # TorchRec's base pipeline runs the plain loop
 
 
 def simulate_label(
