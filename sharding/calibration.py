@@ -192,23 +192,25 @@ def device_costs(
             out.append(cal.shares[key])
             continue
         scale = r.speed / DEVICE_CATALOG["cpu"].speed
-        d = cal.device
-        out.append(
-            DeviceCost(
-                emb_read_bytes_per_s=d.emb_read_bytes_per_s * scale,
-                host_read_bytes_per_s=d.host_read_bytes_per_s * scale,
-                emb_bwd_factor=d.emb_bwd_factor,
-                dense_flops_per_s=d.dense_flops_per_s * scale,
-                step_overhead_s=d.step_overhead_s / scale,
-                input_s_per_sample=d.input_s_per_sample / scale,
-                interaction_flops_per_s=d.interaction_flops_per_s * scale,
-                sample_overhead_s=d.sample_overhead_s / scale,
-                sequence_s_per_lookup=d.sequence_s_per_lookup / scale,
-                sequence_s_fixed=d.sequence_s_fixed / scale,
-                core_speed=scale,
-            )
-        )
+        out.append(at_speed(cal.device, scale))
     return out
+
+
+# a CPU rank's rates, and the CPU work only training runs measure (the calibration fits them)
+RATE_FIELDS = ("emb_read_bytes_per_s", "host_read_bytes_per_s", "dense_flops_per_s",
+               "interaction_flops_per_s")  # fmt: skip
+OVERHEAD_FIELDS = ("step_overhead_s", "sample_overhead_s", "sequence_s_per_lookup",
+                   "sequence_s_fixed", "sequence_s_per_byte", "micro_batch_overhead_s")  # fmt: skip
+
+
+def at_speed(d: DeviceCost, scale: float) -> DeviceCost:
+    """One-core constants `d` on a core `scale` times as fast: its rates times `scale`, its
+    CPU times (batch assembly and the overheads) over it; every other field, the backward
+    factor included, as it is."""
+    times = ("input_s_per_sample", *OVERHEAD_FIELDS)
+    return replace(d, core_speed=d.core_speed * scale,
+                   **{k: getattr(d, k) * scale for k in RATE_FIELDS},
+                   **{k: getattr(d, k) / scale for k in times})  # fmt: skip
 
 
 def calibrated_link(spec: ClusterSpec, link: str | None) -> str:
