@@ -41,7 +41,13 @@ from benchmarks.common import environment, finish, start
 from recsys import CONF_DIR
 from recsys.host_memory import retain_freed_memory
 from recsys.launch import raise_on_failure, spawn_ranks
-from sharding.calibration import load_calibration, save_calibration
+from sharding.calibration import (
+    OVERHEAD_FIELDS,
+    RATE_FIELDS,
+    at_speed,
+    load_calibration,
+    save_calibration,
+)
 from sharding.types import DeviceCost, LinkCost, NetworkCost
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,8 +67,13 @@ class CalibrateConfig:
         default_factory=lambda: [16_384, 131_072, 1_048_576, 4_194_304, 8_388_608]
     )
     train_steps: int = 80
-    # two runs of one model at two batch sizes: fixed and per-sample overhead
-    calibration_runs: list[int] = field(default_factory=lambda: [256, 768, 2048])
+    # and at least this long in timed steps: a run of a few seconds or less wanders from run
+    # to run, so a run shorter than this is trained again, long enough (`_train`)
+    timed_s: float = 6.0
+    # runs of one model at three batch sizes: fixed and per-sample overhead. The residual is
+    # not linear in the batch below ~512 samples a rank (a step's floor), so the line is
+    # fitted over the range the validation and the benchmarks train at, not below it
+    calibration_runs: list[int] = field(default_factory=lambda: [512, 1536, 3072])
     # the nested pipeline's fixed work per micro-batch: N = 1 and 8 at one batch size
     micro_batch_runs: list[int] = field(default_factory=lambda: [1, 8])
     micro_batch_batch: int = 1024
@@ -148,9 +159,19 @@ def measure_embedding(repeats: int = 15, window_s: float = 0.0) -> dict:
         f, fb = _median_time(fwd, repeats, window_s), _median_time(fwd_bwd, repeats, window_s)
         points.append({"tables": tables, "dim": dim, "batch": batch,
                        "bytes": tables * batch * dim * 4, "fwd_s": f, "fwd_bwd_s": fb})  # fmt: skip
-    _, per_byte = fit_line([p["bytes"] for p in points], [p["fwd_s"] for p in points])
-    bwd = statistics.median((p["fwd_bwd_s"] - p["fwd_s"]) / p["fwd_s"] for p in points)
-    return {"points": points, "emb_read_bytes_per_s": 1.0 / per_byte, "emb_bwd_factor": bwd}
+    return {"points": points, **fit_embedding(points)}
+
+
+def fit_embedding(points: list[dict]) -> dict:
+    """The forward's and the backward's (with the fused update) seconds per byte looked up,
+    each a line of its own over the probe's shapes; their fixed parts (a kernel call's, per
+    step) are left to the training runs' fixed overhead. The backward is fitted alone, not
+    as a ratio of the forward per shape: the forward's fixed part weighs on small shapes,
+    and a median of ratios then underprices the backward of every shape."""
+    nbytes = [p["bytes"] for p in points]
+    _, fwd = fit_line(nbytes, [p["fwd_s"] for p in points])
+    _, bwd = fit_line(nbytes, [p["fwd_bwd_s"] - p["fwd_s"] for p in points])
+    return {"emb_read_bytes_per_s": 1.0 / fwd, "emb_bwd_factor": bwd / fwd}
 
 
 def measure_dense(repeats: int = 7, window_s: float = 0.0) -> dict:
@@ -251,9 +272,25 @@ def _compose(overrides: list[str]) -> DictConfig:
     return hydra.compose(config_name="config", overrides=overrides)
 
 
-def _train(overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink | None) -> dict:
-    args = [f"trainer.max_steps={steps}", "trainer.progress_bar=false", "trainer.warmup_steps=10",
-            "trainer.threads_per_rank=1", "dataset.eval_batches=1", *overrides]  # fmt: skip
+WARMUP_STEPS = 10  # untimed steps at the start of every calibration and validation run
+
+
+def _train(overrides: list[str], cfg: CalibrateConfig, run_dir: Path,
+           link: netns.VethLink | None) -> dict:  # fmt: skip
+    """Train `cfg.train_steps` steps; if the timed ones lasted less than `cfg.timed_s`, train
+    again with enough of them (the first run measured the step)."""
+    summary = _train_steps(overrides, cfg.train_steps, run_dir, link)
+    needed = WARMUP_STEPS + math.ceil(cfg.timed_s / (measured_ms(summary) / 1000))
+    if needed > cfg.train_steps:
+        summary = _train_steps(overrides, needed, run_dir, link)
+    return summary
+
+
+def _train_steps(overrides: list[str], steps: int, run_dir: Path,
+                 link: netns.VethLink | None) -> dict:  # fmt: skip
+    args = [f"trainer.max_steps={steps}", "trainer.progress_bar=false",
+            f"trainer.warmup_steps={WARMUP_STEPS}", "trainer.threads_per_rank=1",
+            "dataset.eval_batches=1", *overrides]  # fmt: skip
     if link is None:
         from recsys.app.train import train
 
@@ -292,7 +329,7 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
         return to_typed(_compose([
             "planner=hybrid", f"planner.cold_only_exchange={sequence}",
             f"trainer.batch_size={batch}", f"trainer.max_steps={cfg.train_steps}",
-            "trainer.progress_bar=false", "trainer.warmup_steps=10",
+            "trainer.progress_bar=false", f"trainer.warmup_steps={WARMUP_STEPS}",
             "trainer.threads_per_rank=1", "dataset.eval_batches=1"]))  # fmt: skip
 
     def run(batch: int, sequence: bool, plan) -> dict:
@@ -354,21 +391,8 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
     rates = ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s")
     ratios = [med(n) / getattr(core, n) for n in rates]
     ratio = float(statistics.median([*ratios, core.input_s_per_sample / med("input_s_per_sample")]))
-    return replace(
-        core,
-        emb_read_bytes_per_s=med("emb_read_bytes_per_s"),
-        host_read_bytes_per_s=med("emb_read_bytes_per_s"),
-        emb_bwd_factor=med("emb_bwd_factor"),
-        dense_flops_per_s=med("dense_flops_per_s"),
-        interaction_flops_per_s=med("interaction_flops_per_s"),
-        input_s_per_sample=med("input_s_per_sample"),
-        step_overhead_s=core.step_overhead_s / ratio,
-        sample_overhead_s=core.sample_overhead_s / ratio,
-        sequence_s_per_lookup=core.sequence_s_per_lookup / ratio,
-        sequence_s_fixed=core.sequence_s_fixed / ratio,
-        micro_batch_overhead_s=core.micro_batch_overhead_s / ratio,
-        core_speed=ratio,
-    ), ratio
+    measured_here = (*RATE_FIELDS, "emb_bwd_factor", "input_s_per_sample")
+    return replace(at_speed(core, ratio), **{k: med(k) for k in measured_here}), ratio
 
 
 def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
@@ -423,7 +447,7 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
     for batch in cfg.calibration_runs:
         overrides = [f"trainer.batch_size={batch}"]
         d = run_dir / "calibration_runs" / f"b{batch}"
-        summary = _train(overrides, cfg.train_steps, d, None)
+        summary = _train(overrides, cfg, d, None)
         meas, pred = measured_ms(summary), predict_ms(overrides, d, "loopback", bare)
         residual.append((meas - pred) / 1000)
         runs.append({"batch": batch, "measured_ms": meas, "predicted_without_overhead_ms": pred})
@@ -455,7 +479,7 @@ def measure_micro_batch(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
         overrides = [f"trainer.batch_size={cfg.micro_batch_batch}", "pipeline=nested",
                      f"pipeline.micro_batches={n}"]  # fmt: skip
         d = run_dir / "micro_batch_runs" / f"n{n}"
-        meas = measured_ms(_train(overrides, cfg.train_steps, d, None))
+        meas = measured_ms(_train(overrides, cfg, d, None))
         pred = predict_ms(overrides, d, "loopback", cal)
         runs.append({"micro_batches": n, "measured_ms": meas,
                      "predicted_without_it_ms": pred})  # fmt: skip
@@ -464,13 +488,6 @@ def measure_micro_batch(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     residual = (last["measured_ms"] - last["predicted_without_it_ms"]
                 - first["measured_ms"] + first["predicted_without_it_ms"])  # fmt: skip
     return {"runs": runs, "per_micro_batch_s": max(0.0, residual / added / 1000) if added else 0.0}
-
-
-# the rates the compute probe measures (the overheads only training runs measure)
-_RATES = ("emb_read_bytes_per_s", "host_read_bytes_per_s", "dense_flops_per_s",
-          "interaction_flops_per_s")  # fmt: skip
-_OVERHEADS = ("step_overhead_s", "sample_overhead_s", "sequence_s_per_lookup",
-              "sequence_s_fixed", "micro_batch_overhead_s")  # fmt: skip
 
 
 def refreshed(cal, probe: dict):
@@ -483,11 +500,11 @@ def refreshed(cal, probe: dict):
     fresh = _device_cost(probe)
     # rates, and the one time the probe measures (input per sample): today's over the saved
     ratio = {k: getattr(fresh, k) / getattr(cal.device, k)
-             for k in (*_RATES, "input_s_per_sample")
+             for k in (*RATE_FIELDS, "input_s_per_sample")
              if getattr(cal.device, k) and getattr(fresh, k)}  # fmt: skip
     # the framework's CPU work per step, sample and cold lookup: as the core's speed moved
     slower = 1 / ratio.get("dense_flops_per_s", 1.0)
-    ratio |= dict.fromkeys(_OVERHEADS, slower)
+    ratio |= dict.fromkeys(OVERHEAD_FIELDS, slower)
 
     def scaled(d):
         return replace(d, **{k: getattr(d, k) * r for k, r in ratio.items()})
@@ -519,7 +536,7 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             continue
         print(f"validating: {s.name} ...", flush=True)
         d = run_dir / "validation" / s.name.replace(" ", "_")
-        summary = _train(s.overrides, cfg.train_steps, d, link if s.link == "veth" else None)
+        summary = _train(s.overrides, cfg, d, link if s.link == "veth" else None)
         link_name = {"veth": f"veth_{cfg.link_rate}", "loopback": "loopback"}.get(s.link)
         if s.link == "emulated":  # the cluster's own calibrated link
             link_name = to_typed(_compose(s.overrides)).cluster.name

@@ -217,6 +217,10 @@ def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
     slow, fast = device_costs(resolve_cluster(skewed), cal)
     assert slow.dense_flops_per_s == pytest.approx(fast.dense_flops_per_s / 2)
     assert slow.step_overhead_s == pytest.approx(2 * fast.step_overhead_s)
+    # every CPU time the calibration measured moves with the speed, none is dropped
+    assert fast.micro_batch_overhead_s == cal.device.micro_batch_overhead_s > 0
+    assert slow.micro_batch_overhead_s == pytest.approx(2 * fast.micro_batch_overhead_s)
+    assert slow.emb_bwd_factor == fast.emb_bwd_factor == cal.device.emb_bwd_factor
     assert network_cost(skewed, resolve_cluster(skewed), cal, None) is cal.links["loopback"]
     with pytest.raises(CalibrationError, match="calibrated"):
         network_cost(skewed, resolve_cluster(skewed), cal, "carrier_pigeon")
@@ -553,6 +557,41 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
     assert asdict(new)["links"] == asdict(cal)["links"]
     assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
     assert load_calibration().device == d  # the saved calibration is not touched
+
+
+def test_the_embedding_backward_is_fitted_per_byte_on_its_own() -> None:
+    """`fit_embedding`: the forward and the backward each a line over the probe's shapes. A
+    forward with a fixed part (a kernel call's) does not drag the backward's price down, as
+    a median of per-shape backward / forward ratios would."""
+    from benchmarks.calibrate import fit_embedding
+
+    points = [{"bytes": n, "fwd_s": 1e-4 + n / 20e9, "fwd_bwd_s": 1e-4 + n / 20e9 + n * 1e-9}
+              for n in (5e5, 2e6, 4e6, 3e7)]  # fmt: skip
+    fit = fit_embedding(points)
+    assert fit["emb_read_bytes_per_s"] == pytest.approx(20e9)
+    assert fit["emb_bwd_factor"] == pytest.approx(20.0)  # 1 ns / 0.05 ns per byte
+    ratios = sorted((p["fwd_bwd_s"] - p["fwd_s"]) / p["fwd_s"] for p in points)
+    assert ratios[1] < 15  # what the median of ratios would have priced it at
+
+
+def test_a_short_calibration_run_is_trained_again_long_enough(monkeypatch, tmp_path) -> None:
+    """`_train`: a run whose timed steps last less than `timed_s` is trained again with
+    enough steps; a long one is not."""
+    from benchmarks import calibrate
+
+    steps_run = []
+
+    def train_steps(overrides, steps, run_dir, link, step_ms):
+        steps_run.append(steps)
+        return {"batch_per_rank": [1000, 1000], "samples_per_s": 2000 / step_ms * 1000}
+
+    cfg = replace(calibrate.CalibrateConfig(), train_steps=80, timed_s=6.0)
+    for step_ms in (20.0, 200.0):
+        monkeypatch.setattr(calibrate, "_train_steps",
+                            lambda *a, ms=step_ms: train_steps(*a, ms))  # fmt: skip
+        summary = calibrate._train([], cfg, tmp_path, None)
+        assert calibrate.measured_ms(summary) == pytest.approx(step_ms)
+    assert steps_run == [80, calibrate.WARMUP_STEPS + 300, 80]
 
 
 def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
