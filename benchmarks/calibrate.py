@@ -277,13 +277,16 @@ WARMUP_STEPS = 10  # untimed steps at the start of every calibration and validat
 
 def _train(overrides: list[str], cfg: CalibrateConfig, run_dir: Path,
            link: netns.VethLink | None) -> dict:  # fmt: skip
-    """Train `cfg.train_steps` steps; if the timed ones lasted less than `cfg.timed_s`, train
-    again with enough of them (the first run measured the step)."""
-    summary = _train_steps(overrides, cfg.train_steps, run_dir, link)
+    """Train `cfg.train_steps` steps in `run_dir`; if the timed ones lasted less than
+    `cfg.timed_s`, train again there with enough of them, the first run (which measured the
+    step) kept beside it as `<run_dir>_short`."""
+    short = run_dir.with_name(f"{run_dir.name}_short")
+    summary = _train_steps(overrides, cfg.train_steps, short, link)
     needed = WARMUP_STEPS + math.ceil(cfg.timed_s / (measured_ms(summary) / 1000))
-    if needed > cfg.train_steps:
-        summary = _train_steps(overrides, needed, run_dir, link)
-    return summary
+    if needed <= cfg.train_steps:
+        short.rename(run_dir)
+        return summary
+    return _train_steps(overrides, needed, run_dir, link)
 
 
 def _train_steps(overrides: list[str], steps: int, run_dir: Path,

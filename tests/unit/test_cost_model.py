@@ -579,19 +579,22 @@ def test_a_short_calibration_run_is_trained_again_long_enough(monkeypatch, tmp_p
     enough steps; a long one is not."""
     from benchmarks import calibrate
 
-    steps_run = []
+    runs = []
 
     def train_steps(overrides, steps, run_dir, link, step_ms):
-        steps_run.append(steps)
+        run_dir.mkdir()  # as training does; a run directory is never reused
+        runs.append((run_dir.name, steps))
         return {"batch_per_rank": [1000, 1000], "samples_per_s": 2000 / step_ms * 1000}
 
     cfg = replace(calibrate.CalibrateConfig(), train_steps=80, timed_s=6.0)
-    for step_ms in (20.0, 200.0):
+    for name, step_ms in (("fast", 20.0), ("slow", 200.0)):
         monkeypatch.setattr(calibrate, "_train_steps",
                             lambda *a, ms=step_ms: train_steps(*a, ms))  # fmt: skip
-        summary = calibrate._train([], cfg, tmp_path, None)
+        summary = calibrate._train([], cfg, tmp_path / name, None)
         assert calibrate.measured_ms(summary) == pytest.approx(step_ms)
-    assert steps_run == [80, calibrate.WARMUP_STEPS + 300, 80]
+    assert runs == [("fast_short", 80), ("fast", calibrate.WARMUP_STEPS + 300),
+                    ("slow_short", 80)]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fast", "fast_short", "slow"]
 
 
 def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
