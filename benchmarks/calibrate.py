@@ -74,6 +74,11 @@ class CalibrateConfig:
     # not linear in the batch below ~512 samples a rank (a step's floor), so the line is
     # fitted over the range the validation and the benchmarks train at, not below it
     calibration_runs: list[int] = field(default_factory=lambda: [512, 1536, 3072])
+    # the cores' speed meter: before each validation setting the calibration run at this
+    # batch is trained again, and the setting is also predicted with the constants at the
+    # speed it finds (`cores_at_speed`): this machine's cores drift by minutes as well as
+    # by days. 0, or a batch not among calibration_runs: no meter
+    meter_batch: int = 1536
     # the nested pipeline's fixed work per micro-batch: N = 1 and 8 at one batch size
     micro_batch_runs: list[int] = field(default_factory=lambda: [1, 8])
     micro_batch_batch: int = 1024
@@ -287,10 +292,13 @@ WARMUP_STEPS = 10  # untimed steps at the start of every calibration and validat
 
 
 def _train(overrides: list[str], cfg: CalibrateConfig, run_dir: Path,
-           link: netns.VethLink | None) -> dict:  # fmt: skip
+           link: netns.VethLink | None, step_ms: float | None = None) -> dict:  # fmt: skip
     """Train `cfg.train_steps` steps in `run_dir`; if the timed ones lasted less than
     `cfg.timed_s`, train again there with enough of them, the first run (which measured the
-    step) kept beside it as `<run_dir>_short`."""
+    step) kept beside it as `<run_dir>_short`. With `step_ms` known, once, long enough."""
+    if step_ms is not None:
+        needed = WARMUP_STEPS + math.ceil(cfg.timed_s / (step_ms / 1000))
+        return _train_steps(overrides, max(cfg.train_steps, needed), run_dir, link)
     short = run_dir.with_name(f"{run_dir.name}_short")
     summary = _train_steps(overrides, cfg.train_steps, short, link)
     needed = WARMUP_STEPS + math.ceil(cfg.timed_s / (measured_ms(summary) / 1000))
@@ -543,22 +551,50 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
     """Each setting trained for real, its step time predicted under its own plan."""
     from recsys.app.train import to_typed
 
+    meter = {r["batch"]: r["measured_ms"] for r in cal.measured.get("overhead_runs", [])}.get(
+        cfg.meter_batch
+    )
     validation = []
     for s in cfg.settings:
         if s.link != "loopback" and why_not is not None:
             print(f"skipping '{s.name}': {why_not}", flush=True)
             continue
+        name = s.name.replace(" ", "_")
+        speed = 1.0
+        if meter:
+            print(f"the cores' speed meter (batch {cfg.meter_batch}) ...", flush=True)
+            now = _train([f"trainer.batch_size={cfg.meter_batch}"], cfg,
+                         run_dir / "meter" / name, None, step_ms=meter)  # fmt: skip
+            speed = meter / measured_ms(now)
         print(f"validating: {s.name} ...", flush=True)
-        d = run_dir / "validation" / s.name.replace(" ", "_")
+        d = run_dir / "validation" / name
         summary = _train(s.overrides, cfg, d, link if s.link == "veth" else None)
         link_name = {"veth": f"veth_{cfg.link_rate}", "loopback": "loopback"}.get(s.link)
         if s.link == "emulated":  # the cluster's own calibrated link
             link_name = to_typed(_compose(s.overrides)).cluster.name
         pred, meas = predict_ms(s.overrides, d, link_name, cal), measured_ms(summary)
-        validation.append({"setting": s.name, "overrides": s.overrides, "link": link_name,
-                           "predicted_ms": pred, "measured_ms": meas,
-                           "rel_error": (pred - meas) / meas})  # fmt: skip
+        entry = {
+            "setting": s.name,
+            "overrides": s.overrides,
+            "link": link_name,
+            "predicted_ms": pred,
+            "measured_ms": meas,
+            "rel_error": (pred - meas) / meas,
+        }
+        if meter:
+            beside = predict_ms(s.overrides, d, link_name, cores_at_speed(cal, speed))
+            entry |= {"cores_speed": speed, "predicted_beside_ms": beside,
+                      "rel_error_beside": (beside - meas) / meas}  # fmt: skip
+        validation.append(entry)
     return validation
+
+
+def cores_at_speed(cal, speed: float):
+    """`cal` on cores `speed` times as fast as when it was measured: every CPU rate times
+    `speed` and every CPU time over it, on one core and on each emulated share alike (a
+    share is a fraction of the same cores); the links as measured."""
+    return replace(cal, device=at_speed(cal.device, speed),
+                   shares={k: at_speed(v, speed) for k, v in cal.shares.items()})  # fmt: skip
 
 
 def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
@@ -597,6 +633,8 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
             link_ctx.__exit__(None, None, None)
     errors = [abs(v["rel_error"]) for v in validation]
     worst = max(validation, key=lambda v: abs(v["rel_error"]), default=None)
+    beside = [v for v in validation if "rel_error_beside" in v]
+    worst_beside = max(beside, key=lambda v: abs(v["rel_error_beside"]), default=None)
     return {
         "constants": {
             "device": cal.device.__dict__,
@@ -610,6 +648,11 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
         "validation": validation,
         "median_abs_error": statistics.median(errors) if errors else None,
         "worst_setting": worst and worst["setting"],
+        # the same predictions with the cores' speed measured beside each setting (the meter)
+        "median_abs_error_beside": statistics.median(abs(v["rel_error_beside"]) for v in beside)
+        if beside
+        else None,
+        "worst_setting_beside": worst_beside and worst_beside["setting"],
         "veth": why_not or f"measured ({cfg.link_rate})",
         "environment": environment(),
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
@@ -652,17 +695,30 @@ def table(r: dict) -> str:
         lines.append(f"| emulated rank at share {key} (its cgroup) | {ratio:.2f}x one core: "
                      f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
                      f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense |")  # fmt: skip
-    lines += ["", "| setting | predicted ms/step | measured ms/step | error |",
-              "|---|---|---|---|"]  # fmt: skip
+    metered = any("rel_error_beside" in v for v in r["validation"])
+    lines += ["", "| setting | predicted ms/step | measured ms/step | error |"
+              + (" cores' speed beside | predicted at it | error |" if metered else ""),
+              "|---|---|---|---|" + ("---|---|---|" if metered else "")]  # fmt: skip
     for v in r["validation"]:
-        lines.append(f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
-                     f"{v['rel_error']:+.0%} |")  # fmt: skip
+        row = (f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
+               f"{v['rel_error']:+.0%} |")  # fmt: skip
+        if "rel_error_beside" in v:
+            row += (f" {v['cores_speed']:.2f}x | {v['predicted_beside_ms']:.1f} | "
+                    f"{v['rel_error_beside']:+.0%} |")  # fmt: skip
+        lines.append(row)
     if r["median_abs_error"] is not None:
         lines += [
             "",
             f"Median absolute relative error: {r['median_abs_error']:.1%} (goal: 8%, none worse "
             f"than 20%); "
             f"worst: {r['worst_setting']}",
+        ]
+    if r.get("median_abs_error_beside") is not None:
+        lines += [
+            "",
+            f"With the cores' speed measured beside each setting (the calibration run at "
+            f"batch {r['config']['meter_batch']} trained again just before it): "
+            f"{r['median_abs_error_beside']:.1%}; worst: {r['worst_setting_beside']}",
         ]
     lines += ["", f"veth link: {r['veth']}"]
     return "\n".join(lines)

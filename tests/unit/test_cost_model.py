@@ -628,6 +628,50 @@ def test_a_short_calibration_run_is_trained_again_long_enough(monkeypatch, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fast", "fast_short", "slow"]
 
 
+def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_it(
+    monkeypatch, tmp_path
+) -> None:  # fmt: skip
+    """`validate`: before each setting the meter (the calibration run at `meter_batch`) is
+    trained again; where it now runs at 24 ms against the calibration's 30, the cores are
+    1.25x as fast, and the setting is also predicted with every CPU rate 1.25x and every CPU
+    time / 1.25, one core and shares alike, links as measured."""
+    from benchmarks import calibrate
+    from sharding.calibration import load_calibration
+
+    cal = load_calibration()
+    cal.measured = {**cal.measured, "overhead_runs": [{"batch": 1536, "measured_ms": 30.0}]}
+    cfg = replace(calibrate.CalibrateConfig(), meter_batch=1536,
+                  settings=[calibrate.Setting("a", ["trainer.batch_size=1024"])])  # fmt: skip
+    trained, priced = [], []
+
+    def train(overrides, cfg, run_dir, link, step_ms=None):
+        trained.append((run_dir.relative_to(tmp_path).as_posix(), step_ms))
+        ms = 24.0 if "meter" in run_dir.parts else 50.0
+        return {"batch_per_rank": [1000, 1000], "samples_per_s": 2000 / ms * 1000}
+
+    def predict(overrides, run_dir, link, c):
+        priced.append(c)
+        return 40.0 * cal.device.dense_flops_per_s / c.device.dense_flops_per_s
+
+    monkeypatch.setattr(calibrate, "_train", train)
+    monkeypatch.setattr(calibrate, "predict_ms", predict)
+    (v,) = calibrate.validate(cfg, cal, tmp_path, None, None)
+    assert trained == [("meter/a", 30.0), ("validation/a", None)]
+    assert v["cores_speed"] == pytest.approx(1.25)
+    assert v["rel_error"] == pytest.approx(40 / 50 - 1)
+    assert v["predicted_beside_ms"] == pytest.approx(32.0)
+    fast = priced[1]
+    assert fast.links is cal.links
+    for old, new in [(cal.device, fast.device)] + [(cal.shares[k], fast.shares[k])
+                                                   for k in cal.shares]:  # fmt: skip
+        assert new.emb_read_bytes_per_s == pytest.approx(1.25 * old.emb_read_bytes_per_s)
+        assert new.step_overhead_s == pytest.approx(old.step_overhead_s / 1.25)
+        assert new.micro_batch_overhead_s == pytest.approx(old.micro_batch_overhead_s / 1.25)
+    cfg = replace(cfg, meter_batch=0)  # no meter: the calibration's constants alone
+    (v,) = calibrate.validate(cfg, cal, tmp_path / "off", None, None)
+    assert "cores_speed" not in v and len(trained) == 3
+
+
 def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
     monkeypatch, tmp_path
 ) -> None:  # fmt: skip
