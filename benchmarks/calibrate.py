@@ -243,9 +243,7 @@ def measure_compute(repeats: int | None = None, window_s: float = 0.0) -> dict:
 def _fit_comm(raw: dict, world: int = 2) -> dict:
     """all-to-all: t = latency + sent/bw, sent = size (W-1)/W; ring all-reduce:
     t = 2(W-1) latency + 2(W-1)/W size / bw; the all-to-all's CPU seconds on a rank against
-    the bytes it sends and receives (2 sent), the link's CPU cost per byte (both); and the
-    all-to-all's latency with the cores busy: the intercept of its own line over the small
-    sizes timed so (a chunk's size), which are what it is for."""
+    the bytes it sends and receives (2 sent), the link's CPU cost per byte (both)."""
     sizes = raw["sizes_bytes"]
     sent = [s * (world - 1) / world for s in sizes]
     lat, per_b = fit_line(sent, raw["alltoall_s"])
@@ -253,17 +251,8 @@ def _fit_comm(raw: dict, world: int = 2) -> dict:
     cpu = 0.0  # an older probe did not measure it
     if "alltoall_cpu_s" in raw:
         cpu = max(0.0, fit_line([2 * x for x in sent], raw["alltoall_cpu_s"])[1])
-    busy = 0.0  # ... nor this: the all-to-all's latency with the ranks' cores busy
-    if len(raw.get("alltoall_busy_s", [])) >= 2:
-        small = [s * (world - 1) / world for s in raw["busy_sizes_bytes"]]
-        busy = fit_line(small, raw["alltoall_busy_s"])[0]
     return {
-        "alltoall": {
-            "latency_s": lat,
-            "bytes_per_s": 1.0 / per_b,
-            "cpu_s_per_byte": cpu,
-            "busy_latency_s": busy,
-        },  # fmt: skip
+        "alltoall": {"latency_s": lat, "bytes_per_s": 1.0 / per_b, "cpu_s_per_byte": cpu},
         "allreduce": {
             "latency_s": ar_fixed / (2 * (world - 1)),
             "bytes_per_s": 1.0 / ar_per_b,
@@ -686,8 +675,6 @@ def table(r: dict) -> str:
             c = link[op]
             cpu = c.get("cpu_s_per_byte", 0.0)  # the rank's CPU per byte sent or received
             cpu_text = f", CPU {cpu * 1e9:.2f} ns/B" if op == "alltoall" and cpu else ""
-            if c.get("busy_latency_s"):
-                cpu_text += f", {c['busy_latency_s'] * 1e6:.0f} us latency with the cores busy"
             lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
                          f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
     for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -19,27 +17,6 @@ import torch.distributed as dist
 from recsys import launch
 
 REPEATS = 8
-# all-to-alls also timed with the rank's core busy, up to this size: a pipeline's chunks
-BUSY_MAX_BYTES = 1 << 20
-
-
-@contextmanager
-def busy_core():
-    """A thread of this rank computing (small matmuls, which release the GIL) throughout:
-    the rank busy, as a training rank is while its pipelined exchanges run."""
-    stop, a = threading.Event(), torch.randn(128, 128)
-
-    def spin() -> None:
-        while not stop.is_set():
-            torch.mm(a, a)
-
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _time(op, repeats: int) -> tuple[float, float]:
@@ -58,30 +35,20 @@ def _time(op, repeats: int) -> tuple[float, float]:
 
 def probe(sizes_bytes: list[int], repeats: int = REPEATS) -> dict:
     """Per size (bytes each rank sends in total): median seconds of all_to_all_single and
-    all_reduce, and the all-to-all's CPU seconds on this rank (`alltoall_cpu_s`); then, up
-    to `BUSY_MAX_BYTES`, the all-to-all's seconds with every rank's core busy
-    (`alltoall_busy_s`, at `busy_sizes_bytes`). Every rank returns the same structure; rank
-    0's is the one used."""
+    all_reduce, and the all-to-all's CPU seconds on this rank (`alltoall_cpu_s`). Every
+    rank returns the same structure; rank 0's is the one used."""
     torch.set_num_threads(1)
     rank, world = launch.init_distributed(120.0)
-    busy_sizes = [s for s in sizes_bytes if s <= BUSY_MAX_BYTES]
-    out = {"sizes_bytes": sizes_bytes, "alltoall_s": [], "alltoall_cpu_s": [], "allreduce_s": [],
-           "busy_sizes_bytes": busy_sizes, "alltoall_busy_s": []}  # fmt: skip
-
-    def a2a_of(size: int):
+    out = {"sizes_bytes": sizes_bytes, "alltoall_s": [], "alltoall_cpu_s": [], "allreduce_s": []}
+    for size in sizes_bytes:
         n = max(world, size // 4 // world * world)
         send, recv = torch.ones(n), torch.empty(n)
-        return lambda: dist.all_to_all_single(recv, send)
-
-    for size in sizes_bytes:
-        wall, cpu = _time(a2a_of(size), repeats)
+        a2a = lambda r=recv, s=send: dist.all_to_all_single(r, s)  # noqa: E731
+        wall, cpu = _time(a2a, repeats)
         out["alltoall_s"].append(wall)
         out["alltoall_cpu_s"].append(cpu)
         grad = torch.ones(max(1, size // 4))
         out["allreduce_s"].append(_time(lambda g=grad: dist.all_reduce(g), repeats)[0])
-    with busy_core():
-        for size in busy_sizes:
-            out["alltoall_busy_s"].append(_time(a2a_of(size), repeats)[0])
     return out
 
 

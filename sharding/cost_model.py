@@ -23,8 +23,7 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
 - all-reduce of dense gradients and of data-parallel tables: ring, 2(W-1)/W x bytes.
 - under the nested pipeline's N micro-batches, each further micro-batch's fixed overhead
   (`micro_batch_overhead_s`: its dense step's launches and bookkeeping) and each further
-  chunk of the embedding exchange its collective's latency again, both ways, as the link
-  pays it while the ranks compute (`LinkCost.busy_latency_s`, measured on CPU ranks).
+  chunk of the embedding exchange its collective's latency again, both ways.
 - a fixed per-step overhead (framework, Python, kernel launches), a per-sample one
   (`sample_overhead_s`: id routing, permutes, loss), and on CPU ranks the batch assembly
   that runs on the training thread (`input_s_per_sample`).
@@ -223,7 +222,7 @@ def step_cost(
     node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
     ex = _Exchange(b, node)
     lookup, seq_lookups, seq_bytes, dp_bytes = _shard_work(tables, shards, devices, ex)
-    emb, ids, sent, (emb_parts, ids_parts), (emb_latency, emb_busy) = ex.times(network)
+    emb, ids, sent, (emb_parts, ids_parts), emb_latency = ex.times(network)
     dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
@@ -239,7 +238,6 @@ def step_cost(
         overhead_s=max(d.step_overhead_s for d in devices),
         micro_batch_s=max(d.micro_batch_overhead_s for d in devices),
         emb_latency_s=emb_latency,
-        emb_busy_latency_s=emb_busy,
         input_s=max(
             float(n) * (d.input_s_per_sample + d.sample_overhead_s)
             for n, d in zip(b, devices, strict=True)
@@ -379,27 +377,24 @@ class _Exchange:
         self.sent_inter[owner] += vec * remote
 
     def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float], tuple,
-                                                   tuple[float, float]]:  # fmt: skip
+                                                   float]:  # fmt: skip
         """Per rank: the embedding exchange's time (one way), the ids', the bytes it sends
         in all of them (forward, backward and ids), and both times split by link: per
         rank, on its NIC share (`nic`, across nodes) and within its node (`fabric`), each
         with that link's latency; and the embedding exchange's latency (each collective's,
-        the largest any rank pays: what each further chunk of it pays again), idle and
-        while the ranks compute (`LinkCost.busy_latency_s`)."""
+        the largest any rank pays: what each further chunk of it pays again)."""
         (si, ri, se, re), (isi, iri, ise, ire) = self._bytes()
         intra, inter = network.intra_alltoall, network.alltoall
 
-        def time(si, ri, se, re) -> tuple[list[float], tuple[float, float]]:
-            """Per rank, and the largest latency a rank pays, idle and busy."""
-            out, most, most_busy = [], 0.0, 0.0
+        def time(si, ri, se, re) -> tuple[list[float], float]:
+            """Per rank, and the largest latency a rank pays."""
+            out, most = [], 0.0
             for a, c, e, f in zip(si, ri, se, re, strict=True):
                 busy = max(max(a, c) / intra.bytes_per_s, max(e, f) / inter.bytes_per_s)
-                link = inter if max(e, f) > 0 else intra
-                out.append(link.latency_s + busy if busy > 0 else 0.0)
-                if busy > 0:
-                    most = max(most, link.latency_s)
-                    most_busy = max(most_busy, link.busy_latency_s)
-            return out, (most, most_busy)
+                latency = inter.latency_s if max(e, f) > 0 else intra.latency_s
+                out.append(latency + busy if busy > 0 else 0.0)
+                most = max(most, latency if busy > 0 else 0.0)
+            return out, most
 
         def on(link: LinkCost, sent: np.ndarray, received: np.ndarray) -> list[float]:
             busy = np.maximum(sent, received) / link.bytes_per_s

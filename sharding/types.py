@@ -251,11 +251,6 @@ class LinkCost:
     # CPU seconds (one core) a rank spends per byte it sends or receives over this link:
     # gloo's TCP work on CPU ranks, measured; 0 where the host's CPU does not move the bytes
     cpu_s_per_byte: float = 0.0
-    # a collective's latency while its ranks compute (CPU ranks: measured with every rank's
-    # core kept busy, `benchmarks.comm_probe`): gloo's threads wait for the core, and an
-    # emulated rank's for its CFS quota. What a pipelined schedule's hidden chunks pay;
-    # 0: the idle latency
-    busy_latency_s: float = 0.0
 
     def time_s(self, nbytes: float) -> float:
         return self.latency_s + nbytes / self.bytes_per_s if nbytes > 0 else 0.0
@@ -302,7 +297,6 @@ class StepCost:
     input_s: float = 0.0  # batch assembly and per-sample framework work
     micro_batch_s: float = 0.0  # each further micro-batch's fixed work (nested), slowest rank
     emb_latency_s: float = 0.0  # the embedding exchange's latency, paid again by each chunk
-    emb_busy_latency_s: float = 0.0  # ... and while the ranks compute (0: emb_latency_s)
     sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
     a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
     # per rank, for the step simulator's resources (empty: not split): each exchange's part
@@ -331,12 +325,9 @@ class StepCost:
 
     def chunk_s(self, exchange_s: float, n: int) -> float:
         """One of n chunks of an exchange that takes `exchange_s` whole: its share of the
-        bytes, and the latency again, as a collective pays it while the ranks compute (the
-        nested pipeline's chunks run under the micro-batches' work)."""
-        if exchange_s <= 0:
-            return 0.0
+        bytes and the latency again."""
         latency = min(self.emb_latency_s, exchange_s)
-        return (exchange_s - latency) / n + max(latency, self.emb_busy_latency_s)
+        return (exchange_s - latency) / n + latency
 
     def feed_s(self) -> tuple[float, float]:
         """Feeding the batch: the slowest rank's host work plus copy (what the plain loop

@@ -94,37 +94,6 @@ def test_two_table_wise_tables_on_two_ranks() -> None:
     assert nested == pytest.approx(1.1e-4 + 48e-6 + 1e-3 + 6 * 1.1e-4 + 1.2e-4)
 
 
-def test_a_chunk_pays_the_latency_measured_with_the_cores_busy() -> None:
-    """`LinkCost.busy_latency_s`: the nested pipeline's chunks run while the ranks compute,
-    so each pays the link's latency as measured with the cores busy (where it is larger than
-    the idle one); the whole exchange, alone, the idle latency."""
-    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
-    slow = replace(NET, alltoall=replace(NET.alltoall, busy_latency_s=5e-4))
-    base = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
-    cost = step_cost(TABLES, shards, [100, 100], [DEV, DEV], slow, dense_params=1000)
-    assert cost.emb_a2a_fwd_s == base.emb_a2a_fwd_s  # 1e-4 + 4e-5 either way
-    assert cost.step_s(Schedule.plain) == pytest.approx(base.step_s(Schedule.plain))
-    assert cost.emb_busy_latency_s == 5e-4
-    assert cost.chunk_s(1.4e-4, 4) == pytest.approx(4e-5 / 4 + 5e-4)
-    assert cost.chunk_s(0.0, 4) == 0.0  # no exchange, no chunks
-    # eight chunks and the ids now outlast the dense work: 6 x 5.1e-4 + 1.2e-4 under the
-    # micro-batches, one gradient chunk before the update, one forward chunk under 1 ms
-    chunk = 4e-5 / 4 + 5e-4
-    assert cost.step_s(Schedule.nested, 4) == pytest.approx(chunk + 48e-6 + 1e-3 + 6 * chunk
-                                                            + 1.2e-4)  # fmt: skip
-    fit = _fit_comm(
-        {
-            "sizes_bytes": [2**14, 2**17, 2**20, 2**22],
-            "alltoall_s": [1e-4 + s / 2 / 1e9 for s in (2**14, 2**17, 2**20, 2**22)],
-            "allreduce_s": [1e-4 + s / 1e9 for s in (2**14, 2**17, 2**20, 2**22)],
-            "busy_sizes_bytes": [2**14, 2**17, 2**20],
-            "alltoall_busy_s": [3e-3 + s / 2 / 5e8 for s in (2**14, 2**17, 2**20)],
-        }
-    )
-    assert fit["alltoall"]["latency_s"] == pytest.approx(1e-4)
-    assert fit["alltoall"]["busy_latency_s"] == pytest.approx(3e-3)
-
-
 def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> None:
     """gloo's TCP work takes a CPU rank's core: per byte sent or received, over the rank's
     core speed. An exchange that runs alone (the plain loop) hides it in its own time; one
