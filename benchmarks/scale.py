@@ -12,12 +12,13 @@ memory headroom. `oversubscription` divides the inter-node bandwidth.
 Before any of that, `validation` checks the simulator where a check is possible: fed the
 calibrated CPU constants, it predicts the step times measured on local ranks, across a
 shaped link and on the emulated mixed cluster (the settings and measurements in
-`benchmarks/results/calibrate/` and `pipeline_emu_mixed4/`), error per setting.
+`benchmarks/results/calibrate/` and `pipeline_emu_mixed4/`), error per setting; a
+calibration setting at the cores' speed measured beside it (the calibration's meter).
 
 Writes summary.json (`points`: `family`, `workers`, `schedule`, `planner`, `step_ms`,
 `exposed_comm_ms`, `scaling_efficiency`, `headroom`, `lookup_ms`, `dedup_counts`;
-`validation`: `setting`, `predicted_ms`, `measured_ms`, `rel_error`), scale.md, scaling.png
-and timeline.png (one step of `timeline_workers` workers, a few ranks).
+`validation`: `setting`, `cores_speed`, `predicted_ms`, `measured_ms`, `rel_error`),
+scale.md, scaling.png and timeline.png (one step of `timeline_workers` workers, a few ranks).
 """
 
 from __future__ import annotations
@@ -258,9 +259,10 @@ def validation_settings() -> list[dict]:
     pipeline benchmark on the emulated mixed cluster."""
     out = []
     cal = json.loads((RESULTS / "calibrate" / "summary.json").read_text())
-    for v in cal["validation"]:
+    for v in cal["validation"]:  # with the cores' speed measured beside it, where it was
         out.append({"setting": v["setting"], "overrides": v["overrides"], "link": v["link"],
-                    "measured_ms": v["measured_ms"]})  # fmt: skip
+                    "measured_ms": v["measured_ms"],
+                    "cores_speed": v.get("cores_speed", 1.0)})  # fmt: skip
     emu = json.loads((RESULTS / "pipeline_emu_mixed4" / "summary.json").read_text())
     c = emu["config"]
     from benchmarks.pipeline import pipeline_overrides
@@ -275,7 +277,8 @@ def validation_settings() -> list[dict]:
 
         overrides = ["cluster=emu_mixed4", *c["overrides"], *pipeline_overrides(label)]
         out.append({"setting": f"emu_mixed4 {label}", "overrides": overrides,
-                    "link": "emu_mixed4", "measured_ms": row["step_ms"], **extra})  # fmt: skip
+                    "link": "emu_mixed4", "measured_ms": row["step_ms"], "cores_speed": 1.0,
+                    **extra})  # fmt: skip
     return out
 
 
@@ -301,13 +304,18 @@ def measured_profile(tcfg, batch_size: int = 2048, batches: int = 4):
 
 
 def validate() -> list[dict]:
+    """The simulator's step for each measured setting, with the saved calibration at the
+    cores' speed measured beside the setting (`benchmarks.calibrate`'s meter; 1 where none
+    was)."""
+    from benchmarks.calibrate import cores_at_speed
     from recsys.app.planning import make_plan, plan_inputs
+    from sharding.calibration import load_calibration
     from sharding.plan_eval import plan_cost
 
-    rows, profiles = [], {}
+    rows, profiles, cal = [], {}, load_calibration()
     for s in validation_settings():
         tcfg = _compose(s["overrides"])
-        inputs = plan_inputs(tcfg, None, s["link"])
+        inputs = plan_inputs(tcfg, None, s["link"], cores_at_speed(cal, s["cores_speed"]))
         plan = make_plan(tcfg, inputs)
         cost = plan_cost(plan, inputs)
         label = schedule_of_label(label_of(tcfg))
@@ -444,10 +452,11 @@ def table(result: dict) -> str:
              f"{c['oversubscription']:g})", ""]  # fmt: skip
     v = result.get("validation")
     if v:
-        lines += ["| measured setting | simulated ms | closed form ms | measured ms | error |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += ["| measured setting | cores' speed beside | simulated ms | closed form ms | "
+                  "measured ms | error |", "|---|---|---|---|---|---|"]  # fmt: skip
         for r in v:
-            lines.append(f"| {r['setting']} | {r['predicted_ms']:.1f} | {r['closed_form_ms']:.1f} "
+            lines.append(f"| {r['setting']} | {r.get('cores_speed', 1.0):.2f}x | "
+                         f"{r['predicted_ms']:.1f} | {r['closed_form_ms']:.1f} "
                          f"| {r['measured_ms']:.1f} | {r['rel_error']:+.0%} |")  # fmt: skip
         lines += ["", f"Simulator: median absolute error {result['median_abs_error']:.1%} over "
                   f"every setting, worst {result['worst_setting']}; without dedup "

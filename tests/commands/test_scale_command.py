@@ -41,6 +41,10 @@ def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> No
     assert all(dedup[k]["exposed_comm_ms"] <= nested[k]["exposed_comm_ms"] for k in nested)
     v = s["validation"]
     assert len(v) >= 10 and {"setting", "predicted_ms", "measured_ms", "rel_error"} <= set(v[0])
+    # the calibration's settings priced at the cores' speed measured beside each
+    cal = json.loads((REPO / "benchmarks/results/calibrate/summary.json").read_text())
+    speeds = {c["setting"]: c.get("cores_speed", 1.0) for c in cal["validation"]}
+    assert {r["setting"]: r["cores_speed"] for r in v if r["setting"] in speeds} == speeds
     ratios = [r for r in v if "measured_link_ratio" in r]  # the dedup runs: volume vs bytes
     assert ratios and all(0 < r["predicted_volume_ratio"] < 1 for r in ratios)
     exact = sorted(abs(r["rel_error"]) for r in v if not r["dedup"])
