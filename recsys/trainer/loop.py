@@ -252,7 +252,8 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
                       device)  # fmt: skip
-    samples_per_s, faults_per_step = _steps(cfg, job, start, watch, between_steps, trace, scalars)
+    samples_per_s, faults_per_step, cpu_s = _steps(cfg, job, start, watch, between_steps, trace,
+                                                   scalars)  # fmt: skip
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
@@ -267,6 +268,11 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     # one collective for the whole run: the global mean per step
     step_losses = all_reduce_sum(step_losses, device) / world
     window = step_losses[-tcfg.log_every :]
+    cpu_by_rank = None  # every rank's, so a slow rank's own work can be read off rank 0's
+    if cpu_s is not None:  # every rank timed the same steps (or none)
+        mine = torch.zeros(world, dtype=torch.float64)
+        mine[job.rank] = cpu_s
+        cpu_by_rank = [1000 * x for x in all_reduce_sum(mine, device).tolist()]
     result = {
         "rank": job.rank,
         "world_size": world,
@@ -280,6 +286,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         # this rank's process, per timed step: pages the kernel mapped in on first touch
         # (`trainer.retain_host_memory` keeps them few; recsys/host_memory.py)
         "host_page_faults_per_step": faults_per_step,
+        # each rank's process CPU time per timed step, every thread (gloo's too): against
+        # the step, how much of it the rank computed or moved bytes; ms
+        "cpu_ms_per_step_by_rank": cpu_by_rank,
         "batch_per_rank": job.shares,
         "train_loss": float(window.mean()) if len(window) else None,
         **final,
@@ -305,11 +314,12 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
 def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
            between_steps: Callable[[int], None], trace: StepTrace, scalars: Scalars
-           ) -> tuple[float | None, float | None]:  # fmt: skip
+           ) -> tuple[float | None, float | None, float | None]:  # fmt: skip
     """The train steps from `start`, each loss recorded in `watch` (and, checked, in
     `scalars`); `between_steps(done)` after each; `trainer.profile_steps` traced. Returns
-    the samples per second after the warm-up and this process's minor page faults per such
-    step, `between_steps` left out of both (None: no timed steps)."""
+    the samples per second after the warm-up, this process's minor page faults per such
+    step and its CPU seconds per such step (every thread), `between_steps` left out of all
+    three (None: no timed steps)."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
@@ -317,6 +327,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     t_start, timed_from = time.perf_counter(), start
     paused_s = 0.0
     faults, paused_faults = _minor_faults(), 0
+    cpu, paused_cpu = time.process_time(), 0.0
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
@@ -336,21 +347,24 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
         if done == start + tcfg.warmup_steps:
             t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
             faults, paused_faults = _minor_faults(), 0
+            cpu, paused_cpu = time.process_time(), 0.0
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
             scalars.losses(watch.reduced)
         bar.update(1)
-        pause, pause_faults = time.perf_counter(), _minor_faults()
+        pause, pause_faults, pause_cpu = time.perf_counter(), _minor_faults(), time.process_time()
         between_steps(done)
         paused_s += time.perf_counter() - pause
         paused_faults += _minor_faults() - pause_faults
+        paused_cpu += time.process_time() - pause_cpu
     bar.close()
     timed_steps = tcfg.max_steps - timed_from
     if not timed_steps:
-        return None, None
+        return None, None, None
     elapsed = time.perf_counter() - t_start - paused_s
     faulted = _minor_faults() - faults - paused_faults
-    return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps
+    used = time.process_time() - cpu - paused_cpu
+    return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps, used / timed_steps
 
 
 def _minor_faults() -> int:

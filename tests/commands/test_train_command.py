@@ -58,6 +58,7 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["samples_per_s"] is None and summary["eval_auc"] is None
     assert summary["host_page_faults_per_step"] is None
+    assert summary["cpu_ms_per_step_by_rank"] is None
     assert summary["steps"] == 3 and summary["train_loss"] is not None
 
 

@@ -47,6 +47,11 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
     assert on_disk["world_size"] == 2 and on_disk["steps"] == 60
     assert on_disk["pipeline"] == "plain" and on_disk["planner"] == "torchrec"
     assert on_disk["samples_per_s"] > 0 and on_disk["host_page_faults_per_step"] >= 0
+    # every rank's own CPU time a timed step, gathered: each worked, none longer than the
+    # step with all its threads on both cores
+    step_ms = 1000 * 2 * 256 / on_disk["samples_per_s"]
+    cpu = on_disk["cpu_ms_per_step_by_rank"]
+    assert len(cpu) == 2 and all(0 < c < 2 * step_ms * 1.5 for c in cpu), (cpu, step_ms)
     assert on_disk["eval_auc"] > 0.65, "the planted model should be learnt"
     assert on_disk["eval_samples"] == 2 * 16 * 256
     losses = summary["step_losses"]
