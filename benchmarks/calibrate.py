@@ -549,7 +549,6 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             print(f"skipping '{s.name}': {why_not}", flush=True)
             continue
         name = s.name.replace(" ", "_")
-        speed = 1.0
         if meter:
             print(f"the cores' speed meter (batch {cfg.meter_batch}) ...", flush=True)
             now = _train([f"trainer.batch_size={cfg.meter_batch}"], cfg,

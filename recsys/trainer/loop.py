@@ -324,10 +324,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
-    t_start, timed_from = time.perf_counter(), start
-    paused_s = 0.0
-    faults, paused_faults = _minor_faults(), 0
-    cpu, paused_cpu = time.process_time(), 0.0
+    timed_from, begun, paused = start, _counters(), (0.0, 0.0, 0.0)
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
@@ -345,27 +342,23 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
         done = step + 1
         trace.after(done)
         if done == start + tcfg.warmup_steps:
-            t_start, timed_from, paused_s = time.perf_counter(), done, 0.0
-            faults, paused_faults = _minor_faults(), 0
-            cpu, paused_cpu = time.process_time(), 0.0
+            timed_from, begun, paused = done, _counters(), (0.0, 0.0, 0.0)
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
             scalars.losses(watch.reduced)
         bar.update(1)
-        pause, pause_faults, pause_cpu = time.perf_counter(), _minor_faults(), time.process_time()
+        pause = _counters()
         between_steps(done)
-        paused_s += time.perf_counter() - pause
-        paused_faults += _minor_faults() - pause_faults
-        paused_cpu += time.process_time() - pause_cpu
+        paused = tuple(p + b - a for p, a, b in zip(paused, pause, _counters(), strict=True))
     bar.close()
     timed_steps = tcfg.max_steps - timed_from
     if not timed_steps:
         return None, None, None
-    elapsed = time.perf_counter() - t_start - paused_s
-    faulted = _minor_faults() - faults - paused_faults
-    used = time.process_time() - cpu - paused_cpu
+    elapsed, faulted, used = (b - a - p for a, b, p in zip(begun, _counters(), paused, strict=True))
     return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps, used / timed_steps
 
 
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def _counters() -> tuple[float, float, float]:
+    """Wall seconds, this process's minor page faults and its CPU seconds (every thread)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), float(r.ru_minflt), r.ru_utime + r.ru_stime
