@@ -23,9 +23,13 @@ all-reduced among those first ranks across nodes, and sent back within the node:
 crossing of the slow link per node instead of a ring through every rank.
 
 `SharedReduction` puts it in TorchRec's DistributedModelParallel in DDP's place (its
-`data_parallel_wrapper`): the parameters DDP would take, the unsharded ones. Data-parallel
-tables stay in TorchRec's own DDP inside their sharded module, which every pipeline runs
-the same way.
+`data_parallel_wrapper`): the parameters DDP would take, the unsharded ones, and the
+data-parallel tables' (replicated hot rows too). TorchRec would wrap those tables' lookups
+in a DDP of their own inside the sharded module (`take_tables` opts out before sharding,
+with TorchRec's `mark_data_parallel_skip_grad_sync`): its backward then returns only once
+their all-reduce is done, which in the nested pipeline held the step on it before the
+dense reduction even started. In the shared buckets they are reduced with the dense
+gradients, one layout for every pipeline.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
+from torchrec.modules.embedding_modules import (
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+    mark_data_parallel_skip_grad_sync,
+)
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 MIB = 1 << 20
 
@@ -188,17 +198,39 @@ class SharedReduction(DataParallelWrapper):
         self._cap, self._first, self._nodes = cap_bytes, first_bytes, nodes
         self.reduce: BucketedReduce | None = None
 
+    @staticmethod
+    def take_tables(model: torch.nn.Module) -> None:
+        """Before sharding: the embedding collections' data-parallel tables left out of
+        TorchRec's DDP, for `wrap` to reduce in the shared buckets."""
+        for m in model.modules():
+            if isinstance(m, EmbeddingBagCollection | EmbeddingCollection):
+                mark_data_parallel_skip_grad_sync(m)
+
     def wrap(self, dmp: DistributedModelParallel, env, device: torch.device) -> None:
-        # every rank holds the dense parameters: averaged over the world, also when the
-        # tables are sharded within 2D groups (`env` then is the group's: pipelines/two_d.py)
+        # every rank holds the dense parameters and the data-parallel tables: averaged over
+        # the world, also when the tables are sharded within 2D groups (`env` then is the
+        # group's: pipelines/two_d.py)
         if env.process_group is None or dist.get_world_size() == 1:
             return
         module = dmp._dmp_wrapped_module
-        sharded = set(DistributedModelParallel._sharded_parameter_names(module))
-        params = [p for n, p in module.named_parameters() if n not in sharded and p.requires_grad]
+        ours = set(DistributedModelParallel._sharded_parameter_names(module))
+        ours = _taken_tables(module) | {n for n, _ in module.named_parameters() if n not in ours}
+        params = [p for n, p in module.named_parameters() if n in ours and p.requires_grad]
         nodes = None
         if self._nodes is not None and len(set(self._nodes)) > 1:
             nodes = node_groups(self._nodes)
         if params:
             self.reduce = BucketedReduce(params, dist.group.WORLD, self._cap, self._first, nodes)
             self.reduce.attach()
+
+
+def _taken_tables(module: torch.nn.Module) -> set[str]:
+    """Names of the data-parallel tables' parameters in the sharded modules that opted out
+    of TorchRec's DDP (`SharedReduction.take_tables`): their parameters not updated in the
+    backward by a fused kernel (TorchRec shards a data-parallel table with the dense one)."""
+    out: set[str] = set()
+    for prefix, m in module.named_modules():
+        if getattr(m, "_skip_data_parallel_grad_sync", False):
+            dot = f"{prefix}." if prefix else ""
+            out |= {dot + n for n, _ in in_backward_optimizer_filter(m.named_parameters())}
+    return out

@@ -94,7 +94,8 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats,
                                 dedup_grads)  # fmt: skip
         # the dense layers: their gradients once per batch, averaged over ranks here as the
-        # model's backward does (data-parallel tables: inside their lookups' own DDP)
+        # model's backward does (with the data-parallel tables' when the model's reduction
+        # holds them; under TorchRec's DDP buckets, inside their lookups' own DDP)
         tables = {id(p) for m in self._lookups.modules for p in m.module.parameters()}
         dense = {n: p for n, p in in_backward_optimizer_filter(self._model.named_parameters())
                  if id(p) not in tables}  # fmt: skip

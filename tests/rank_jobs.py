@@ -174,7 +174,8 @@ def train_variants(
 ) -> dict:
     """Train each config (with its plan of ours, or TorchRec's planner where None) for
     `steps` steps in this rank, one process group for all; return each run's per-step
-    losses, final parameters (this rank's shards) and pipeline stats. `stale`: the
+    losses, final parameters (this rank's shards), pipeline stats and how many of TorchRec's
+    DDP modules the model holds (`ddp_modules`). `stale`: the
     nested pipeline skips its refresh (a control: the results must then differ).
     `shuffled`: that many more runs of each config at an index in `shuffle` (after all the
     others, in that order), with each batch's samples in another order, each run its own
@@ -199,11 +200,17 @@ def train_variants(
 
     todo += [(todo[i][0], shuffler(seed)) for i in shuffle if shuffled
              for seed in range(1, shuffled + 1)]  # fmt: skip
+    from torch.nn.parallel import DistributedDataParallel
+
     runs = []
     for job, losses in train_each(todo, steps, run_dir):
         stats = dict(getattr(job.pipeline, "stats", {}))
         params = _local_params(job.model, job.optimizer)
-        runs.append({"losses": losses, "params": params, "stats": stats})
+        # a sharded module keeps its lookups in a list: DDP there is not among modules()
+        held = [*job.model.modules(), *(x for m in job.model.modules()
+                                        for x in getattr(m, "_lookups", []))]  # fmt: skip
+        ddp = sum(isinstance(m, DistributedDataParallel) for m in held)
+        runs.append({"losses": losses, "params": params, "stats": stats, "ddp_modules": ddp})
     return {"rank": dist.get_rank(), "runs": runs}
 
 

@@ -323,6 +323,8 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
         plan = for_cpu_ranks(plan)
     set_precision(model, tcfg.precision, device)
     reduction = _dense_reduction(DenseAllreduce(tcfg.dense_allreduce), [r.node for r in ctx.ranks])
+    if reduction is not None:  # the data-parallel tables in its buckets, not in their own DDP
+        reduction.take_tables(model)
     env = ShardingEnv.from_process_group(dist.group.WORLD)
     if two_d is not None:  # the group's plan on this rank's group
         env, plan = two_d, place_group_plan(plan, group)
@@ -346,7 +348,7 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
     dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
     optimizers = [model.fused_optimizer, dense_opt]
-    if replicated:  # data-parallel tables: DDP reduces their grads, same rule as fused ones
+    if replicated:  # data-parallel tables: reduced with the dense grads, same rule as fused ones
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
     pipeline = build_pipeline(cfg.pipeline, model, optimizer, device,

@@ -477,3 +477,33 @@ def test_dedup_trains_when_every_bag_is_empty(tmp_path: Path) -> None:
     plain = train(compose_config(common), tmp_path / "plain")
     dedup = train(compose_config(common + _nested(2, False, False, True)), tmp_path / "dedup")
     assert dedup["pipeline"] == "nested" and dedup["step_losses"] == plain["step_losses"]
+
+
+def test_data_parallel_tables_are_reduced_in_the_shared_buckets(tmp_path: Path) -> None:
+    """The default reduction takes the data-parallel tables out of TorchRec's DDP
+    (`SharedReduction.take_tables`) and averages them with the dense gradients: on 3 ranks
+    under TorchRec's plan (which replicates the small tables) the replicas stay equal bit
+    for bit, and they train as TorchRec's own DDP trains them (`ddp_buckets`) up to the
+    order of the sums; the plain loop and nested alike."""
+    base = ["debug=tiny", "trainer.batch_size=256", "cluster.nodes.0.devices.0.count=3",
+            *ADAGRAD]  # fmt: skip
+    cfgs = [to_typed(compose_config(o)) for o in (
+        base, [*base, "trainer.dense_allreduce=ddp_buckets"],
+        [*base, "pipeline=nested", "pipeline.micro_batches=4"])]  # fmt: skip
+    plan = _torchrec_default_plan(cfgs[0])
+    job = spawn_ranks(rank_jobs.train_variants, 3,
+                      args=(cfgs, STEPS, str(tmp_path), [plan] * 3), timeout_s=600)  # fmt: skip
+    ranks = raise_on_failure(job, "data-parallel tables")
+    params = ranks[0]["runs"][0]["params"]  # replicated: whole, not shards (`#i`)
+    tables = [k for k in params if ".embedding_bags." in k and "#" not in k and "optim." not in k]
+    assert tables, "TorchRec's plan replicated no table"
+    for run in range(3):  # every rank holds the same replicas
+        first = ranks[0]["runs"][run]["params"]
+        for k in tables:
+            assert all(np.array_equal(r["runs"][run]["params"][k], first[k]) for r in ranks), k
+    # TorchRec's DDP wraps the tables' lookups (and the dense part) only under ddp_buckets
+    assert [run["ddp_modules"] for run in ranks[0]["runs"]] == [0, 2, 0]
+    shared, ddp, nested = (ranks[0]["runs"][i]["params"] for i in range(3))
+    for k in tables:
+        np.testing.assert_allclose(shared[k], ddp[k], rtol=1e-5, atol=1e-6)
+        assert np.array_equal(nested[k], shared[k]), k
