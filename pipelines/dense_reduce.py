@@ -78,23 +78,21 @@ def node_groups(nodes: list[int]) -> NodeGroups:
 class BucketedReduce:
     def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None = None,
                  cap_bytes: int = 25 * MIB, first_bytes: int = MIB,
-                 nodes: NodeGroups | None = None, apart: list | tuple = ()) -> None:  # fmt: skip
+                 nodes: NodeGroups | None = None) -> None:  # fmt: skip
         """`params` in registration order; `cap_bytes=0`: one bucket per tensor; `nodes`:
-        reduce within each node, then across nodes (None: one all-reduce over `group`);
-        `apart`: parameters that share no bucket with the others (data-parallel tables,
-        whose gradients come at the end of the backward: the dense buckets need not wait)."""
+        reduce within each node, then across nodes (None: one all-reduce over `group`)."""
         self.group = group
         self.nodes = nodes
         self.world = dist.get_world_size(group)
         self.params = list(reversed(params))
         self.buckets: list[list[int]] = []  # indices into self.params
-        size, kind, apart_ids = 0, None, {id(p) for p in apart}
+        size, dtype = 0, None
         for i, p in enumerate(self.params):
             cap = first_bytes if len(self.buckets) <= 1 else cap_bytes
             nbytes = p.numel() * p.element_size()
-            if not self.buckets or (p.dtype, id(p) in apart_ids) != kind or size + nbytes > cap:
+            if not self.buckets or p.dtype != dtype or size + nbytes > cap:
                 self.buckets.append([])
-                size, kind = 0, (p.dtype, id(p) in apart_ids)
+                size, dtype = 0, p.dtype
             self.buckets[-1].append(i)
             size += nbytes
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
@@ -215,17 +213,14 @@ class SharedReduction(DataParallelWrapper):
         if env.process_group is None or dist.get_world_size() == 1:
             return
         module = dmp._dmp_wrapped_module
-        sharded = set(DistributedModelParallel._sharded_parameter_names(module))
-        tables = _taken_tables(module)
-        params = [p for n, p in module.named_parameters()
-                  if p.requires_grad and (n not in sharded or n in tables)]  # fmt: skip
-        apart = [p for n, p in module.named_parameters() if n in tables]
+        ours = set(DistributedModelParallel._sharded_parameter_names(module))
+        ours = _taken_tables(module) | {n for n, _ in module.named_parameters() if n not in ours}
+        params = [p for n, p in module.named_parameters() if n in ours and p.requires_grad]
         nodes = None
         if self._nodes is not None and len(set(self._nodes)) > 1:
             nodes = node_groups(self._nodes)
         if params:
-            self.reduce = BucketedReduce(params, dist.group.WORLD, self._cap, self._first, nodes,
-                                         apart)  # fmt: skip
+            self.reduce = BucketedReduce(params, dist.group.WORLD, self._cap, self._first, nodes)
             self.reduce.attach()
 
 

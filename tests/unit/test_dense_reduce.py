@@ -45,10 +45,6 @@ def test_buckets_take_parameters_in_reverse_order_under_ddps_caps(collectives) -
     assert BucketedReduce(params, cap_bytes=0, first_bytes=0).buckets == [[i] for i in range(6)]
     mixed = _params(4, 4) + _params(4, dtype=torch.float64)
     assert BucketedReduce(mixed).buckets == [[0], [1, 2]]  # one dtype per bucket
-    # data-parallel tables (`apart`) share no bucket with the dense parameters
-    tables = _params(quarter, quarter) + params[:2]
-    r = BucketedReduce(tables, cap_bytes=2 * MIB, first_bytes=MIB, apart=tables[:2])
-    assert r.buckets == [[0, 1], [2, 3]]
 
 
 def test_a_backward_starts_each_bucket_in_order_and_leaves_the_average(collectives) -> None:
