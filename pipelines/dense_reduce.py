@@ -213,8 +213,8 @@ class SharedReduction(DataParallelWrapper):
         if env.process_group is None or dist.get_world_size() == 1:
             return
         module = dmp._dmp_wrapped_module
-        ours = set(DistributedModelParallel._sharded_parameter_names(module))
-        ours = _taken_tables(module) | {n for n, _ in module.named_parameters() if n not in ours}
+        sharded = set(DistributedModelParallel._sharded_parameter_names(module))
+        ours = _taken_tables(module) | {n for n, _ in module.named_parameters() if n not in sharded}
         params = [p for n, p in module.named_parameters() if n in ours and p.requires_grad]
         nodes = None
         if self._nodes is not None and len(set(self._nodes)) > 1:

@@ -17,8 +17,9 @@ the order of each row gradient's sum (see the end):
   with that row's summed gradient: a bag of one id passes its gradient to the row
   unchanged, so FBGEMM's optimizer (row-wise Adagrad, SGD) sees exactly the summed gradient,
   the same on every replica;
-- data-parallel tables and the dense parameters are averaged over all W ranks (TorchRec's
-  `ShardingEnv2D` hands their DDP, and `dense_reduce.SharedReduction`, the world's group).
+- data-parallel tables and the dense parameters are averaged over all W ranks, in
+  `dense_reduce.SharedReduction`'s buckets on the world's group (under `ddp_buckets`,
+  TorchRec's `ShardingEnv2D` hands their DDP the world's group).
 
 The result equals the plain loop's on W ranks up to the order of each row gradient's sum
 (replica partial sums, then across replicas): the order noise `benchmarks.order_noise`
