@@ -77,14 +77,15 @@ def schedule_of(pipeline: str) -> Schedule:
 
 
 STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
-              "exchange left exposed", "feeding the batch")  # fmt: skip
+              "exchange left exposed", "busy rank's CPU", "feeding the batch")  # fmt: skip
 
 
 def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
     """`cost.step_s` split into its parts, which add up to it: each per-rank stage at its
     slowest rank (collectives make every rank wait for it), the all-reduce and the fixed
-    overheads, what of the id and embedding exchange the schedule leaves exposed, and what
-    feeding the batch (host work, copy to the device) adds to the step."""
+    overheads, what of the id and embedding exchange the schedule leaves exposed, what the
+    busiest rank's CPU work adds beyond all that (`StepCost.busy_floor_s`), and what feeding
+    the batch (host work, copy to the device) adds to the step."""
     parts = {
         "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
         "dense": max(cost.dense_s),
@@ -92,8 +93,10 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
         "overhead + input": cost.overhead_s + cost.input_s,
         "sequence work": max(cost.sequence_s, default=0.0),
     }
-    device = cost.device_step_s(schedule, micro_batches)
-    parts["exchange left exposed"] = device - sum(parts.values())
+    critical, device = cost.critical_path_s(schedule, micro_batches), cost.device_step_s(
+        schedule, micro_batches)  # fmt: skip
+    parts["exchange left exposed"] = critical - sum(parts.values())
+    parts["busy rank's CPU"] = device - critical
     parts["feeding the batch"] = cost.step_s(schedule, micro_batches) - device
     return parts
 
@@ -227,9 +230,19 @@ def step_cost(
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
     allreduce = allreduce_s(grad_bytes, world, network, ranks_per_node(node))
+    comm_cpu = _comm_cpu_s(ex, network, grad_bytes, devices,
+                           {"ids": ids, "emb": emb, "allreduce": [allreduce] * world})  # fmt: skip
+    sequence = [
+        n * d.sequence_s_per_lookup
+        + nb * d.sequence_s_per_byte
+        + (d.sequence_s_fixed if n else 0.0)
+        for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
+    ]
+    lookup_bwd = [x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)]
+    stages = [sum(s) for s in zip(lookup.tolist(), lookup_bwd, dense, sequence, strict=True)]
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
-        lookup_bwd_s=[x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)],
+        lookup_bwd_s=lookup_bwd,
         ids_a2a_s=ids,
         emb_a2a_fwd_s=emb,
         emb_a2a_bwd_s=list(emb),
@@ -247,20 +260,26 @@ def step_cost(
         emb_a2a_parts_s=emb_parts,
         allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
         allreduce_bytes=grad_bytes,
-        comm_cpu_s=_comm_cpu_s(
-            ex,
-            network,
-            grad_bytes,
-            devices,
-            {"ids": ids, "emb": emb, "allreduce": [allreduce] * world},
-        ),
-        sequence_s=[
-            n * d.sequence_s_per_lookup
-            + nb * d.sequence_s_per_byte
-            + (d.sequence_s_fixed if n else 0.0)
-            for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
-        ],  # fmt: skip
+        comm_cpu_s=comm_cpu,
+        sequence_s=sequence,
+        **_busy_work_s(devices, b, stages),
     )
+
+
+def _busy_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: list[float]) -> dict:
+    """`StepCost`'s fields for ranks that contend for the host's cores (none where no rank
+    does): per rank its work outside the network's, the stages' (`stages`: lookups both
+    ways, dense, sequence) and its fixed and per-sample overheads, each micro-batch's past
+    the first, and its slowdown with every rank busy."""
+    if all(d.busy_slowdown == 1.0 for d in devices):
+        return {}
+    per_rank = zip(stages, devices, batch.tolist(), strict=True)
+    return {
+        "work_s": [w + d.step_overhead_s + n * (d.input_s_per_sample + d.sample_overhead_s)
+                   for w, d, n in per_rank],
+        "micro_work_s": [d.micro_batch_overhead_s for d in devices],
+        "busy_slowdown": [d.busy_slowdown for d in devices],
+    }  # fmt: skip
 
 
 def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],

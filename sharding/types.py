@@ -242,6 +242,11 @@ class DeviceCost:
     # CPU ranks: this rank's speed against one whole core of the calibration machine (an
     # emulated rank's share, measured), which CPU work measured at one core divides by
     core_speed: float = 1.0
+    # CPU ranks: how much longer this rank's work takes while every rank of its cluster
+    # computes at once than while it computes alone, as the constants above are measured (an
+    # emulated share contends for the host's cores and memory): a rank busy the whole step
+    # is priced at it (`StepCost.busy_floor_s`). 1: no contention priced
+    busy_slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -312,6 +317,27 @@ class StepCost:
     # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
     # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
     comm_cpu_s: dict[str, list[float]] = field(default_factory=dict)
+    # ranks that contend for the host's cores (empty where none does), per rank: its CPU work
+    # in a step outside the network's (stages, overheads), each micro-batch's past the first,
+    # and how much longer both and its network's CPU work take with every rank busy
+    # (`DeviceCost.busy_slowdown`)
+    work_s: list[float] = field(default_factory=list)
+    micro_work_s: list[float] = field(default_factory=list)
+    busy_slowdown: list[float] = field(default_factory=list)
+
+    def busy_floor_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
+        """The least the step can take on CPU ranks that contend for the host's cores: the
+        busiest rank's whole CPU work (its own and its network's: ids, the embedding
+        exchange both ways, the all-reduce) at its speed with every rank busy. A rank that
+        computes while the others wait for it runs at its speed alone (the stages' times);
+        one that is never idle (its network's CPU work fills its waits) runs at this one."""
+        if not self.work_s:
+            return 0.0
+        n = max(1, micro_batches) if schedule == Schedule.nested else 1
+        world = len(self.work_s)
+        net = [self.comm_cpu_s.get(k, [0.0] * world) for k in ("ids", "emb", "allreduce")]
+        per_rank = zip(self.work_s, self.micro_work_s, self.busy_slowdown, *net, strict=True)
+        return max((w + (n - 1) * m + i + 2 * e + a) * slow for w, m, slow, i, e, a in per_rank)
 
     def hidden_cpu_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
         """The network CPU work a schedule runs under dense compute, at the slowest rank:
@@ -345,7 +371,13 @@ class StepCost:
         return max(self.device_step_s(schedule, micro_batches), ahead)
 
     def device_step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
-        """The step once its batch is on the device (`step_s` without feeding it)."""
+        """The step once its batch is on the device (`step_s` without feeding it): its
+        stages' critical path, at least the busiest rank's CPU work (`busy_floor_s`)."""
+        return max(self.critical_path_s(schedule, micro_batches),
+                   self.busy_floor_s(schedule, micro_batches))  # fmt: skip
+
+    def critical_path_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
+        """The stages of one step as the schedule overlaps them, each at its slowest rank."""
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
         fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)

@@ -28,7 +28,9 @@ from sharding.cost_model import (
     dot_interaction_flops,
     memory_bytes,
     step_cost,
+    step_parts_s,
 )
+from sharding.distinct import DedupVolume, with_dedup
 from sharding.plan_shards import shards_from_layout
 from sharding.types import (
     ALL_RANKS,
@@ -135,6 +137,37 @@ def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
     assert cost.sequence_s == pytest.approx([75e-6, 25e-6])
     free = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
     assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 75e-6)
+
+
+def test_a_rank_never_idle_is_priced_at_its_speed_with_every_rank_busy() -> None:
+    """An emulated share computes its stages at its speed alone (the others wait for it);
+    its whole CPU work, the network's included, at its speed with every rank busy bounds
+    the step from below, and binds where that work fills the step."""
+    link = LinkCost(1e-4, 1e8, cpu_s_per_byte=1e-8)
+    net = NetworkCost(alltoall=link, allreduce=LinkCost(1e-5, 1e9, cpu_s_per_byte=1e-8))
+    half = DeviceCost(**{**DEV.__dict__, "core_speed": 0.5, "micro_batch_overhead_s": 1e-4})
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    alone = step_cost(TABLES, shards, [100, 100], [DEV, half], net, dense_params=1000)
+    busy = step_cost(TABLES, shards, [100, 100], [DEV, replace(half, busy_slowdown=1.5)], net,
+                     dense_params=1000)  # fmt: skip
+    assert alone.work_s == [] and alone.busy_floor_s(Schedule.plain) == 0.0
+    # rank 1: lookups 16e-6 + 32e-6, dense 6e-4, overhead 1e-3; its network's CPU work: ids
+    # 6.4e-5, the embedding exchange 1.4e-4 each way, the all-reduce 2.4e-5
+    work, network = 16e-6 + 32e-6 + 6e-4 + 1e-3, 6.4e-5 + 2 * 1.4e-4 + 2.4e-5
+    assert busy.busy_floor_s(Schedule.plain) == pytest.approx(1.5 * (work + network))
+    # the stages alone take 2.072e-3 (as without the slowdown): the floor binds
+    critical = alone.step_s(Schedule.plain)
+    assert busy.critical_path_s(Schedule.plain) == pytest.approx(critical)
+    assert busy.step_s(Schedule.plain) == pytest.approx(1.5 * (work + network))
+    parts = step_parts_s(busy, Schedule.plain)
+    assert parts["busy rank's CPU"] == pytest.approx(1.5 * (work + network) - critical)
+    assert sum(parts.values()) == pytest.approx(busy.step_s(Schedule.plain))
+    # nested4: three more micro-batches' fixed work on the busy rank
+    nested = busy.step_s(Schedule.nested, 4)
+    assert nested == pytest.approx(1.5 * (work + 3 * 1e-4 + network))
+    # the network's CPU work is read when priced: dedup's smaller exchange lowers the floor
+    fewer = with_dedup(busy, DedupVolume(ids=[1.0, 1.0], vectors=[0.5, 0.5], source="test"))
+    assert fewer.busy_floor_s(Schedule.plain) == pytest.approx(1.5 * (work + network - 1.4e-4))
 
 
 def test_column_wise_row_wise_and_data_parallel_shards() -> None:
@@ -557,6 +590,28 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
     assert asdict(new)["links"] == asdict(cal)["links"]
     assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
     assert load_calibration().device == d  # the saved calibration is not touched
+
+
+def test_a_share_is_priced_at_its_speed_alone_and_slowed_by_its_busy_speed() -> None:
+    """`benchmarks.calibrate`'s constants for an emulated share: the rates a rank at that
+    share measured alone; the overheads the one-core fit's over that speed; the slowdown its
+    ranks showed with every rank of their clusters busy (never below 1: noise)."""
+    from benchmarks.calibrate import _at_share
+    from sharding.calibration import at_speed
+
+    core = replace(DEV, interaction_flops_per_s=5e8, input_s_per_sample=1e-6,
+                   sample_overhead_s=2e-6, micro_batch_overhead_s=1e-4)  # fmt: skip
+    alone = at_speed(core, 0.25)  # a quarter-core rank alone: a quarter of every rate
+    busy = [at_speed(core, 0.2), at_speed(core, 0.2)]  # every rank busy: a fifth
+    share, speeds = _at_share(core, alone, busy)
+    assert speeds == pytest.approx({"alone": 0.25, "busy": 0.2})
+    assert share.dense_flops_per_s == pytest.approx(0.25 * core.dense_flops_per_s)
+    assert share.step_overhead_s == pytest.approx(4 * core.step_overhead_s)
+    assert share.micro_batch_overhead_s == pytest.approx(4e-4)
+    assert share.core_speed == pytest.approx(0.25)
+    assert share.busy_slowdown == pytest.approx(1.25)
+    faster_busy = _at_share(core, alone, [at_speed(core, 0.3)])[0]
+    assert faster_busy.busy_slowdown == 1.0
 
 
 def test_the_embedding_backward_is_fitted_per_byte_on_its_own() -> None:
