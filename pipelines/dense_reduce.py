@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.autograd import Variable
+from torchrec.distributed.embedding import ShardedEmbeddingCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
 from torchrec.modules.embedding_modules import (
     EmbeddingBagCollection,
@@ -214,7 +216,8 @@ class SharedReduction(DataParallelWrapper):
             return
         module = dmp._dmp_wrapped_module
         sharded = set(DistributedModelParallel._sharded_parameter_names(module))
-        ours = _taken_tables(module) | {n for n, _ in module.named_parameters() if n not in sharded}
+        ours = set(replicated_tables(module, taken_only=True))
+        ours |= {n for n, _ in module.named_parameters() if n not in sharded}
         params = [p for n, p in module.named_parameters() if n in ours and p.requires_grad]
         nodes = None
         if self._nodes is not None and len(set(self._nodes)) > 1:
@@ -224,13 +227,17 @@ class SharedReduction(DataParallelWrapper):
             self.reduce.attach()
 
 
-def _taken_tables(module: torch.nn.Module) -> set[str]:
-    """Names of the data-parallel tables' parameters in the sharded modules that opted out
-    of TorchRec's DDP (`SharedReduction.take_tables`): their parameters not updated in the
-    backward by a fused kernel (TorchRec shards a data-parallel table with the dense one)."""
-    out: set[str] = set()
+def replicated_tables(module: torch.nn.Module, taken_only: bool = False) -> dict[str, Variable]:
+    """The data-parallel tables' parameters by name: those of the sharded embedding
+    collections not updated in the backward by a fused kernel (TorchRec shards a
+    data-parallel table with a dense one). `taken_only`: of the collections that opted out
+    of TorchRec's DDP (`SharedReduction.take_tables`) only."""
+    out = {}
     for prefix, m in module.named_modules():
-        if getattr(m, "_skip_data_parallel_grad_sync", False):
-            dot = f"{prefix}." if prefix else ""
-            out |= {dot + n for n, _ in in_backward_optimizer_filter(m.named_parameters())}
+        if not isinstance(m, ShardedEmbeddingBagCollection | ShardedEmbeddingCollection):
+            continue
+        if taken_only and not getattr(m, "_skip_data_parallel_grad_sync", False):
+            continue
+        dot = f"{prefix}." if prefix else ""
+        out.update({dot + n: p for n, p in in_backward_optimizer_filter(m.named_parameters())})
     return out

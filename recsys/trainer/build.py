@@ -24,7 +24,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from pipelines.build import build_pipeline, unsupported_sharding
-from pipelines.dense_reduce import SharedReduction
+from pipelines.dense_reduce import SharedReduction, replicated_tables
 from pipelines.exchange import install_ordered_reduce_scatter
 from pipelines.two_d import install_replica_sync, place_group_plan, two_d_env
 from recsys import launch
@@ -345,7 +345,8 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
-    replicated = {n: p for n, p in not_fused.items() if ".embedding_bags." in n}
+    tables = {id(p) for p in replicated_tables(model).values()}
+    replicated = {n: p for n, p in not_fused.items() if id(p) in tables}
     dense_opt = _dense_optimizer(tcfg, {n: p for n, p in not_fused.items() if n not in replicated})
     optimizers = [model.fused_optimizer, dense_opt]
     if replicated:  # data-parallel tables: reduced with the dense grads, same rule as fused ones
