@@ -240,13 +240,21 @@ def measure_compute(repeats: int | None = None, window_s: float = 0.0) -> dict:
             "input": measure_input(**r, window_s=window_s)}  # fmt: skip
 
 
-def _fit_comm(raw: dict, world: int = 2) -> dict:
+def _fit_comm(raw: dict, world: int = 2, nodes: list[int] | None = None) -> dict:
     """all-to-all: t = latency + sent/bw, sent = size (W-1)/W; ring all-reduce:
     t = 2(W-1) latency + 2(W-1)/W size / bw; the all-to-all's CPU seconds on a rank against
-    the bytes it sends and receives (2 sent), the link's CPU cost per byte (both)."""
+    the bytes it sends and receives (2 sent), the link's CPU cost per byte (both).
+    `nodes[r]`, rank r's node on a cluster of several: the all-to-all's bandwidth is the
+    link's between nodes, per rank as the cost model prices it (`cost_model._Exchange`: a
+    rank's share of its node's link), so `sent` counts the bytes the rank with most peers
+    on other nodes sends across (size (W - its node's ranks)/W)."""
     sizes = raw["sizes_bytes"]
     sent = [s * (world - 1) / world for s in sizes]
-    lat, per_b = fit_line(sent, raw["alltoall_s"])
+    across = sent
+    if nodes is not None and len(set(nodes)) > 1:
+        most = max(world - nodes.count(n) for n in nodes)
+        across = [s * most / world for s in sizes]
+    lat, per_b = fit_line(across, raw["alltoall_s"])
     ar_fixed, ar_per_b = fit_line([2 * (world - 1) / world * s for s in sizes], raw["allreduce_s"])
     cpu = 0.0  # an older probe did not measure it
     if "alltoall_cpu_s" in raw:
@@ -445,7 +453,7 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
             per_rank = raise_on_failure(job, f"compute probe on {name}")
             comm = emulation.run_ranks(emu, probe, (cfg.comm_sizes,), 900)
             links[name] = _fit_comm(raise_on_failure(comm, f"gloo probe on {name}")[0],
-                                    world=len(emu.ranks))  # fmt: skip
+                                    len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
         raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank}
         for r, m in zip(emu.ranks, per_rank, strict=True):
             by_share.setdefault(share_key(r.share), []).append(_device_cost(m))
@@ -453,7 +461,8 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
     for key, busy in by_share.items():
         print(f"measuring share {key} alone in its cgroup ...", flush=True)
         with emulation.emulated(_one_rank(spec, float(key))) as emu:
-            job = emulation.run_ranks(emu, measure_compute, (3, cfg.share_window_s), 1800)
+            # one rank, where the busy speed pools several: more samples of it
+            job = emulation.run_ranks(emu, measure_compute, (5, cfg.share_window_s), 1800)
             alone_raw[key] = raise_on_failure(job, f"compute probe at share {key} alone")[0]
         shares[key], speeds[key] = _at_share(core, _device_cost(alone_raw[key]), busy)
     return {"shares": shares, "speed_vs_one_core": speeds, "links": links, "raw": raw,

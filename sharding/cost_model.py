@@ -31,6 +31,10 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
   core (`LinkCost.cpu_s_per_byte` per byte sent or received, measured at one core; a rank
   at a fraction of a core, `DeviceCost.core_speed`, takes longer). An exchange that runs
   alone hides it in its own time; one hidden under compute lengthens that compute.
+- on emulated CPU ranks (shares of the host's cores), each rank's stages at its speed alone
+  (a synchronous step's slowest rank computes while the others wait for it), and the step
+  at least the busiest rank's whole CPU work, its network's included, at its speed with
+  every rank busy (`DeviceCost.busy_slowdown`, `StepCost.busy_floor_s`).
 Each stage ends in a collective, so the step is the sum over stages of the slowest rank.
 """
 

@@ -239,6 +239,15 @@ def test_fits_recover_known_lines() -> None:
     assert fit["alltoall"]["bytes_per_s"] == pytest.approx(1e9)
     assert fit["allreduce"]["latency_s"] == pytest.approx(5e-5)
     assert fit["allreduce"]["bytes_per_s"] == pytest.approx(2e9)
+    # four ranks, two a node: each sends half its bytes across, the link's bandwidth per
+    # rank as the cost model prices a rank's share of its node's link; the CPU per byte on
+    # everything it sends and receives
+    raw4 = {**raw, "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
+            "alltoall_cpu_s": [2e-5 + s * 3e-10 * 3 / 4 for s in sizes]}  # fmt: skip
+    fit4 = _fit_comm(raw4, 4, [0, 0, 1, 1])
+    assert fit4["alltoall"]["bytes_per_s"] == pytest.approx(1e9)
+    assert fit4["alltoall"]["cpu_s_per_byte"] == pytest.approx(3e-10 / 2)
+    assert _fit_comm(raw4, 4)["alltoall"]["bytes_per_s"] == pytest.approx(1.5e9)
 
 
 def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
