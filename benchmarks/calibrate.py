@@ -398,53 +398,31 @@ def _device_cost(m: dict) -> DeviceCost:
     )
 
 
-def _speed(core: DeviceCost, measured: list[DeviceCost]) -> float:
-    """Ranks' speed relative to one core: the median of their rates' ratios to the core's
-    (each rate the median over the ranks), batch assembly's included."""
+def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost, float]:
+    """One share's constants: the median of its ranks' measured rates; the overheads (per
+    step, per sample, sequence), which only training runs measure, are the one-core fit's
+    divided by the share's measured speed relative to one core (median of its rate ratios,
+    returned too, and kept as `core_speed`: the network's CPU work divides by it)."""
 
     def med(name: str) -> float:
         return float(statistics.median(getattr(d, name) for d in measured))
 
     rates = ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s")
     ratios = [med(n) / getattr(core, n) for n in rates]
-    return float(statistics.median([*ratios, core.input_s_per_sample / med("input_s_per_sample")]))
-
-
-def _at_share(
-    core: DeviceCost, alone: DeviceCost, busy: list[DeviceCost]
-) -> tuple[DeviceCost, dict]:
-    """One share's constants: the rates of a rank at that share measured `alone` in its
-    cgroup (the stages a rank computes while the others wait for it); the overheads (per
-    step, per sample, sequence), which only training runs measure, the one-core fit's over
-    the share's speed alone relative to one core (kept as `core_speed`: the network's CPU
-    work divides by it); and `busy_slowdown`, that speed over the share's ranks' speed with
-    every rank of their clusters busy (`busy`), at least 1. Returns both speeds too."""
-    speed, busy_speed = _speed(core, [alone]), _speed(core, busy)
+    ratio = float(statistics.median([*ratios, core.input_s_per_sample / med("input_s_per_sample")]))
     measured_here = (*RATE_FIELDS, "emb_bwd_factor", "input_s_per_sample")
-    constants = replace(at_speed(core, speed), **{k: getattr(alone, k) for k in measured_here},
-                        busy_slowdown=max(1.0, speed / busy_speed))  # fmt: skip
-    return constants, {"alone": speed, "busy": busy_speed}
-
-
-def _one_rank(spec, share: float):
-    """`spec` (an emulated cluster) reduced to one node with one rank at `share`."""
-    from sharding.types import DeviceGroup
-
-    node = replace(spec.nodes[0], count=1, devices=[DeviceGroup(kind="cpu", count=1,
-                   hbm_gib=spec.nodes[0].devices[0].hbm_gib, share=share)])  # fmt: skip
-    return replace(spec, name=f"share_{share:g}", nodes=[node])
+    return replace(at_speed(core, ratio), **{k: med(k) for k in measured_here}), ratio
 
 
 def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
     """Per emulated cluster: every rank's compute rates in its own cgroup, all ranks at once
-    as in training, and gloo between all its ranks across its nodes (fitted as one link);
-    then each share's rates in a rank of its own, alone on the host."""
+    as in training, and gloo between all its ranks across its nodes (fitted as one link)."""
     from recsys import emulation
     from recsys.app.train import to_typed
     from sharding.calibration import share_key
 
     by_share: dict[str, list[DeviceCost]] = {}
-    links, raw, spec = {}, {}, None
+    links, raw = {}, {}
     for name in cfg.emulated:
         spec = to_typed(_compose([f"cluster={name}"])).cluster
         print(f"measuring {name}: each share in its cgroup, gloo across its nodes ...", flush=True)
@@ -457,16 +435,10 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
         raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank}
         for r, m in zip(emu.ranks, per_rank, strict=True):
             by_share.setdefault(share_key(r.share), []).append(_device_cost(m))
-    shares, speeds, alone_raw = {}, {}, {}
-    for key, busy in by_share.items():
-        print(f"measuring share {key} alone in its cgroup ...", flush=True)
-        with emulation.emulated(_one_rank(spec, float(key))) as emu:
-            # one rank, where the busy speed pools several: more samples of it
-            job = emulation.run_ranks(emu, measure_compute, (5, cfg.share_window_s), 1800)
-            alone_raw[key] = raise_on_failure(job, f"compute probe at share {key} alone")[0]
-        shares[key], speeds[key] = _at_share(core, _device_cost(alone_raw[key]), busy)
-    return {"shares": shares, "speed_vs_one_core": speeds, "links": links, "raw": raw,
-            "alone": alone_raw}  # fmt: skip
+    shares, ratios = {}, {}
+    for key, measured in by_share.items():
+        shares[key], ratios[key] = _at_share(core, measured)
+    return {"shares": shares, "speed_vs_one_core": ratios, "links": links, "raw": raw}
 
 
 def measured_ms(summary: dict) -> float:
@@ -643,7 +615,6 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
             )
             known = cal.measured.setdefault("emulated", {})  # other clusters' stay
             known.setdefault("speed_vs_one_core", {}).update(emulated["speed_vs_one_core"])
-            known.setdefault("alone", {}).update(emulated["alone"])
             known.update(emulated["raw"])
         elif cfg.emulated:
             print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
@@ -713,14 +684,11 @@ def table(r: dict) -> str:
             cpu_text = f", CPU {cpu * 1e9:.2f} ns/B" if op == "alltoall" and cpu else ""
             lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
                          f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
-    for key, speed in r["constants"].get("speed_vs_one_core", {}).items():
+    for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():
         c = r["constants"]["shares"][key]
-        if not isinstance(speed, dict):  # measured before shares were also measured alone
-            speed = {"alone": speed, "busy": speed}
-        lines.append(f"| emulated rank at share {key} (its cgroup) | {speed['alone']:.2f}x one "
-                     f"core alone ({c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
-                     f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense), {speed['busy']:.2f}x "
-                     f"with its cluster's ranks all busy |")  # fmt: skip
+        lines.append(f"| emulated rank at share {key} (its cgroup) | {ratio:.2f}x one core: "
+                     f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
+                     f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense |")  # fmt: skip
     metered = any("rel_error_beside" in v for v in r["validation"])
     lines += ["", "| setting | predicted ms/step | measured ms/step | error |"
               + (" cores' speed beside | predicted at it | error |" if metered else ""),

@@ -31,10 +31,9 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
   core (`LinkCost.cpu_s_per_byte` per byte sent or received, measured at one core; a rank
   at a fraction of a core, `DeviceCost.core_speed`, takes longer). An exchange that runs
   alone hides it in its own time; one hidden under compute lengthens that compute.
-- on emulated CPU ranks (shares of the host's cores), each rank's stages at its speed alone
-  (a synchronous step's slowest rank computes while the others wait for it), and the step
-  at least the busiest rank's whole CPU work, its network's included, at its speed with
-  every rank busy (`DeviceCost.busy_slowdown`, `StepCost.busy_floor_s`).
+- on emulated CPU ranks (each a share of a core), the step at least the busiest rank's whole
+  CPU work, its network's included, at its share's speed (`StepCost.cpu_floor_s`): the
+  stages leave gloo's work inside the waits it runs in, which a quota-bound rank lacks.
 Each stage ends in a collective, so the step is the sum over stages of the slowest rank.
 """
 
@@ -81,14 +80,14 @@ def schedule_of(pipeline: str) -> Schedule:
 
 
 STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
-              "exchange left exposed", "busy rank's CPU", "feeding the batch")  # fmt: skip
+              "exchange left exposed", "quota-bound CPU", "feeding the batch")  # fmt: skip
 
 
 def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
     """`cost.step_s` split into its parts, which add up to it: each per-rank stage at its
     slowest rank (collectives make every rank wait for it), the all-reduce and the fixed
     overheads, what of the id and embedding exchange the schedule leaves exposed, what the
-    busiest rank's CPU work adds beyond all that (`StepCost.busy_floor_s`), and what feeding
+    busiest rank's CPU work adds beyond all that (`StepCost.cpu_floor_s`), and what feeding
     the batch (host work, copy to the device) adds to the step."""
     parts = {
         "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
@@ -100,7 +99,7 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
     critical, device = cost.critical_path_s(schedule, micro_batches), cost.device_step_s(
         schedule, micro_batches)  # fmt: skip
     parts["exchange left exposed"] = critical - sum(parts.values())
-    parts["busy rank's CPU"] = device - critical
+    parts["quota-bound CPU"] = device - critical
     parts["feeding the batch"] = cost.step_s(schedule, micro_batches) - device
     return parts
 
@@ -266,23 +265,22 @@ def step_cost(
         allreduce_bytes=grad_bytes,
         comm_cpu_s=comm_cpu,
         sequence_s=sequence,
-        **_busy_work_s(devices, b, stages),
+        **_quota_work_s(devices, b, stages),
     )
 
 
-def _busy_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: list[float]) -> dict:
-    """`StepCost`'s fields for ranks that contend for the host's cores (none where no rank
-    does): per rank its work outside the network's, the stages' (`stages`: lookups both
-    ways, dense, sequence) and its fixed and per-sample overheads, each micro-batch's past
-    the first, and its slowdown with every rank busy."""
-    if all(d.busy_slowdown == 1.0 for d in devices):
+def _quota_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: list[float]) -> dict:
+    """`StepCost`'s fields for ranks at a share of a core (none where every rank has a whole
+    one): per rank its work outside the network's, the stages' (`stages`: lookups both
+    ways, dense, sequence) and its fixed and per-sample overheads, and each micro-batch's
+    past the first."""
+    if all(d.core_speed >= 1.0 for d in devices):
         return {}
     per_rank = zip(stages, devices, batch.tolist(), strict=True)
     return {
         "work_s": [w + d.step_overhead_s + n * (d.input_s_per_sample + d.sample_overhead_s)
                    for w, d, n in per_rank],
         "micro_work_s": [d.micro_batch_overhead_s for d in devices],
-        "busy_slowdown": [d.busy_slowdown for d in devices],
     }  # fmt: skip
 
 

@@ -30,8 +30,8 @@ Schedules (the train pipelines):
 - SemiSync (`stale=True`): TorchRec's; the next batch's lookups and embedding exchange run
   under this batch's dense work, before its update (one step stale).
 Steady state: several steps are simulated and the step time is the last step's period, at
-least the busiest rank's whole CPU work where ranks contend for the host's cores
-(`StepCost.busy_floor_s`, as in the closed form).
+least the busiest rank's whole CPU work on ranks at a share of a core
+(`StepCost.cpu_floor_s`, as in the closed form).
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def simulate(
     and its exposed communication (the step less the same run's with instant communication)."""
     timeline = run(step_tasks(cost, schedule, micro_batches, steps, stale=stale))
     free_net = run(step_tasks(cost, schedule, micro_batches, steps, False, stale))
-    # a rank that contends for the host's cores is never quicker than its whole CPU work
-    step = max(_period(timeline, steps), cost.busy_floor_s(schedule, micro_batches))
+    # a rank at a share of a core is never quicker than its whole CPU work
+    step = max(_period(timeline, steps), cost.cpu_floor_s(schedule, micro_batches))
     return SimResult(step, max(0.0, step - _period(free_net, steps)), timeline, steps - 1)
 
 

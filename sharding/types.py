@@ -242,11 +242,6 @@ class DeviceCost:
     # CPU ranks: this rank's speed against one whole core of the calibration machine (an
     # emulated rank's share, measured), which CPU work measured at one core divides by
     core_speed: float = 1.0
-    # CPU ranks: how much longer this rank's work takes while every rank of its cluster
-    # computes at once than while it computes alone, as the constants above are measured (an
-    # emulated share contends for the host's cores and memory): a rank busy the whole step
-    # is priced at it (`StepCost.busy_floor_s`). 1: no contention priced
-    busy_slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -317,27 +312,24 @@ class StepCost:
     # per rank, the compute time the network's CPU work takes from it (`LinkCost.cpu_s_per_byte`
     # / `DeviceCost.core_speed`): "ids", "emb" (one way), "allreduce"; empty: none
     comm_cpu_s: dict[str, list[float]] = field(default_factory=dict)
-    # ranks that contend for the host's cores (empty where none does), per rank: its CPU work
-    # in a step outside the network's (stages, overheads), each micro-batch's past the first,
-    # and how much longer both and its network's CPU work take with every rank busy
-    # (`DeviceCost.busy_slowdown`)
+    # on emulated CPU ranks (a share of a core; empty elsewhere), per rank: its CPU work in
+    # a step outside the network's (stages, overheads), and each micro-batch's past the first
     work_s: list[float] = field(default_factory=list)
     micro_work_s: list[float] = field(default_factory=list)
-    busy_slowdown: list[float] = field(default_factory=list)
 
-    def busy_floor_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
-        """The least the step can take on CPU ranks that contend for the host's cores: the
-        busiest rank's whole CPU work (its own and its network's: ids, the embedding
-        exchange both ways, the all-reduce) at its speed with every rank busy. A rank that
-        computes while the others wait for it runs at its speed alone (the stages' times);
-        one that is never idle (its network's CPU work fills its waits) runs at this one."""
+    def cpu_floor_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
+        """The least the step can take on ranks that each hold a share of a core (a CFS
+        quota): the busiest rank's whole CPU work, its own and its network's (ids, the
+        embedding exchange both ways, the all-reduce), at its share's speed. The stages'
+        critical path leaves a rank's gloo work inside the waits it runs in; a rank whose
+        waits that work fills has no idle time left, and this binds."""
         if not self.work_s:
             return 0.0
         n = max(1, micro_batches) if schedule == Schedule.nested else 1
         world = len(self.work_s)
         net = [self.comm_cpu_s.get(k, [0.0] * world) for k in ("ids", "emb", "allreduce")]
-        per_rank = zip(self.work_s, self.micro_work_s, self.busy_slowdown, *net, strict=True)
-        return max((w + (n - 1) * m + i + 2 * e + a) * slow for w, m, slow, i, e, a in per_rank)
+        per_rank = zip(self.work_s, self.micro_work_s, *net, strict=True)
+        return max(w + (n - 1) * m + i + 2 * e + a for w, m, i, e, a in per_rank)
 
     def hidden_cpu_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
         """The network CPU work a schedule runs under dense compute, at the slowest rank:
@@ -372,9 +364,9 @@ class StepCost:
 
     def device_step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         """The step once its batch is on the device (`step_s` without feeding it): its
-        stages' critical path, at least the busiest rank's CPU work (`busy_floor_s`)."""
+        stages' critical path, at least the busiest rank's CPU work (`cpu_floor_s`)."""
         return max(self.critical_path_s(schedule, micro_batches),
-                   self.busy_floor_s(schedule, micro_batches))  # fmt: skip
+                   self.cpu_floor_s(schedule, micro_batches))  # fmt: skip
 
     def critical_path_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         """The stages of one step as the schedule overlaps them, each at its slowest rank."""

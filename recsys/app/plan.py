@@ -57,7 +57,7 @@ def plan_table(plan: Plan) -> str:
 STAGE_COLORS = {"lookups": "tab:blue", "dense": "tab:green", "exchange": "tab:orange",
                 "sequence work": "tab:purple", "all-reduce": "tab:red",
                 "overhead + input": "tab:gray", "exchange left exposed": "tab:orange",
-                "busy rank's CPU": "tab:olive", "feeding the batch": "tab:brown"}  # fmt: skip
+                "quota-bound CPU": "tab:olive", "feeding the batch": "tab:brown"}  # fmt: skip
 
 
 def _rank_labels(plan: Plan) -> list[str]:

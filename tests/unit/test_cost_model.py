@@ -139,35 +139,40 @@ def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
     assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 75e-6)
 
 
-def test_a_rank_never_idle_is_priced_at_its_speed_with_every_rank_busy() -> None:
-    """An emulated share computes its stages at its speed alone (the others wait for it);
-    its whole CPU work, the network's included, at its speed with every rank busy bounds
-    the step from below, and binds where that work fills the step."""
+def test_a_quota_bound_rank_is_never_quicker_than_its_whole_cpu_work() -> None:
+    """On ranks at a share of a core the step is at least the busiest rank's whole CPU
+    work: its stages, overheads, micro-batches and its network's CPU work. The stages'
+    critical path leaves that network work inside the waits it runs in; where the rank has
+    no idle time to spare, the floor binds."""
     link = LinkCost(1e-4, 1e8, cpu_s_per_byte=1e-8)
     net = NetworkCost(alltoall=link, allreduce=LinkCost(1e-5, 1e9, cpu_s_per_byte=1e-8))
     half = DeviceCost(**{**DEV.__dict__, "core_speed": 0.5, "micro_batch_overhead_s": 1e-4})
     shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
-    alone = step_cost(TABLES, shards, [100, 100], [DEV, half], net, dense_params=1000)
-    busy = step_cost(TABLES, shards, [100, 100], [DEV, replace(half, busy_slowdown=1.5)], net,
-                     dense_params=1000)  # fmt: skip
-    assert alone.work_s == [] and alone.busy_floor_s(Schedule.plain) == 0.0
-    # rank 1: lookups 16e-6 + 32e-6, dense 6e-4, overhead 1e-3; its network's CPU work: ids
-    # 6.4e-5, the embedding exchange 1.4e-4 each way, the all-reduce 2.4e-5
-    work, network = 16e-6 + 32e-6 + 6e-4 + 1e-3, 6.4e-5 + 2 * 1.4e-4 + 2.4e-5
-    assert busy.busy_floor_s(Schedule.plain) == pytest.approx(1.5 * (work + network))
-    # the stages alone take 2.072e-3 (as without the slowdown): the floor binds
-    critical = alone.step_s(Schedule.plain)
-    assert busy.critical_path_s(Schedule.plain) == pytest.approx(critical)
-    assert busy.step_s(Schedule.plain) == pytest.approx(1.5 * (work + network))
-    parts = step_parts_s(busy, Schedule.plain)
-    assert parts["busy rank's CPU"] == pytest.approx(1.5 * (work + network) - critical)
-    assert sum(parts.values()) == pytest.approx(busy.step_s(Schedule.plain))
-    # nested4: three more micro-batches' fixed work on the busy rank
-    nested = busy.step_s(Schedule.nested, 4)
-    assert nested == pytest.approx(1.5 * (work + 3 * 1e-4 + network))
+    whole = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, dense_params=1000)
+    assert whole.work_s == [] and whole.cpu_floor_s(Schedule.plain) == 0.0
+    cost = step_cost(TABLES, shards, [100, 100], [DEV, half], net, dense_params=1000)
+    # lookups both ways, dense 6e-4, overhead 1e-3; rank 1 looks up twice rank 0's bytes
+    assert cost.work_s == pytest.approx([8e-6 + 16e-6 + 1.6e-3, 16e-6 + 32e-6 + 1.6e-3])
+    assert cost.micro_work_s == [0.0, 1e-4]
+    # rank 1's network CPU work: ids 6.4e-5, the embedding exchange 1.4e-4 each way, the
+    # all-reduce 2.4e-5 (test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under)
+    network = 6.4e-5 + 2 * 1.4e-4 + 2.4e-5
+    floor = 16e-6 + 32e-6 + 1.6e-3 + network
+    assert cost.cpu_floor_s(Schedule.plain) == pytest.approx(floor)
+    assert cost.cpu_floor_s(Schedule.nested, 4) == pytest.approx(floor + 3 * 1e-4)
+    # here the stages' path is longer: the floor does not bind
+    assert cost.step_s(Schedule.plain) == pytest.approx(cost.critical_path_s(Schedule.plain))
+    # a rank with more work of its own than the path leaves room for: it binds
+    bound = replace(cost, work_s=[cost.work_s[0], 3e-3])
+    assert bound.step_s(Schedule.plain) == pytest.approx(3e-3 + network)
+    parts = step_parts_s(bound, Schedule.plain)
+    assert parts["quota-bound CPU"] == pytest.approx(
+        3e-3 + network - bound.critical_path_s(Schedule.plain)
+    )
+    assert sum(parts.values()) == pytest.approx(bound.step_s(Schedule.plain))
     # the network's CPU work is read when priced: dedup's smaller exchange lowers the floor
-    fewer = with_dedup(busy, DedupVolume(ids=[1.0, 1.0], vectors=[0.5, 0.5], source="test"))
-    assert fewer.busy_floor_s(Schedule.plain) == pytest.approx(1.5 * (work + network - 1.4e-4))
+    fewer = with_dedup(bound, DedupVolume(ids=[1.0, 1.0], vectors=[0.5, 0.5], source="test"))
+    assert fewer.cpu_floor_s(Schedule.plain) == pytest.approx(3e-3 + network - 1.4e-4)
 
 
 def test_column_wise_row_wise_and_data_parallel_shards() -> None:
@@ -599,28 +604,6 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
     assert asdict(new)["links"] == asdict(cal)["links"]
     assert new.measured["refreshed"]["vs_saved"]["dense_flops_per_s"] == pytest.approx(2.0)
     assert load_calibration().device == d  # the saved calibration is not touched
-
-
-def test_a_share_is_priced_at_its_speed_alone_and_slowed_by_its_busy_speed() -> None:
-    """`benchmarks.calibrate`'s constants for an emulated share: the rates a rank at that
-    share measured alone; the overheads the one-core fit's over that speed; the slowdown its
-    ranks showed with every rank of their clusters busy (never below 1: noise)."""
-    from benchmarks.calibrate import _at_share
-    from sharding.calibration import at_speed
-
-    core = replace(DEV, interaction_flops_per_s=5e8, input_s_per_sample=1e-6,
-                   sample_overhead_s=2e-6, micro_batch_overhead_s=1e-4)  # fmt: skip
-    alone = at_speed(core, 0.25)  # a quarter-core rank alone: a quarter of every rate
-    busy = [at_speed(core, 0.2), at_speed(core, 0.2)]  # every rank busy: a fifth
-    share, speeds = _at_share(core, alone, busy)
-    assert speeds == pytest.approx({"alone": 0.25, "busy": 0.2})
-    assert share.dense_flops_per_s == pytest.approx(0.25 * core.dense_flops_per_s)
-    assert share.step_overhead_s == pytest.approx(4 * core.step_overhead_s)
-    assert share.micro_batch_overhead_s == pytest.approx(4e-4)
-    assert share.core_speed == pytest.approx(0.25)
-    assert share.busy_slowdown == pytest.approx(1.25)
-    faster_busy = _at_share(core, alone, [at_speed(core, 0.3)])[0]
-    assert faster_busy.busy_slowdown == 1.0
 
 
 def test_the_embedding_backward_is_fitted_per_byte_on_its_own() -> None:
