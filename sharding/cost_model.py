@@ -242,7 +242,6 @@ def step_cost(
         for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
     ]
     lookup_bwd = [x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)]
-    stages = [sum(s) for s in zip(lookup.tolist(), lookup_bwd, dense, sequence, strict=True)]
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=lookup_bwd,
@@ -265,18 +264,19 @@ def step_cost(
         allreduce_bytes=grad_bytes,
         comm_cpu_s=comm_cpu,
         sequence_s=sequence,
-        **_quota_work_s(devices, b, stages),
+        **_quota_work_s(devices, b, (lookup.tolist(), lookup_bwd, dense, sequence)),
     )
 
 
-def _quota_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: list[float]) -> dict:
+def _quota_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: tuple) -> dict:
     """`StepCost`'s fields for ranks at a share of a core (none where every rank has a whole
-    one): per rank its work outside the network's, the stages' (`stages`: lookups both
-    ways, dense, sequence) and its fixed and per-sample overheads, and each micro-batch's
-    past the first."""
+    one): per rank its work outside the network's, the stages' (`stages`: per-rank lists of
+    lookups both ways, dense, sequence) and its fixed and per-sample overheads, and each
+    micro-batch's past the first."""
     if all(d.core_speed >= 1.0 for d in devices):
         return {}
-    per_rank = zip(stages, devices, batch.tolist(), strict=True)
+    work = [sum(s) for s in zip(*stages, strict=True)]
+    per_rank = zip(work, devices, batch.tolist(), strict=True)
     return {
         "work_s": [w + d.step_overhead_s + n * (d.input_s_per_sample + d.sample_overhead_s)
                    for w, d, n in per_rank],
