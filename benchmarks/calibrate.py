@@ -100,6 +100,13 @@ class CalibrateConfig:
                     "emulated"),
             Setting("dlrm_small b2048 emu_mixed3 plain",
                     ["cluster=emu_mixed3", "trainer.batch_size=2048"], "emulated"),
+            # hybrid's plans there: split tables, hot rows, a speed-aware batch split
+            Setting("dlrm_small b2048 emu_mixed4 plain hybrid",
+                    ["cluster=emu_mixed4", "trainer.batch_size=2048", "planner=hybrid"],
+                    "emulated"),
+            Setting("dlrm_small b2048 emu_mixed3 plain hybrid",
+                    ["cluster=emu_mixed3", "trainer.batch_size=2048", "planner=hybrid"],
+                    "emulated"),
             # the nested pipeline's schedule, across a veth link and on both mixed clusters
             Setting("dlrm_small b2048 veth nested4",
                     ["trainer.batch_size=2048", "pipeline=nested"], "veth"),
@@ -319,10 +326,17 @@ def _train_steps(overrides: list[str], steps: int, run_dir: Path,
 
 
 def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> float:
-    """The cost model's step time for the run in `run_dir`, under its own plan."""
+    """The cost model's step time for the run in `run_dir`, under its own plan: one of our
+    planners' as its plan.json has it (split tables, hot rows and batch split included),
+    TorchRec's from the layout its ranks trained."""
+    from recsys.app.planning import load_plan, plan_inputs
     from recsys.app.predict import predict
     from recsys.app.train import to_typed
 
+    ours = run_dir / "plan.json"
+    if ours.exists() and json.loads(ours.read_text())["planner"] != "torchrec":
+        cfg = to_typed(_compose(overrides))
+        return load_plan(str(ours), plan_inputs(cfg, None, link_name, cal)).est_step_ms
     layout = json.loads((run_dir / "plan_layout.json").read_text())
     summary = run_dir / "summary.json"  # a speed-aware plan's own batch split
     batch = json.loads(summary.read_text())["batch_per_rank"] if summary.exists() else None

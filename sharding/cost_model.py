@@ -34,7 +34,9 @@ Model of one synchronous step on `world` ranks, batch `b_r` samples on rank r, B
 - on emulated CPU ranks (each a share of a core), the step at least the busiest rank's whole
   CPU work, its network's included, at its share's speed (`StepCost.cpu_floor_s`): the
   stages leave gloo's work inside the waits it runs in, which a quota-bound rank lacks.
-Each stage ends in a collective, so the step is the sum over stages of the slowest rank.
+Each stage ends in a collective, so the step is the sum over stages of the slowest rank;
+a rank's fixed and per-sample overheads run in one stretch between the all-reduce and the
+next batch's ids (the slowest rank's sum: `StepCost.fixed_s`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
         "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
         "dense": max(cost.dense_s),
         "all-reduce": cost.allreduce_s,
-        "overhead + input": cost.overhead_s + cost.input_s,
+        "overhead + input": cost.fixed_s(schedule, micro_batches),
         "sequence work": max(cost.sequence_s, default=0.0),
     }
     critical, device = cost.critical_path_s(schedule, micro_batches), cost.device_step_s(
@@ -242,6 +244,9 @@ def step_cost(
         for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
     ]
     lookup_bwd = [x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)]
+    per_sample = [float(n) * (d.input_s_per_sample + d.sample_overhead_s)
+                  for n, d in zip(b, devices, strict=True)]  # fmt: skip
+    fixed = [d.step_overhead_s + x for d, x in zip(devices, per_sample, strict=True)]
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
         lookup_bwd_s=lookup_bwd,
@@ -253,10 +258,8 @@ def step_cost(
         overhead_s=max(d.step_overhead_s for d in devices),
         micro_batch_s=max(d.micro_batch_overhead_s for d in devices),
         emb_latency_s=emb_latency,
-        input_s=max(
-            float(n) * (d.input_s_per_sample + d.sample_overhead_s)
-            for n, d in zip(b, devices, strict=True)
-        ),
+        input_s=max(per_sample),
+        rank_fixed_s=fixed,
         a2a_bytes=sent,
         ids_a2a_parts_s=ids_parts,
         emb_a2a_parts_s=emb_parts,
@@ -264,24 +267,21 @@ def step_cost(
         allreduce_bytes=grad_bytes,
         comm_cpu_s=comm_cpu,
         sequence_s=sequence,
-        **_quota_work_s(devices, b, (lookup.tolist(), lookup_bwd, dense, sequence)),
+        **_quota_work_s(devices, (lookup.tolist(), lookup_bwd, dense, sequence, fixed)),
     )
 
 
-def _quota_work_s(devices: Sequence[DeviceCost], batch: np.ndarray, stages: tuple) -> dict:
+def _quota_work_s(devices: Sequence[DeviceCost], stages: tuple) -> dict:
     """`StepCost`'s fields for ranks at a share of a core (none where every rank has a whole
     one): per rank its work outside the network's, the stages' (`stages`: per-rank lists of
-    lookups both ways, dense, sequence) and its fixed and per-sample overheads, and each
+    lookups both ways, dense, sequence, fixed and per-sample overheads), and each
     micro-batch's past the first."""
     if all(d.core_speed >= 1.0 for d in devices):
         return {}
-    work = [sum(s) for s in zip(*stages, strict=True)]
-    per_rank = zip(work, devices, batch.tolist(), strict=True)
     return {
-        "work_s": [w + d.step_overhead_s + n * (d.input_s_per_sample + d.sample_overhead_s)
-                   for w, d, n in per_rank],
+        "work_s": [sum(s) for s in zip(*stages, strict=True)],
         "micro_work_s": [d.micro_batch_overhead_s for d in devices],
-    }  # fmt: skip
+    }
 
 
 def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],

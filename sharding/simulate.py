@@ -248,7 +248,7 @@ class _StepTasks:
         """Step k's chunks (`chunks`), then the update on every rank after every gradient
         chunk and the all-reduce."""
         grads, reduce = self.chunks(k, fwd)
-        fixed = self.cost.overhead_s + self.cost.input_s
-        return self.end_step(
-            k, "update", [b + fixed for b in self.cost.lookup_bwd_s], (*grads, *reduce)
-        )
+        cost = self.cost
+        fixed = cost.rank_fixed_s or [cost.overhead_s + cost.input_s] * self.world
+        update = [b + f for b, f in zip(cost.lookup_bwd_s, fixed, strict=True)]
+        return self.end_step(k, "update", update, (*grads, *reduce))

@@ -294,7 +294,7 @@ class StepCost:
     dense_s: list[float]
     allreduce_s: float
     overhead_s: float
-    input_s: float = 0.0  # batch assembly and per-sample framework work
+    input_s: float = 0.0  # batch assembly and per-sample framework work, slowest rank
     micro_batch_s: float = 0.0  # each further micro-batch's fixed work (nested), slowest rank
     emb_latency_s: float = 0.0  # the embedding exchange's latency, paid again by each chunk
     sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
@@ -316,6 +316,22 @@ class StepCost:
     # a step outside the network's (stages, overheads), and each micro-batch's past the first
     work_s: list[float] = field(default_factory=list)
     micro_work_s: list[float] = field(default_factory=list)
+    # per rank: its fixed overhead plus its per-sample work (empty: `overhead_s` + `input_s`
+    # on every rank)
+    rank_fixed_s: list[float] = field(default_factory=list)
+
+    def fixed_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
+        """The fixed overheads and per-sample work as the schedule runs them. Outside nested
+        micro-batches each rank runs its own in one stretch between the all-reduce and the
+        next batch's ids, so the step waits for the slowest rank's sum: a fast rank's larger
+        batch overlaps a slow rank's larger fixed overhead (the sum of the two maxima
+        overpriced speed-aware batch splits on mixed clusters: docs/clusters.md). Under
+        nested micro-batches the per-sample work runs with the micro-batches and the fixed
+        overhead under the next forward chunk: each at its own slowest rank."""
+        nested = schedule == Schedule.nested and micro_batches > 1
+        if nested or not self.rank_fixed_s:
+            return self.overhead_s + self.input_s
+        return max(self.rank_fixed_s)
 
     def cpu_floor_s(self, schedule: Schedule, micro_batches: int = 1) -> float:
         """The least the step can take on ranks that each hold a share of a core (a CFS
@@ -389,7 +405,7 @@ class StepCost:
             work = dense + self.input_s + cpu + (n - 1) * self.micro_batch_s
             return (chunk_bwd + max(lookup, self.allreduce_s) + max(self.overhead_s, chunk_fwd)
                     + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids) + seq)  # fmt: skip
-        fixed = lookup + dense + self.allreduce_s + self.overhead_s + self.input_s + seq
+        fixed = lookup + dense + self.allreduce_s + self.fixed_s(schedule) + seq
         if schedule == Schedule.plain:
             return fixed + ids + fwd + bwd
         # SparseDist, and nested in one micro-batch: the embedding exchange stays exposed,

@@ -32,6 +32,7 @@ from sharding.cost_model import (
 )
 from sharding.distinct import DedupVolume, with_dedup
 from sharding.plan_shards import shards_from_layout
+from sharding.simulate import simulate
 from sharding.types import (
     ALL_RANKS,
     ClusterSpec,
@@ -173,6 +174,28 @@ def test_a_quota_bound_rank_is_never_quicker_than_its_whole_cpu_work() -> None:
     # the network's CPU work is read when priced: dedup's smaller exchange lowers the floor
     fewer = with_dedup(bound, DedupVolume(ids=[1.0, 1.0], vectors=[0.5, 0.5], source="test"))
     assert fewer.cpu_floor_s(Schedule.plain) == pytest.approx(3e-3 + network - 1.4e-4)
+
+
+def test_each_rank_runs_its_own_fixed_and_per_sample_work_in_one_stretch() -> None:
+    """A fast rank's larger batch overlaps a slow rank's larger fixed overhead: outside
+    nested micro-batches the step waits for the slowest rank's overhead plus per-sample
+    work, not for the largest overhead plus the largest per-sample work; the simulator
+    runs the same per-rank stretch."""
+    slow = DeviceCost(**{**DEV.__dict__, "step_overhead_s": 0.004})
+    fast = DeviceCost(**{**DEV.__dict__, "sample_overhead_s": 1e-5})
+    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
+    cost = step_cost(TABLES, shards, [300, 100], [fast, slow], NET, dense_params=1000)
+    # rank 0: 1 ms + 300 x 10 us = 4 ms; rank 1: 4 ms + 100 x 0 = 4 ms
+    assert cost.rank_fixed_s == pytest.approx([0.004, 0.004])
+    assert (cost.overhead_s, cost.input_s) == pytest.approx((0.004, 0.003))
+    for schedule in (Schedule.plain, Schedule.sparse_dist):
+        assert cost.fixed_s(schedule) == pytest.approx(0.004)
+        assert step_parts_s(cost, schedule)["overhead + input"] == pytest.approx(0.004)
+        both = replace(cost, rank_fixed_s=[])  # each maximum on its own: 3 ms more
+        assert cost.step_s(schedule) == pytest.approx(both.step_s(schedule) - 0.003)
+        assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
+    # nested micro-batches: the per-sample work runs with them, each part at its slowest
+    assert cost.fixed_s(Schedule.nested, 4) == pytest.approx(0.007)
 
 
 def test_column_wise_row_wise_and_data_parallel_shards() -> None:
@@ -742,3 +765,27 @@ def test_a_calibration_that_validated_nothing_keeps_the_published_results() -> N
     validated = {"validation": [{"setting": "dlrm_small b1024 loopback plain"}]}
     assert publishing(told, validated).save is True
     assert publishing(CalibrateConfig(), {"validation": []}).save is False
+
+
+def test_the_validation_prices_our_plans_from_their_plan_json(monkeypatch, tmp_path) -> None:
+    """A validation run planned by hybrid is priced as its plan.json has it (split tables,
+    hot rows, its batch split), as `benchmarks.plan_train` prices it; TorchRec's runs from
+    the layout their ranks trained."""
+    from benchmarks import calibrate
+    from recsys.app.train import to_typed
+    from sharding.calibration import load_calibration
+    from sharding.plan_eval import evaluate
+    from tests.conftest import compose_config
+
+    monkeypatch.setattr(calibrate, "_compose", compose_config)
+    over = ["debug=tiny", "planner=hybrid", "trainer.batch_size=2048"]
+    cfg = to_typed(compose_config(over))
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    (tmp_path / "plan.json").write_text(json.dumps(plan_json(plan)))
+    cal = load_calibration()
+    expect = evaluate(plan, plan_inputs(cfg, None, "loopback", cal)).est_step_ms
+    assert calibrate.predict_ms(over, tmp_path, "loopback", cal) == pytest.approx(expect)
+    # TorchRec's plan.json names its planner: the layout is read (here: none was written)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_json(plan) | {"planner": "torchrec"}))
+    with pytest.raises(FileNotFoundError, match="plan_layout.json"):
+        calibrate.predict_ms(over, tmp_path, "loopback", cal)
