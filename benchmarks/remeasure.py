@@ -44,6 +44,9 @@ PUBLISHED = [
     ("plan_train_emu_mixed3", "summary.json",
      ["benchmarks.plan_train", "cluster=emu_mixed3", "planners=[torchrec,hybrid]", "repeats=2",
       "recalibrate=true"]),
+    # hybrid's plan at several batch splits: does the split it picks train fastest?
+    ("batch_split_emu_mixed3", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed3"]),
+    ("batch_split_emu_mixed4", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed4"]),
     ("pipeline_emu_mixed4", "summary.json",
      ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
       "pipelines=[plain,base,sparse_dist,fused_sparse_dist,semi_sync,nested1,nested2,nested4,"
@@ -109,6 +112,8 @@ _DEFAULT_DIR = {
     "plan_train_emu_2node",
     "plan_train_emu_mixed3",
     "pipeline_emu_mixed3",
+    "batch_split_emu_mixed3",
+    "batch_split_emu_mixed4",
 }
 # the sets a set's run reads, which PUBLISHED's order runs first (benchmarks.scale validates
 # its simulator against the calibration's and the emulated pipeline's measured steps)
