@@ -118,7 +118,8 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     ours = rows["hybrid's"]
     best_measured = min((n for n in splits), key=lambda n: rows[n]["measured_ms"])
     best_predicted = min((n for n in splits), key=lambda n: rows[n]["predicted_ms"])
-    return {"rows": rows, "best_measured": best_measured, "best_predicted": best_predicted,
+    return {"rows": [{"split": name, **row} for name, row in rows.items()],
+            "best_measured": best_measured, "best_predicted": best_predicted,
             "best_vs_hybrids": ours["measured_ms"] / rows[best_measured]["measured_ms"],
             "median_abs_error": statistics.median(abs(r["error"]) for r in rows.values()),
             "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
@@ -127,15 +128,15 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
 
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
-    ours = r["rows"]["hybrid's"]["measured_ms"]
+    ours = next(x["measured_ms"] for x in r["rows"] if x["split"] == "hybrid's")
     lines = [f"# Hybrid's plan at several batch splits on {c['cluster']['name']} ({env['date']}, "
              f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
              f"{c['steps']} steps, {c['repeats']} interleaved runs each, their median)", "",
              "| split | batch per rank | predicted ms | measured ms (each run) | error | "
              "hybrid's split / this |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for name, x in r["rows"].items():
+    for x in r["rows"]:
         each = ", ".join(f"{v:.1f}" for v in x["runs"])
-        lines.append(f"| {name} | {x['batch_per_rank']} | {x['predicted_ms']:.1f} | "
+        lines.append(f"| {x['split']} | {x['batch_per_rank']} | {x['predicted_ms']:.1f} | "
                      f"{x['measured_ms']:.1f} ({each}) | {100 * x['error']:+.0f}% | "
                      f"{ours / x['measured_ms']:.2f}x |")  # fmt: skip
     lines += ["", f"Fastest measured: {r['best_measured']}; fastest predicted: "

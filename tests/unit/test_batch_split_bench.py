@@ -30,12 +30,12 @@ def test_equal_ranks_have_no_split_to_move() -> None:
 
 
 def test_the_table_names_the_fastest_split_measured_and_predicted() -> None:
-    rows = {"torchrec": {"batch_per_rank": [2, 2], "predicted_ms": 30.0, "runs": [25.0],
-                         "measured_ms": 25.0, "error": 0.2},
-            "hybrid's": {"batch_per_rank": [3, 1], "predicted_ms": 20.0, "runs": [21.0, 19.0],
-                         "measured_ms": 20.0, "error": 0.0},
-            "+0.50": {"batch_per_rank": [4, 0], "predicted_ms": 22.0, "runs": [16.0],
-                      "measured_ms": 16.0, "error": 0.375}}  # fmt: skip
+    rows = [{"split": "torchrec", "batch_per_rank": [2, 2], "predicted_ms": 30.0,
+             "runs": [25.0], "measured_ms": 25.0, "error": 0.2},
+            {"split": "hybrid's", "batch_per_rank": [3, 1], "predicted_ms": 20.0,
+             "runs": [21.0, 19.0], "measured_ms": 20.0, "error": 0.0},
+            {"split": "+0.50", "batch_per_rank": [4, 0], "predicted_ms": 22.0, "runs": [16.0],
+             "measured_ms": 16.0, "error": 0.375}]  # fmt: skip
     result = {"rows": rows, "best_measured": "+0.50", "best_predicted": "hybrid's",
               "best_vs_hybrids": 1.25, "median_abs_error": 0.2,
               "environment": {"date": "today", "torch": "t", "torchrec": "r"},
