@@ -24,6 +24,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from benchmarks import plots
 from benchmarks.calibrate import measured_ms
 from benchmarks.common import environment, finish, results_dir_for, start
 from recsys import CONF_DIR
@@ -155,7 +156,14 @@ def main(cfg: DictConfig) -> None:
     typed: BatchSplitBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("batch_split", typed.cluster)
     result = run(typed)
-    finish(result, table(result), "batch_split", typed, json_name="summary")
+    finish(
+        result,
+        table(result),
+        "batch_split",
+        typed,
+        json_name="summary",
+        picture=(plots.batch_split, "batch_split.png"),
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ exactly the numbers beside it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -92,6 +93,35 @@ def plan_train(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _runs(batch: list[int]) -> str:
+    """A batch split for a label: equal neighbours as one count, `2731x2/1365x2`."""
+    groups = [(v, len(list(g))) for v, g in itertools.groupby(batch)]
+    return "/".join(f"{v}x{n}" if n > 1 else str(v) for v, n in groups)
+
+
+def batch_split(result: dict, path: Path) -> None:
+    """Per batch split of hybrid's plan (and the baseline's plan), the predicted and the
+    measured step time: does the split the cost model prices fastest train fastest?"""
+    plt = _plt()
+    rows = result["rows"]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    ax.bar([i - 0.2 for i in x], [r["predicted_ms"] for r in rows], 0.4,
+           label="predicted by the cost model", color="tab:gray")  # fmt: skip
+    ax.bar([i + 0.2 for i in x], [r["measured_ms"] for r in rows], 0.4,
+           label="measured, trained (median)", color="tab:blue")  # fmt: skip
+    ax.set_xticks(list(x), [f"{r['split']}\n{_runs(r['batch_per_rank'])}" for r in rows],
+                  fontsize=7)  # fmt: skip
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Hybrid's plan at several batch splits on {result['config']['cluster']['name']}"
+                 f"\nfastest measured {result['best_measured']}, fastest predicted "
+                 f"{result['best_predicted']}; {_where(result)}", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def planner_gains(result: dict, path: Path) -> None:
     """Per preset cluster, predicted step time from TorchRec's plan through each of hybrid's
     ideas added in turn (the gain decomposition), with the lower bound."""
@@ -128,6 +158,7 @@ def redraw(directory: Path) -> list[Path]:
     result = json.loads(summary.read_text())
     drawn = []
     for key, draw, name in (("speedup_vs_sparse_dist", pipelines, "pipelines.png"),
+                            ("best_predicted", batch_split, "batch_split.png"),
                             ("rows", plan_train, "plan_train.png"),
                             ("presets", planner_gains, "planner_gains.png")):  # fmt: skip
         if key in result and (key != "rows" or "planner" in (result["rows"] or [{}])[0]):

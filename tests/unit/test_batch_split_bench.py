@@ -45,3 +45,11 @@ def test_the_table_names_the_fastest_split_measured_and_predicted() -> None:
     assert "| hybrid's | [3, 1] | 20.0 | 20.0 (21.0, 19.0) | +0% | 1.00x |" in text
     assert "| +0.50 | [4, 0] | 22.0 | 16.0 (16.0) | +38% | 1.25x |" in text
     assert "Fastest measured: +0.50; fastest predicted: hybrid's" in text
+
+
+def test_the_pictures_labels_name_each_split_by_its_runs_of_equal_ranks() -> None:
+    from benchmarks.plots import _runs
+
+    assert _runs([2731, 2731, 1365, 1365]) == "2731x2/1365x2"
+    assert _runs([3558, 1293, 1293]) == "3558/1293x2"
+    assert _runs([5, 6, 5]) == "5/6/5"

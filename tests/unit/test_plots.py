@@ -14,7 +14,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 PICTURES = {"pipeline": "pipelines.png", "plan_train": "plan_train.png",
-            "planners": "planner_gains.png"}  # fmt: skip
+            "planners": "planner_gains.png", "batch_split": "batch_split.png"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in RESULTS.glob("*/summary.json")))
