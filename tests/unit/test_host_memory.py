@@ -35,7 +35,12 @@ def _faults_per_step(mode: str) -> float:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_tensor_freed_each_step_stops_faulting_when_memory_is_retained() -> None:
-    default, retained = _faults_per_step("default"), _faults_per_step("retain")
+    default = _faults_per_step("default")
+    # noise only adds faults: on a busy machine a retained run now and then faults the whole
+    # buffer afresh in a few of its 20 steps (0, 512 and 1536 a step measured under load,
+    # 2026-12-06), so the least of three runs is the measure; without the retention every
+    # run faults every step
+    retained = min(_faults_per_step("retain") for _ in range(3))
     pages = (40 << 20) // 4096
     assert default > pages / 2  # glibc maps the 40 MiB afresh every step
     # the heap's pages are reused (a few hundred faults a step remain on a busy machine)
