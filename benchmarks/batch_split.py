@@ -31,6 +31,8 @@ from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
 
+OURS = "hybrid's"  # the row of hybrid's own split
+
 
 @dataclass
 class BatchSplitBenchConfig:
@@ -79,9 +81,12 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     inputs = plan_inputs(typed, None, None)
     plan = make_plan(typed, inputs)
     speeds = [d.core_speed for d in inputs.devices]
-    splits = {"hybrid's": plan.batch_per_rank}
-    for shift in cfg.shifts:
-        splits[f"{shift:+.2f}"] = split_with(plan.batch_per_rank, speeds, shift)
+    splits = {OURS: plan.batch_per_rank}
+    try:
+        for shift in cfg.shifts:
+            splits[f"{shift:+.2f}"] = split_with(plan.batch_per_rank, speeds, shift)
+    except ValueError as e:
+        raise SystemExit(f"benchmarks.batch_split cluster={cfg.cluster.name}: {e}") from None
     rows: dict[str, dict] = {}
     common = [*where, f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
               "dataset.eval_batches=1", "trainer.warmup_steps=5"]  # fmt: skip
@@ -116,7 +121,7 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     for row in rows.values():
         row["measured_ms"] = statistics.median(row["runs"])
         row["error"] = row["predicted_ms"] / row["measured_ms"] - 1
-    ours = rows["hybrid's"]
+    ours = rows[OURS]
     best_measured = min((n for n in splits), key=lambda n: rows[n]["measured_ms"])
     best_predicted = min((n for n in splits), key=lambda n: rows[n]["predicted_ms"])
     return {"rows": [{"split": name, **row} for name, row in rows.items()],
@@ -129,7 +134,7 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
 
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
-    ours = next(x["measured_ms"] for x in r["rows"] if x["split"] == "hybrid's")
+    ours = next(x["measured_ms"] for x in r["rows"] if x["split"] == OURS)
     lines = [f"# Hybrid's plan at several batch splits on {c['cluster']['name']} ({env['date']}, "
              f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
              f"{c['steps']} steps, {c['repeats']} interleaved runs each, their median)", "",
