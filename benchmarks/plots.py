@@ -69,28 +69,39 @@ def pipelines(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plan_train(result: dict, path: Path) -> None:
-    """Per planner, the predicted and the measured step time of its plan, trained."""
+def _predicted_and_measured(
+    path: Path, labels: list[str], predicted: list[float], measured: list[float],
+    measured_label: str, title: str, above: list[str] | None = None, label_size: int = 10,
+) -> None:  # fmt: skip
+    """One pair of bars per label, the cost model's step beside the trained one (`above`:
+    a note over each measured bar)."""
     plt = _plt()
-    rows = result["rows"]
-    names = [r["planner"] for r in rows]
-    x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    ax.bar([i - 0.2 for i in x], [r["predicted_step_ms"] for r in rows], 0.4,
-           label="predicted by the cost model", color="tab:gray")  # fmt: skip
-    ax.bar([i + 0.2 for i in x], [r["measured_step_ms"] for r in rows], 0.4,
-           label="measured, trained", color="tab:blue")  # fmt: skip
-    for i, r in zip(x, rows, strict=True):
-        ax.annotate(f"{r['speedup_vs_first']:.2f}x", (i + 0.2, r["measured_step_ms"]),
-                    xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)  # fmt: skip
-    ax.set_xticks(list(x), names)
+    x = range(len(labels))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
+    ax.bar([i - 0.2 for i in x], predicted, 0.4, label="predicted by the cost model",
+           color="tab:gray")  # fmt: skip
+    ax.bar([i + 0.2 for i in x], measured, 0.4, label=measured_label, color="tab:blue")
+    for i, note in enumerate(above or []):
+        ax.annotate(note, (i + 0.2, measured[i]), xytext=(0, 2), textcoords="offset points",
+                    ha="center", fontsize=7)  # fmt: skip
+    ax.set_xticks(list(x), labels, fontsize=label_size)
     ax.set_ylabel("ms per step")
     ax.legend(fontsize=8)
-    ax.set_title(f"Each planner's plan trained: step time, and speed over {names[0]} "
-                 f"(above the bars)\n{_where(result)}", fontsize=9)  # fmt: skip
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plan_train(result: dict, path: Path) -> None:
+    """Per planner, the predicted and the measured step time of its plan, trained."""
+    rows = result["rows"]
+    names = [r["planner"] for r in rows]
+    _predicted_and_measured(
+        path, names, [r["predicted_step_ms"] for r in rows],
+        [r["measured_step_ms"] for r in rows], "measured, trained",
+        f"Each planner's plan trained: step time, and speed over {names[0]} (above the bars)"
+        f"\n{_where(result)}", above=[f"{r['speedup_vs_first']:.2f}x" for r in rows])  # fmt: skip
 
 
 def _runs(batch: list[int]) -> str:
@@ -102,24 +113,14 @@ def _runs(batch: list[int]) -> str:
 def batch_split(result: dict, path: Path) -> None:
     """Per batch split of hybrid's plan (and the baseline's plan), the predicted and the
     measured step time: does the split the cost model prices fastest train fastest?"""
-    plt = _plt()
     rows = result["rows"]
-    x = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    ax.bar([i - 0.2 for i in x], [r["predicted_ms"] for r in rows], 0.4,
-           label="predicted by the cost model", color="tab:gray")  # fmt: skip
-    ax.bar([i + 0.2 for i in x], [r["measured_ms"] for r in rows], 0.4,
-           label="measured, trained (median)", color="tab:blue")  # fmt: skip
-    ax.set_xticks(list(x), [f"{r['split']}\n{_runs(r['batch_per_rank'])}" for r in rows],
-                  fontsize=7)  # fmt: skip
-    ax.set_ylabel("ms per step")
-    ax.legend(fontsize=8)
-    ax.set_title(f"Hybrid's plan at several batch splits on {result['config']['cluster']['name']}"
-                 f"\nfastest measured {result['best_measured']}, fastest predicted "
-                 f"{result['best_predicted']}; {_where(result)}", fontsize=9)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _predicted_and_measured(
+        path, [f"{r['split']}\n{_runs(r['batch_per_rank'])}" for r in rows],
+        [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows],
+        "measured, trained (median)",
+        f"Hybrid's plan at several batch splits on {result['config']['cluster']['name']}\n"
+        f"fastest measured {result['best_measured']}, fastest predicted "
+        f"{result['best_predicted']}; {_where(result)}", label_size=7)  # fmt: skip
 
 
 def planner_gains(result: dict, path: Path) -> None:
