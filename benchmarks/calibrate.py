@@ -430,12 +430,13 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
 
 def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
     """Per emulated cluster: every rank's compute rates in its own cgroup, all ranks at once
-    as in training, and gloo between all its ranks across its nodes (fitted as one link)."""
+    as in training (each share's constants that cluster's own, `share_key`), and gloo between
+    all its ranks across its nodes (fitted as one link)."""
     from recsys import emulation
     from recsys.app.train import to_typed
     from sharding.calibration import share_key
 
-    by_share: dict[str, list[DeviceCost]] = {}
+    by_share: dict[str, list[DeviceCost]] = {}  # per cluster and share (`share_key`)
     links, raw = {}, {}
     for name in cfg.emulated:
         spec = to_typed(_compose([f"cluster={name}"])).cluster
@@ -448,7 +449,7 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
                                     len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
         raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank}
         for r, m in zip(emu.ranks, per_rank, strict=True):
-            by_share.setdefault(share_key(r.share), []).append(_device_cost(m))
+            by_share.setdefault(share_key(r.share, name), []).append(_device_cost(m))
     shares, ratios = {}, {}
     for key, measured in by_share.items():
         shares[key], ratios[key] = _at_share(core, measured)
@@ -699,8 +700,9 @@ def table(r: dict) -> str:
             lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
                          f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
     for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():
-        c = r["constants"]["shares"][key]
-        lines.append(f"| emulated rank at share {key} (its cgroup) | {ratio:.2f}x one core: "
+        c, (cluster, _, share) = r["constants"]["shares"][key], key.rpartition("/")
+        lines.append(f"| {cluster or 'emulated'} rank at share {share} (its cgroup) | "
+                     f"{ratio:.2f}x one core: "
                      f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
                      f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense |")  # fmt: skip
     metered = any("rel_error_beside" in v for v in r["validation"])

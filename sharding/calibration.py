@@ -31,12 +31,17 @@ class Calibration:
     # loopback, veth_1gbit, and per emulated cluster (its name) the links between its ranks
     links: dict[str, NetworkCost] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # raw measurements and where they came from
-    # emulated CPU ranks: one rank at that share of a core (`share_key`), measured in its cgroup
+    # emulated CPU ranks: one rank at that share of a core in that emulated cluster
+    # (`share_key`), measured in its cgroup with the cluster's other ranks running beside it
     shares: dict[str, DeviceCost] = field(default_factory=dict)
 
 
-def share_key(share: float) -> str:
-    return f"{share:g}"
+def share_key(share: float, cluster: str = "") -> str:
+    """`<cluster>/<share>`: a share's speed depends on what the rest of its cluster asks of
+    the host's cores (docs/clusters.md, "Calibration and validation"), so each emulated
+    cluster keeps its own. A bare `<share>` is a file written before that, its shares pooled
+    over the clusters it measured."""
+    return f"{cluster}/{share:g}" if cluster else f"{share:g}"
 
 
 class CalibrationError(UserError, LookupError):
@@ -168,11 +173,12 @@ def constants_provenance(kind: str) -> dict:
 
 
 def device_costs(
-    ranks: list[RankDevice], cal: Calibration | None, precision: str = "fp32"
+    ranks: list[RankDevice], cal: Calibration | None, precision: str = "fp32", cluster: str = ""
 ) -> list[DeviceCost]:
     """Each rank's constants, its dense part at `precision` (`trainer.precision`). CPU ranks
     have the calibration's, measured at fp32: tf32 is fp32 on a CPU, and bf16 autocast on CPU
-    ranks is priced at the fp32 rate, not measured."""
+    ranks is priced at the fp32 rate, not measured. An emulated rank (a share of a core) has
+    its share's as measured in `cluster`, the emulated cluster it belongs to."""
     out = []
     for r in ranks:
         if r.kind != "cpu":
@@ -181,15 +187,15 @@ def device_costs(
         if cal is None:
             raise CalibrationError("CPU ranks need a calibration (python -m benchmarks.calibrate)")
         if r.share is not None:
-            key = share_key(r.share)
-            if key not in cal.shares:
+            key, legacy = share_key(r.share, cluster), share_key(r.share)
+            if key not in cal.shares and legacy not in cal.shares:
                 raise CalibrationError(
-                    f"rank {r.rank} is an emulated CPU rank at share {key}, and the calibration "
-                    f"has none at that share (has: {sorted(cal.shares) or 'none'}); run "
-                    f"`python -m benchmarks.calibrate measure=emulated emulated=[<the "
-                    f"cluster>]` as root"
+                    f"rank {r.rank} is an emulated CPU rank at share {legacy} of the cluster "
+                    f"'{cluster}', and the calibration has no share measured there (has: "
+                    f"{sorted(cal.shares) or 'none'}); run `python -m benchmarks.calibrate "
+                    f"measure=emulated emulated=[{cluster or '<the cluster>'}]` as root"
                 )
-            out.append(cal.shares[key])
+            out.append(cal.shares.get(key) or cal.shares[legacy])
             continue
         scale = r.speed / DEVICE_CATALOG["cpu"].speed
         out.append(at_speed(cal.device, scale))

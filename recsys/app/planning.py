@@ -147,7 +147,7 @@ def plan_inputs(
         tables=mc.tables,
         coverage=coverage,
         ranks=ranks,
-        devices=device_costs(ranks, cal, cfg.trainer.precision.value),
+        devices=device_costs(ranks, cal, cfg.trainer.precision.value, cfg.cluster.name),
         precision=cfg.trainer.precision.value,
         network=replace(
             network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),

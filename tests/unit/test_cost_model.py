@@ -14,6 +14,7 @@ from recsys.app.plan import plan_table
 from recsys.app.planning import make_plan, plan_inputs, plan_json
 from sharding.calibration import (
     DEFAULT_PATH,
+    Calibration,
     CalibrationError,
     device_costs,
     host_assembly_s,
@@ -789,3 +790,65 @@ def test_the_validation_prices_our_plans_from_their_plan_json(monkeypatch, tmp_p
     (tmp_path / "plan.json").write_text(json.dumps(plan_json(plan) | {"planner": "torchrec"}))
     with pytest.raises(FileNotFoundError, match="plan_layout.json"):
         calibrate.predict_ms(over, tmp_path, "loopback", cal)
+
+
+def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch) -> None:
+    """A share's speed depends on what the rest of its cluster asks of the host's cores, so
+    the calibration keeps each emulated cluster's shares apart (`<cluster>/<share>`): the
+    same share measured at two speeds in two clusters is priced at each one's own, and a
+    cluster measured alone (a user's layout) leaves the others' constants as they were. A
+    file written before (bare `<share>` keys) still prices; a cluster with neither is
+    refused, naming the calibration to run."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from conftest import cluster_of, compose_config
+
+    from benchmarks import calibrate
+    from recsys import emulation
+
+    core = load_calibration().device
+    fast = {"emu_mixed3": 2.0, "emu_mixed4": 1.0}  # the 0.25 share measured twice as fast
+
+    @contextmanager
+    def emulated(spec):
+        ranks = resolve_cluster(spec)
+        yield SimpleNamespace(name=spec.name, ranks=ranks)
+
+    def run_ranks(emu, fn, args, timeout_s):
+        if fn is calibrate.probe:
+            sizes = [16_384, 1_048_576]
+            return [{"sizes_bytes": sizes, "alltoall_s": [1e-3 + s / 1e7 for s in sizes],
+                     "alltoall_cpu_s": [s * 1e-9 for s in sizes],
+                     "allreduce_s": [2e-3 + s / 1e7 for s in sizes]}] * len(emu.ranks)  # fmt: skip
+        x = [r.share * fast[emu.name] for r in emu.ranks]
+        return [{"embedding": {"emb_read_bytes_per_s": core.emb_read_bytes_per_s * s,
+                               "emb_bwd_factor": core.emb_bwd_factor},
+                 "dense": {"dense_flops_per_s": core.dense_flops_per_s * s,
+                           "interaction_flops_per_s": core.interaction_flops_per_s * s},
+                 "input": {"input_s_per_sample": core.input_s_per_sample / s}}
+                for s in x]  # fmt: skip
+
+    monkeypatch.setattr(emulation, "emulated", emulated)
+    monkeypatch.setattr(emulation, "run_ranks", run_ranks)
+    monkeypatch.setattr(calibrate, "raise_on_failure", lambda job, what: job)
+    monkeypatch.setattr(calibrate, "_compose", compose_config)
+    cfg = calibrate.CalibrateConfig(emulated=["emu_mixed4", "emu_mixed3"])
+    shares = calibrate.measure_emulated(cfg, core)["shares"]
+    assert sorted(shares) == ["emu_mixed3/0.25", "emu_mixed3/0.8", "emu_mixed4/0.25",
+                              "emu_mixed4/0.6"]  # fmt: skip
+    m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
+    assert m3.dense_flops_per_s == pytest.approx(2 * m4.dense_flops_per_s)
+    assert m3.step_overhead_s == pytest.approx(m4.step_overhead_s / 2)
+
+    ranks = {n: resolve_cluster(cluster_of(n)) for n in fast}
+    cal = Calibration(device=core, shares=shares)
+    assert device_costs(ranks["emu_mixed3"], cal, cluster="emu_mixed3")[1] == m3
+    assert device_costs(ranks["emu_mixed4"], cal, cluster="emu_mixed4")[2] == m4
+    # a user's own cluster measured alone adds its keys; the presets' stay
+    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]), core)["shares"]
+    assert set(alone) == {"emu_mixed3/0.25", "emu_mixed3/0.8"}
+    legacy = Calibration(device=core, shares={"0.25": m4, "0.6": shares["emu_mixed4/0.6"]})
+    assert device_costs(ranks["emu_mixed4"], legacy, cluster="emu_mixed4")[3] == m4
+    with pytest.raises(CalibrationError, match=r"emulated=\[emu_mixed3\]"):
+        device_costs(ranks["emu_mixed3"], legacy, cluster="emu_mixed3")
