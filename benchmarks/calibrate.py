@@ -560,7 +560,9 @@ def refresh_calibration():
 
 def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None,
              why_not: str | None) -> list[dict]:  # fmt: skip
-    """Each setting trained for real, its step time predicted under its own plan."""
+    """Each setting trained for real, its plan made with this run's constants (`run_dir`'s
+    local_cpu.json: a cluster measured here but not saved has its shares there only), its
+    step time predicted under that plan."""
     from recsys.app.train import to_typed
 
     meter = {r["batch"]: r["measured_ms"] for r in cal.measured.get("overhead_runs", [])}.get(
@@ -579,7 +581,8 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             speed = meter / measured_ms(now)
         print(f"validating: {s.name} ...", flush=True)
         d = run_dir / "validation" / name
-        summary = _train(s.overrides, cfg, d, link if s.link == "veth" else None)
+        own = f"planner.calibration={run_dir / 'local_cpu.json'}"
+        summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None)
         link_name = {"veth": f"veth_{cfg.link_rate}", "loopback": "loopback"}.get(s.link)
         if s.link == "emulated":  # the cluster's own calibrated link
             link_name = to_typed(_compose(s.overrides)).cluster.name

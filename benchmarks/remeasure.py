@@ -127,7 +127,9 @@ DEPENDS = {
 ACROSS_STACKS = {"tbe_cpu"}
 # result sets a user's own steps made, more than one command each (benchmarks/results/
 # README.md lists them): never re-run from here
-BY_HAND = {"plan_train_lab3"}  # calibrate measure=emulated, then plan_train with that
+# plan_train_lab3: calibrate measure=emulated, then plan_train with that;
+# calibrate_quarter_pair: calibrate measure=emulated validating settings on that cluster
+BY_HAND = {"plan_train_lab3", "calibrate_quarter_pair"}
 VERSIONS = ("torch", "torchrec", "fbgemm_gpu")
 
 

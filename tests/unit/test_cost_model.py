@@ -686,6 +686,8 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
 
     def train(overrides, cfg, run_dir, link, step_ms=None):
         trained.append((run_dir.relative_to(tmp_path).as_posix(), step_ms))
+        if "validation" in run_dir.parts:  # planned with this run's constants, not the saved
+            assert overrides[-1] == f"planner.calibration={run_dir.parents[1]}/local_cpu.json"
         ms = 24.0 if "meter" in run_dir.parts else 50.0
         return {"batch_per_rank": [1000, 1000], "samples_per_s": 2000 / ms * 1000}
 
