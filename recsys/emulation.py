@@ -55,6 +55,26 @@ class EmulationError(UserError, RuntimeError):
     """An emulated cluster cannot be set up here; the message says why and what to do."""
 
 
+def quota_periods(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                  v1: Path = _CGROUP_V1, v2: Path = _CGROUP_V2) -> tuple[int, int]:  # fmt: skip
+    """This process's cgroup's CFS periods so far and how many of them it ran out of its
+    quota in (`cpu.stat`'s nr_periods and nr_throttled; cgroup v1's cpu controller or v2):
+    an emulated rank's, in its own cgroup. (0, 0) where no quota applies or none is found."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return 0, 0
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        root = v2 if not controllers else v1 if "cpu" in controllers.split(",") else None
+        stat = root / path.lstrip("/") / "cpu.stat" if root else None
+        if stat is None or not stat.exists():
+            continue
+        fields = dict(row.split() for row in stat.read_text().splitlines() if row.strip())
+        return int(fields.get("nr_periods", 0)), int(fields.get("nr_throttled", 0))
+    return 0, 0
+
+
 def link_rate(spec: ClusterSpec) -> str:
     """tc's rate for the layout's inter-node link: 0.2 Gbit/s -> '200mbit'."""
     return f"{spec.network.inter_node_gbit_s * 1000:g}mbit"

@@ -6,6 +6,7 @@ build, resume, the train steps with evaluations and checkpoints between them, th
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.collectives import all_reduce_sum
 from recsys.config import EvalSplit, Mode, TrainConfigError, tensorboard_installed
 from recsys.context import RunContext
+from recsys.emulation import quota_periods
 from recsys.interrupts import interruptible
 from recsys.metrics import evaluate
 from recsys.progress import Progress
@@ -252,8 +254,8 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
                       device)  # fmt: skip
-    samples_per_s, faults_per_step, cpu_s = _steps(cfg, job, start, watch, between_steps, trace,
-                                                   scalars)  # fmt: skip
+    samples_per_s, faults_per_step, cpu_s, quota = _steps(cfg, job, start, watch, between_steps,
+                                                          trace, scalars)  # fmt: skip
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
@@ -268,11 +270,14 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     # one collective for the whole run: the global mean per step
     step_losses = all_reduce_sum(step_losses, device) / world
     window = step_losses[-tcfg.log_every :]
-    cpu_by_rank = None  # every rank's, so a slow rank's own work can be read off rank 0's
+    cpu_by_rank = quota_by_rank = None  # every rank's, so a slow rank's own can be read off
     if cpu_s is not None:  # every rank timed the same steps (or none)
-        mine = torch.zeros(world, dtype=torch.float64)
-        mine[job.rank] = cpu_s
-        cpu_by_rank = [1000 * x for x in all_reduce_sum(mine, device).tolist()]
+        mine = torch.zeros(2, world, dtype=torch.float64)
+        mine[:, job.rank] = torch.tensor([cpu_s, math.nan if quota is None else quota])
+        cpu, throttled = all_reduce_sum(mine, device).tolist()
+        cpu_by_rank = [1000 * x for x in cpu]
+        if not all(math.isnan(x) for x in throttled):
+            quota_by_rank = [None if math.isnan(x) else x for x in throttled]
     result = {
         "rank": job.rank,
         "world_size": world,
@@ -289,6 +294,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         # each rank's process CPU time per timed step, every thread (gloo's too): against
         # the step, how much of it the rank computed or moved bytes; ms
         "cpu_ms_per_step_by_rank": cpu_by_rank,
+        # ranks under a CFS quota (emulated): the share of the timed steps' CFS periods in
+        # which the rank ran out of its quota (None for a rank without one)
+        "quota_throttled_share_by_rank": quota_by_rank,
         "batch_per_rank": job.shares,
         "train_loss": float(window.mean()) if len(window) else None,
         **final,
@@ -324,7 +332,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
-    timed_from, begun, paused = start, _counters(), (0.0, 0.0, 0.0)
+    timed_from, begun, paused = start, _counters(), (0.0,) * 5
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
@@ -342,7 +350,7 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
         done = step + 1
         trace.after(done)
         if done == start + tcfg.warmup_steps:
-            timed_from, begun, paused = done, _counters(), (0.0, 0.0, 0.0)
+            timed_from, begun, paused = done, _counters(), (0.0,) * 5
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
             scalars.losses(watch.reduced)
@@ -353,12 +361,18 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     bar.close()
     timed_steps = tcfg.max_steps - timed_from
     if not timed_steps:
-        return None, None, None
-    elapsed, faulted, used = (b - a - p for a, b, p in zip(begun, _counters(), paused, strict=True))
-    return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps, used / timed_steps
+        return None, None, None, None
+    elapsed, faulted, used, periods, throttled = (
+        b - a - p for a, b, p in zip(begun, _counters(), paused, strict=True)
+    )
+    quota = throttled / periods if periods > 0 else None
+    return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps, used / timed_steps, quota
 
 
-def _counters() -> tuple[float, float, float]:
-    """Wall seconds, this process's minor page faults and its CPU seconds (every thread)."""
+def _counters() -> tuple[float, ...]:
+    """Wall seconds, this process's minor page faults, its CPU seconds (every thread), and
+    its cgroup's CFS periods and those it ran out of its quota in (`quota_periods`)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), float(r.ru_minflt), r.ru_utime + r.ru_stime
+    periods, throttled = quota_periods()
+    return (time.perf_counter(), float(r.ru_minflt), r.ru_utime + r.ru_stime, float(periods),
+            float(throttled))  # fmt: skip

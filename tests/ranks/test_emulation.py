@@ -128,6 +128,8 @@ def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> No
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 3 and summary["steps"] == 5
     assert summary["link_bytes"] > 100_000  # the embedding exchange crossed the link
+    # each rank in its own cgroup: the share of CFS periods it ran out of its quota in
+    assert all(0.0 <= x <= 1.0 for x in summary["quota_throttled_share_by_rank"])
     assert emulation.leftovers("emu_mixed3-") == []
 
 

@@ -67,3 +67,22 @@ def test_without_root_or_with_too_many_cores_it_refuses_in_one_line(
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})  # a 1-core machine
     why = emulation.refuse_reason(spec)
     assert "add up to 1.7 cores but this machine offers 1" in why
+
+
+def test_a_rank_reads_its_own_cgroups_quota_periods(tmp_path: Path) -> None:
+    """`quota_periods`: the CFS periods and throttled periods of the cgroup /proc/self/cgroup
+    names, under cgroup v1's cpu controller (which may share its line with cpuacct) or v2;
+    (0, 0) where none is found (a rank without a quota)."""
+    v1, v2, proc = tmp_path / "v1", tmp_path / "v2", tmp_path / "cgroup"
+    stat = v1 / "recsys-emu_mixed4-1" / "n1" / "r2" / "cpu.stat"
+    stat.parent.mkdir(parents=True)
+    stat.write_text("nr_periods 2256\nnr_throttled 1441\nthrottled_time 4950000000\n")
+    proc.write_text("12:memory:/\n4:cpu,cpuacct:/recsys-emu_mixed4-1/n1/r2\n0::/\n")
+    assert emulation.quota_periods(proc, v1, v2) == (2256, 1441)
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "cpu.stat").write_text("usage_usec 10\nnr_periods 40\nnr_throttled 3\n")
+    proc.write_text("0::/job\n")
+    assert emulation.quota_periods(proc, v1, v2) == (40, 3)
+    proc.write_text("0::/elsewhere\n")
+    assert emulation.quota_periods(proc, v1, v2) == (0, 0)
+    assert emulation.quota_periods(tmp_path / "missing", v1, v2) == (0, 0)
