@@ -59,6 +59,7 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
     assert summary["samples_per_s"] is None and summary["eval_auc"] is None
     assert summary["host_page_faults_per_step"] is None
     assert summary["cpu_ms_per_step_by_rank"] is None
+    assert summary["quota_throttled_share_by_rank"] is None
     assert summary["steps"] == 3 and summary["train_loss"] is not None
 
 

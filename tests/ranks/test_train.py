@@ -52,6 +52,7 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
     step_ms = 1000 * 2 * 256 / on_disk["samples_per_s"]
     cpu = on_disk["cpu_ms_per_step_by_rank"]
     assert len(cpu) == 2 and all(0 < c < 2 * step_ms * 1.5 for c in cpu), (cpu, step_ms)
+    assert on_disk["quota_throttled_share_by_rank"] is None  # no rank under a CFS quota
     assert on_disk["eval_auc"] > 0.65, "the planted model should be learnt"
     assert on_disk["eval_samples"] == 2 * 16 * 256
     losses = summary["step_losses"]
