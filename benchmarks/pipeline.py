@@ -384,6 +384,10 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
             "eval_auc": s["eval_auc"],
             # nested: ms per step spent waiting on ids, chunks, gradients, the all-reduce
             "wait_ms_per_step": (s.get("pipeline_stats") or {}).get("wait_ms_per_step"),
+            # each rank's CPU a step and, on an emulated cluster, its share of CFS periods
+            # out of quota (what a quota-bound rank spent and how often it ran dry)
+            "cpu_ms_per_step_by_rank": s.get("cpu_ms_per_step_by_rank"),
+            "quota_throttled_share_by_rank": s.get("quota_throttled_share_by_rank"),
         })  # fmt: skip
     return rows
 

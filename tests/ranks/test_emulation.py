@@ -243,6 +243,8 @@ def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
     for r in rows.values():
         assert r["link_bytes"] > 100_000 and r["measured_ms"] > 0 and r["predicted_ms"] > 0
         assert r["exposed_comm_ms"] is None and r["fast_link_step_ms"] is None
+        assert len(r["cpu_ms_per_step_by_rank"]) == 3  # each rank's CPU and quota use
+        assert all(0.0 <= x <= 1.0 for x in r["quota_throttled_share_by_rank"])
     assert s["plain_comm_share"] is None
     assert rows["nested2"]["equal_to_plain"] and rows["sparse_dist"]["equal_to_plain"]
     assert s["link"]["burst_bytes"] == 8 * 1024  # the cluster's own burst
