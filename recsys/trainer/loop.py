@@ -322,17 +322,20 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
 
 def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
            between_steps: Callable[[int], None], trace: StepTrace, scalars: Scalars
-           ) -> tuple[float | None, float | None, float | None]:  # fmt: skip
+           ) -> tuple[float | None, float | None, float | None, float | None]:  # fmt: skip
     """The train steps from `start`, each loss recorded in `watch` (and, checked, in
     `scalars`); `between_steps(done)` after each; `trainer.profile_steps` traced. Returns
     the samples per second after the warm-up, this process's minor page faults per such
     step and its CPU seconds per such step (every thread), `between_steps` left out of all
-    three (None: no timed steps)."""
+    three, and the share of those steps' CFS periods its cgroup ran out of its quota in
+    (`quota_periods`, read at the two ends only; None without a quota). None: no timed
+    steps."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
     bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
                    enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
-    timed_from, begun, paused = start, _counters(), (0.0,) * 5
+    timed_from, begun, paused = start, _counters(), (0.0,) * 3
+    quota_from = quota_periods()  # read at the timed steps' ends only: off the step's path
     for step in range(start, tcfg.max_steps):
         trace.before(step + 1)
         try:
@@ -350,7 +353,8 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
         done = step + 1
         trace.after(done)
         if done == start + tcfg.warmup_steps:
-            timed_from, begun, paused = done, _counters(), (0.0,) * 5
+            timed_from, begun, paused = done, _counters(), (0.0,) * 3
+            quota_from = quota_periods()
         if done % tcfg.log_every == 0 or done == tcfg.max_steps:
             bar.set_postfix(loss=f"{watch.check():.4f}")
             scalars.losses(watch.reduced)
@@ -362,17 +366,13 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     timed_steps = tcfg.max_steps - timed_from
     if not timed_steps:
         return None, None, None, None
-    elapsed, faulted, used, periods, throttled = (
-        b - a - p for a, b, p in zip(begun, _counters(), paused, strict=True)
-    )
-    quota = throttled / periods if periods > 0 else None
+    elapsed, faulted, used = (b - a - p for a, b, p in zip(begun, _counters(), paused, strict=True))
+    periods, throttled = (b - a for a, b in zip(quota_from, quota_periods(), strict=True))
+    quota = throttled / periods if periods > 0 else None  # evaluations between steps included
     return sum(job.shares) * timed_steps / elapsed, faulted / timed_steps, used / timed_steps, quota
 
 
-def _counters() -> tuple[float, ...]:
-    """Wall seconds, this process's minor page faults, its CPU seconds (every thread), and
-    its cgroup's CFS periods and those it ran out of its quota in (`quota_periods`)."""
+def _counters() -> tuple[float, float, float]:
+    """Wall seconds, this process's minor page faults and its CPU seconds (every thread)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    periods, throttled = quota_periods()
-    return (time.perf_counter(), float(r.ru_minflt), r.ru_utime + r.ru_stime, float(periods),
-            float(throttled))  # fmt: skip
+    return time.perf_counter(), float(r.ru_minflt), r.ru_utime + r.ru_stime
