@@ -82,6 +82,9 @@ class CalibrateConfig:
     # the nested pipeline's fixed work per micro-batch: N = 1 and 8 at one batch size
     micro_batch_runs: list[int] = field(default_factory=lambda: [1, 8])
     micro_batch_batch: int = 1024
+    # ... and on each emulated cluster, each rank's CPU per micro-batch (its own cgroup's
+    # figure, not the loopback one-core fit's), at a batch no validation setting trains at
+    emulated_micro_batch_batch: int = 1536
     settings: list[Setting] = field(
         default_factory=lambda: [
             Setting("dlrm_small b1024 loopback plain", ["trainer.batch_size=1024"]),
@@ -428,10 +431,11 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
     return replace(at_speed(core, ratio), **{k: med(k) for k in measured_here}), ratio
 
 
-def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
+def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> dict:
     """Per emulated cluster: every rank's compute rates in its own cgroup, all ranks at once
-    as in training (each share's constants that cluster's own, `share_key`), and gloo between
-    all its ranks across its nodes (fitted as one link)."""
+    as in training (each share's constants that cluster's own, `share_key`), gloo between
+    all its ranks across its nodes (fitted as one link), and the nested pipeline's work per
+    micro-batch on each rank (`measure_micro_batch_cpu`)."""
     from recsys import emulation
     from recsys.app.train import to_typed
     from sharding.calibration import share_key
@@ -447,13 +451,45 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost) -> dict:
             comm = emulation.run_ranks(emu, probe, (cfg.comm_sizes,), 900)
             links[name] = _fit_comm(raise_on_failure(comm, f"gloo probe on {name}")[0],
                                     len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
-        raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank}
-        for r, m in zip(emu.ranks, per_rank, strict=True):
-            by_share.setdefault(share_key(r.share, name), []).append(_device_cost(m))
+        micro = measure_micro_batch_cpu(cfg, name, run_dir)
+        raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank,
+                     "micro_batch": micro}  # fmt: skip
+        for i, (r, m) in enumerate(zip(emu.ranks, per_rank, strict=True)):
+            # a rank at its quota runs its CPU work at the share's rate
+            wall = micro["cpu_s_by_rank"][i] / min(1.0, r.share) if micro["runs"] else None
+            by_share.setdefault(share_key(r.share, name), []).append((_device_cost(m), wall))
     shares, ratios = {}, {}
     for key, measured in by_share.items():
-        shares[key], ratios[key] = _at_share(core, measured)
+        shares[key], ratios[key] = _at_share(core, [d for d, _ in measured])
+        walls = [w for _, w in measured if w is not None]
+        if walls:  # the cluster's own figure replaces the one-core fit's at the share's speed
+            micro = float(statistics.median(walls))
+            shares[key] = replace(shares[key], micro_batch_overhead_s=micro)
     return {"shares": shares, "speed_vs_one_core": ratios, "links": links, "raw": raw}
+
+
+def measure_micro_batch_cpu(cfg: CalibrateConfig, cluster: str, run_dir: Path) -> dict:
+    """The nested pipeline on an emulated cluster at the fewest and the most micro-batches of
+    `micro_batch_runs`: each rank's CPU per step (its cgroup's, `cpu_ms_per_step_by_rank`),
+    its difference over the micro-batches added (`cpu_s_by_rank`). Measured there, not
+    scaled from the loopback fit: a rank at a share of a core pays more per micro-batch
+    (smaller exchanges to more peers across the shaped link, each chunk's bookkeeping at
+    its quota) than one core on loopback, and the step of a quota-bound rank is its CPU."""
+    runs = []
+    for n in cfg.micro_batch_runs:
+        overrides = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}",
+                     "pipeline=nested", f"pipeline.micro_batches={n}"]  # fmt: skip
+        d = run_dir / "micro_batch_runs" / f"{cluster}_n{n}"
+        summary = _train(overrides, cfg, d, None)
+        runs.append({"micro_batches": n, "measured_ms": measured_ms(summary),
+                     "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]})  # fmt: skip
+    if len(runs) < 2 or runs[-1]["micro_batches"] == runs[0]["micro_batches"]:
+        return {"runs": [], "cpu_s_by_rank": []}
+    first, last = runs[0], runs[-1]
+    added = last["micro_batches"] - first["micro_batches"]
+    pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"], strict=True)
+    cpu = [max(0.0, (b - a) / added / 1000) for a, b in pairs]
+    return {"runs": runs, "cpu_s_by_rank": cpu}
 
 
 def measured_ms(summary: dict) -> float:
@@ -624,7 +660,7 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
         else:  # the saved one-core constants; only the emulated clusters measured anew
             cal = load_calibration()
         if cfg.emulated and why_not is None:
-            emulated = measure_emulated(cfg, cal.device)
+            emulated = measure_emulated(cfg, cal.device, run_dir)
             cal.shares.update(emulated["shares"])
             cal.links.update({k: NetworkCost(LinkCost(**v["alltoall"]), LinkCost(**v["allreduce"]))
                               for k, v in emulated["links"].items()})  # fmt: skip
@@ -707,7 +743,9 @@ def table(r: dict) -> str:
         lines.append(f"| {cluster or 'emulated'} rank at share {share} (its cgroup) | "
                      f"{ratio:.2f}x one core: "
                      f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
-                     f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense |")  # fmt: skip
+                     f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense, "
+                     f"{c.get('micro_batch_overhead_s', 0.0) * 1e3:.1f} ms a micro-batch "
+                     "(its CPU on the cluster at the quota) |")  # fmt: skip
     metered = any("rel_error_beside" in v for v in r["validation"])
     lines += ["", "| setting | predicted ms/step | measured ms/step | error |"
               + (" cores' speed beside | predicted at it | error |" if metered else ""),

@@ -794,7 +794,7 @@ def test_the_validation_prices_our_plans_from_their_plan_json(monkeypatch, tmp_p
         calibrate.predict_ms(over, tmp_path, "loopback", cal)
 
 
-def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch) -> None:
+def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, tmp_path) -> None:
     """A share's speed depends on what the rest of its cluster asks of the host's cores, so
     the calibration keeps each emulated cluster's shares apart (`<cluster>/<share>`): the
     same share measured at two speeds in two clusters is priced at each one's own, and a
@@ -831,24 +831,41 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch) 
                  "input": {"input_s_per_sample": core.input_s_per_sample / s}}
                 for s in x]  # fmt: skip
 
+    def train(overrides, cfg, run_dir, link):  # each rank's CPU a step: 1 + n ms at a 0.25 share
+        name = next(o.split("=")[1] for o in overrides if o.startswith("cluster="))
+        n = int(next(o.split("=")[1] for o in overrides if o.startswith("pipeline.micro_batches")))
+        shares = [r.share for r in resolve_cluster(cluster_of(name))]
+        return {
+            "batch_per_rank": [cfg.emulated_micro_batch_batch] * len(shares),
+            "samples_per_s": 1e4,
+            "cpu_ms_per_step_by_rank": [s * 4 * (1 + n) for s in shares],
+        }
+
     monkeypatch.setattr(emulation, "emulated", emulated)
     monkeypatch.setattr(emulation, "run_ranks", run_ranks)
     monkeypatch.setattr(calibrate, "raise_on_failure", lambda job, what: job)
     monkeypatch.setattr(calibrate, "_compose", compose_config)
+    monkeypatch.setattr(calibrate, "_train", train)
     cfg = calibrate.CalibrateConfig(emulated=["emu_mixed4", "emu_mixed3"])
-    shares = calibrate.measure_emulated(cfg, core)["shares"]
+    shares = calibrate.measure_emulated(cfg, core, tmp_path)["shares"]
     assert sorted(shares) == ["emu_mixed3/0.25", "emu_mixed3/0.8", "emu_mixed4/0.25",
                               "emu_mixed4/0.6"]  # fmt: skip
     m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
     assert m3.dense_flops_per_s == pytest.approx(2 * m4.dense_flops_per_s)
     assert m3.step_overhead_s == pytest.approx(m4.step_overhead_s / 2)
+    # each micro-batch past the first: the rank's CPU for it, at its share's quota (4 ms),
+    # measured on the cluster, not the one-core fit scaled by the share's speed
+    assert {k: v.micro_batch_overhead_s for k, v in shares.items()} == pytest.approx(
+        dict.fromkeys(shares, 4e-3)
+    )
 
     ranks = {n: resolve_cluster(cluster_of(n)) for n in fast}
     cal = Calibration(device=core, shares=shares)
     assert device_costs(ranks["emu_mixed3"], cal, cluster="emu_mixed3")[1] == m3
     assert device_costs(ranks["emu_mixed4"], cal, cluster="emu_mixed4")[2] == m4
     # a user's own cluster measured alone adds its keys; the presets' stay
-    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]), core)["shares"]
+    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]), core, tmp_path)
+    alone = alone["shares"]
     assert set(alone) == {"emu_mixed3/0.25", "emu_mixed3/0.8"}
     legacy = Calibration(device=core, shares={"0.25": m4, "0.6": shares["emu_mixed4/0.6"]})
     assert device_costs(ranks["emu_mixed4"], legacy, cluster="emu_mixed4")[3] == m4
