@@ -415,24 +415,20 @@ def _device_cost(m: dict) -> DeviceCost:
     )
 
 
-def _at_share(
-    core: DeviceCost, share: float, measured: list[DeviceCost]
-) -> tuple[DeviceCost, float]:
-    """One share's constants: one core's at the share's quota (`at_speed`: rates times it,
-    CPU times over it, kept as `core_speed`, which the network's CPU work divides by), and
-    the compute probe's speed relative to one core (median of its rate ratios, all of the
-    cluster's ranks probed at once), returned for the record. In training a quota-bound
-    rank spends what one core would on its work (its cgroup's CPU per step against the
-    model's one-core CPU for it, docs/clusters.md); the probe, with every rank busy at once,
-    finds it slower than that by as much as half on some hosts, which training never is."""
+def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost, float]:
+    """One share's constants: the median of its ranks' measured rates; the overheads (per
+    step, per sample, sequence), which only training runs measure, are the one-core fit's
+    divided by the share's measured speed relative to one core (median of its rate ratios,
+    returned too, and kept as `core_speed`: the network's CPU work divides by it)."""
 
     def med(name: str) -> float:
         return float(statistics.median(getattr(d, name) for d in measured))
 
     rates = ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s")
     ratios = [med(n) / getattr(core, n) for n in rates]
-    probe = float(statistics.median([*ratios, core.input_s_per_sample / med("input_s_per_sample")]))
-    return at_speed(core, min(1.0, share)), probe
+    ratio = float(statistics.median([*ratios, core.input_s_per_sample / med("input_s_per_sample")]))
+    measured_here = (*RATE_FIELDS, "emb_bwd_factor", "input_s_per_sample")
+    return replace(at_speed(core, ratio), **{k: med(k) for k in measured_here}), ratio
 
 
 def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> dict:
@@ -462,17 +458,14 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> d
             # a rank at its quota runs its CPU work at the share's rate
             wall = micro["cpu_s_by_rank"][i] / min(1.0, r.share) if micro["runs"] else None
             by_share.setdefault(share_key(r.share, name), []).append((_device_cost(m), wall))
-    shares, probed = {}, {}
+    shares, ratios = {}, {}
     for key, measured in by_share.items():
-        share = float(key.rpartition("/")[2])
-        shares[key], probed[key] = _at_share(core, share, [d for d, _ in measured])
+        shares[key], ratios[key] = _at_share(core, [d for d, _ in measured])
         walls = [w for _, w in measured if w is not None]
         if walls:  # the cluster's own figure replaces the one-core fit's at the share's speed
             micro = float(statistics.median(walls))
             shares[key] = replace(shares[key], micro_batch_overhead_s=micro)
-    speeds = {k: v.core_speed / core.core_speed for k, v in shares.items()}
-    return {"shares": shares, "speed_vs_one_core": speeds, "probe_speed_vs_one_core": probed,
-            "links": links, "raw": raw}  # fmt: skip
+    return {"shares": shares, "speed_vs_one_core": ratios, "links": links, "raw": raw}
 
 
 def measure_micro_batch_cpu(cfg: CalibrateConfig, cluster: str, run_dir: Path) -> dict:
@@ -675,8 +668,7 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
                 {k: v["raw"] for k, v in emulated["links"].items()}
             )
             known = cal.measured.setdefault("emulated", {})  # other clusters' stay
-            for k in ("speed_vs_one_core", "probe_speed_vs_one_core"):
-                known.setdefault(k, {}).update(emulated[k])
+            known.setdefault("speed_vs_one_core", {}).update(emulated["speed_vs_one_core"])
             known.update(emulated["raw"])
         elif cfg.emulated:
             print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
@@ -701,10 +693,7 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
                 for k, v in cal.links.items()
             },
             "shares": {k: v.__dict__ for k, v in cal.shares.items()},
-            **{
-                k: (cal.measured.get("emulated") or {}).get(k, {})
-                for k in ("speed_vs_one_core", "probe_speed_vs_one_core")
-            },
+            "speed_vs_one_core": (cal.measured.get("emulated") or {}).get("speed_vs_one_core", {}),
         },  # fmt: skip
         "validation": validation,
         "median_abs_error": statistics.median(errors) if errors else None,
@@ -749,12 +738,10 @@ def table(r: dict) -> str:
             cpu_text = f", CPU {cpu * 1e9:.2f} ns/B" if op == "alltoall" and cpu else ""
             lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
                          f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
-    probed = r["constants"].get("probe_speed_vs_one_core", {})
     for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():
         c, (cluster, _, share) = r["constants"]["shares"][key], key.rpartition("/")
-        probe = f" (the probe, all ranks at once: {probed[key]:.2f}x)" if key in probed else ""
         lines.append(f"| {cluster or 'emulated'} rank at share {share} (its cgroup) | "
-                     f"{ratio:.2f}x one core{probe}: "
+                     f"{ratio:.2f}x one core: "
                      f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
                      f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense, "
                      f"{c.get('micro_batch_overhead_s', 0.0) * 1e3:.1f} ms a micro-batch "

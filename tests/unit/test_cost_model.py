@@ -795,13 +795,12 @@ def test_the_validation_prices_our_plans_from_their_plan_json(monkeypatch, tmp_p
 
 
 def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, tmp_path) -> None:
-    """A share runs one core's work at its quota, but what a micro-batch costs it depends on
-    its cluster (its peers, its link), so the calibration keeps each emulated cluster's
-    shares apart (`<cluster>/<share>`): the same share measured in two clusters is priced at
-    each one's own, the compute probe's speed is recorded beside it, and a cluster measured
-    alone (a user's layout) leaves the others' constants as they were. A file written
-    before (bare `<share>` keys) still prices; a cluster with neither is refused, naming
-    the calibration to run."""
+    """A share's speed depends on what the rest of its cluster asks of the host's cores, so
+    the calibration keeps each emulated cluster's shares apart (`<cluster>/<share>`): the
+    same share measured at two speeds in two clusters is priced at each one's own, and a
+    cluster measured alone (a user's layout) leaves the others' constants as they were. A
+    file written before (bare `<share>` keys) still prices; a cluster with neither is
+    refused, naming the calibration to run."""
     from contextlib import contextmanager
     from types import SimpleNamespace
 
@@ -839,7 +838,7 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
         return {
             "batch_per_rank": [cfg.emulated_micro_batch_batch] * len(shares),
             "samples_per_s": 1e4,
-            "cpu_ms_per_step_by_rank": [s * 4 * (1 + n) / fast[name] for s in shares],
+            "cpu_ms_per_step_by_rank": [s * 4 * (1 + n) for s in shares],
         }
 
     monkeypatch.setattr(emulation, "emulated", emulated)
@@ -848,23 +847,17 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     monkeypatch.setattr(calibrate, "_compose", compose_config)
     monkeypatch.setattr(calibrate, "_train", train)
     cfg = calibrate.CalibrateConfig(emulated=["emu_mixed4", "emu_mixed3"])
-    measured = calibrate.measure_emulated(cfg, core, tmp_path)
-    shares = measured["shares"]
+    shares = calibrate.measure_emulated(cfg, core, tmp_path)["shares"]
     assert sorted(shares) == ["emu_mixed3/0.25", "emu_mixed3/0.8", "emu_mixed4/0.25",
                               "emu_mixed4/0.6"]  # fmt: skip
     m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
-    # a share runs one core's work at its quota (the probe's speed is recorded, not priced)
-    assert m4.dense_flops_per_s == pytest.approx(0.25 * core.dense_flops_per_s)
-    assert m4.step_overhead_s == pytest.approx(core.step_overhead_s / 0.25)
-    assert m4.core_speed == pytest.approx(0.25 * core.core_speed)
-    probe = measured["probe_speed_vs_one_core"]
-    assert probe["emu_mixed3/0.25"] == pytest.approx(2 * probe["emu_mixed4/0.25"])
-    # each micro-batch past the first: the rank's CPU for it on its own cluster, at its
-    # quota (4 ms on emu_mixed4, 2 on emu_mixed3), not the one-core fit over the quota
+    assert m3.dense_flops_per_s == pytest.approx(2 * m4.dense_flops_per_s)
+    assert m3.step_overhead_s == pytest.approx(m4.step_overhead_s / 2)
+    # each micro-batch past the first: the rank's CPU for it, at its share's quota (4 ms),
+    # measured on the cluster, not the one-core fit scaled by the share's speed
     assert {k: v.micro_batch_overhead_s for k, v in shares.items()} == pytest.approx(
-        {k: 4e-3 / fast[k.partition("/")[0]] for k in shares}
+        dict.fromkeys(shares, 4e-3)
     )
-    assert m3 != m4
 
     ranks = {n: resolve_cluster(cluster_of(n)) for n in fast}
     cal = Calibration(device=core, shares=shares)
