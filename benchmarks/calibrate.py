@@ -79,6 +79,10 @@ class CalibrateConfig:
     # speed it finds (`cores_at_speed`): this machine's cores drift by minutes as well as
     # by days. 0, or a batch not among calibration_runs: no meter
     meter_batch: int = 1536
+    # each validation setting trained this many times (all settings, then all again) and
+    # its median compared: on a busy host one setting's step moved by a third within half
+    # an hour (docs/clusters.md), more than any one run can be held to
+    validation_repeats: int = 2
     # the nested pipeline's fixed work per micro-batch: N = 1 and 8 at one batch size
     micro_batch_runs: list[int] = field(default_factory=lambda: [1, 8])
     micro_batch_batch: int = 1024
@@ -596,33 +600,53 @@ def refresh_calibration():
 
 def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None,
              why_not: str | None) -> list[dict]:  # fmt: skip
-    """Each setting trained for real, its plan made with this run's constants (`run_dir`'s
-    local_cpu.json: a cluster measured here but not saved has its shares there only), its
-    step time predicted under that plan."""
+    """Each setting trained for real `validation_repeats` times (every setting once, then
+    all again: a host's slow half hour lands on all of them, not on one), its plan made with
+    this run's constants (`run_dir`'s local_cpu.json: a cluster measured here but not saved
+    has its shares there only), its step time predicted under that plan; the median of the
+    runs against the median of the predictions, each run's step kept (`measured_runs_ms`)."""
     from recsys.app.train import to_typed
 
     meter = {r["batch"]: r["measured_ms"] for r in cal.measured.get("overhead_runs", [])}.get(
         cfg.meter_batch
     )
-    validation = []
+    settings = []
     for s in cfg.settings:
         if s.link != "loopback" and why_not is not None:
             print(f"skipping '{s.name}': {why_not}", flush=True)
             continue
-        name = s.name.replace(" ", "_")
-        if meter:
-            print(f"the cores' speed meter (batch {cfg.meter_batch}) ...", flush=True)
-            now = _train([f"trainer.batch_size={cfg.meter_batch}"], cfg,
-                         run_dir / "meter" / name, None, step_ms=meter)  # fmt: skip
-            speed = meter / measured_ms(now)
-        print(f"validating: {s.name} ...", flush=True)
-        d = run_dir / "validation" / name
-        own = f"planner.calibration={run_dir / 'local_cpu.json'}"
-        summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None)
         link_name = {"veth": f"veth_{cfg.link_rate}", "loopback": "loopback"}.get(s.link)
         if s.link == "emulated":  # the cluster's own calibrated link
             link_name = to_typed(_compose(s.overrides)).cluster.name
-        pred, meas = predict_ms(s.overrides, d, link_name, cal), measured_ms(summary)
+        settings.append((s, link_name))
+    runs: dict[str, list[dict]] = {}
+    repeats = max(1, cfg.validation_repeats)
+    for r in range(repeats):
+        for s, link_name in settings:
+            name = s.name.replace(" ", "_") + (f"_run{r + 1}" if repeats > 1 else "")
+            run = {}
+            if meter:
+                print(f"the cores' speed meter (batch {cfg.meter_batch}) ...", flush=True)
+                now = _train([f"trainer.batch_size={cfg.meter_batch}"], cfg,
+                             run_dir / "meter" / name, None, step_ms=meter)  # fmt: skip
+                run["cores_speed"] = meter / measured_ms(now)
+            print(f"validating: {s.name} (run {r + 1} of {repeats}) ...", flush=True)
+            d = run_dir / "validation" / name
+            own = f"planner.calibration={run_dir / 'local_cpu.json'}"
+            summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None)
+            run |= {"predicted_ms": predict_ms(s.overrides, d, link_name, cal),
+                    "measured_ms": measured_ms(summary)}  # fmt: skip
+            if meter:
+                at = cores_at_speed(cal, run["cores_speed"])
+                run["predicted_beside_ms"] = predict_ms(s.overrides, d, link_name, at)
+            runs.setdefault(s.name, []).append(run)
+    validation = []
+    for s, link_name in settings:
+
+        def med(key: str, name: str = s.name) -> float:
+            return float(statistics.median(x[key] for x in runs[name]))
+
+        pred, meas = med("predicted_ms"), med("measured_ms")
         entry = {
             "setting": s.name,
             "overrides": s.overrides,
@@ -630,10 +654,11 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             "predicted_ms": pred,
             "measured_ms": meas,
             "rel_error": (pred - meas) / meas,
+            "measured_runs_ms": [x["measured_ms"] for x in runs[s.name]],
         }
         if meter:
-            beside = predict_ms(s.overrides, d, link_name, cores_at_speed(cal, speed))
-            entry |= {"cores_speed": speed, "predicted_beside_ms": beside,
+            beside = med("predicted_beside_ms")
+            entry |= {"cores_speed": med("cores_speed"), "predicted_beside_ms": beside,
                       "rel_error_beside": (beside - meas) / meas}  # fmt: skip
         validation.append(entry)
     return validation
@@ -747,15 +772,20 @@ def table(r: dict) -> str:
                      f"{c.get('micro_batch_overhead_s', 0.0) * 1e3:.1f} ms a micro-batch "
                      "(its CPU on the cluster at the quota) |")  # fmt: skip
     metered = any("rel_error_beside" in v for v in r["validation"])
+    repeated = any(len(v.get("measured_runs_ms", [])) > 1 for v in r["validation"])
     lines += ["", "| setting | predicted ms/step | measured ms/step | error |"
-              + (" cores' speed beside | predicted at it | error |" if metered else ""),
-              "|---|---|---|---|" + ("---|---|---|" if metered else "")]  # fmt: skip
+              + (" cores' speed beside | predicted at it | error |" if metered else "")
+              + (" each run's ms/step |" if repeated else ""),
+              "|---|---|---|---|" + ("---|---|---|" if metered else "")
+              + ("---|" if repeated else "")]  # fmt: skip
     for v in r["validation"]:
         row = (f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
                f"{v['rel_error']:+.0%} |")  # fmt: skip
         if "rel_error_beside" in v:
             row += (f" {v['cores_speed']:.2f}x | {v['predicted_beside_ms']:.1f} | "
                     f"{v['rel_error_beside']:+.0%} |")  # fmt: skip
+        if repeated:
+            row += " " + " / ".join(f"{x:.1f}" for x in v.get("measured_runs_ms", [])) + " |"
         lines.append(row)
     if r["median_abs_error"] is not None:
         lines += [
