@@ -642,11 +642,8 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             runs.setdefault(s.name, []).append(run)
     validation = []
     for s, link_name in settings:
-
-        def med(key: str, name: str = s.name) -> float:
-            return float(statistics.median(x[key] for x in runs[name]))
-
-        pred, meas = med("predicted_ms"), med("measured_ms")
+        med = {k: float(statistics.median(x[k] for x in runs[s.name])) for k in runs[s.name][0]}
+        pred, meas = med["predicted_ms"], med["measured_ms"]
         entry = {
             "setting": s.name,
             "overrides": s.overrides,
@@ -657,8 +654,8 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             "measured_runs_ms": [x["measured_ms"] for x in runs[s.name]],
         }
         if meter:
-            beside = med("predicted_beside_ms")
-            entry |= {"cores_speed": med("cores_speed"), "predicted_beside_ms": beside,
+            beside = med["predicted_beside_ms"]
+            entry |= {"cores_speed": med["cores_speed"], "predicted_beside_ms": beside,
                       "rel_error_beside": (beside - meas) / meas}  # fmt: skip
         validation.append(entry)
     return validation
