@@ -479,21 +479,38 @@ def measure_micro_batch_cpu(cfg: CalibrateConfig, cluster: str, run_dir: Path) -
     scaled from the loopback fit: a rank at a share of a core pays more per micro-batch
     (smaller exchanges to more peers across the shaped link, each chunk's bookkeeping at
     its quota) than one core on loopback, and the step of a quota-bound rank is its CPU."""
-    runs = []
-    for n in cfg.micro_batch_runs:
-        overrides = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}",
-                     "pipeline=nested", f"pipeline.micro_batches={n}"]  # fmt: skip
-        d = run_dir / "micro_batch_runs" / f"{cluster}_n{n}"
-        summary = _train(overrides, cfg, d, None)
-        runs.append({"micro_batches": n, "measured_ms": measured_ms(summary),
-                     "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]})  # fmt: skip
+    base = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}"]
+    trained = _nested_runs(cfg, base, run_dir, f"{cluster}_")
+    runs = [{"micro_batches": n, "measured_ms": measured_ms(summary),
+             "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]}
+            for n, _, _, summary in trained]  # fmt: skip
     if len(runs) < 2 or runs[-1]["micro_batches"] == runs[0]["micro_batches"]:
         return {"runs": [], "cpu_s_by_rank": []}
     first, last = runs[0], runs[-1]
-    added = last["micro_batches"] - first["micro_batches"]
     pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"], strict=True)
-    cpu = [max(0.0, (b - a) / added / 1000) for a, b in pairs]
-    return {"runs": runs, "cpu_s_by_rank": cpu}
+    return {
+        "runs": runs,
+        "cpu_s_by_rank": [_per_micro_batch_s(first, last, a, b) for a, b in pairs],
+    }
+
+
+def _nested_runs(cfg: CalibrateConfig, base: list[str], run_dir: Path,
+                 prefix: str = "") -> list[tuple[int, list[str], Path, dict]]:  # fmt: skip
+    """The nested pipeline trained with `base` overrides at each of `micro_batch_runs`, in
+    `run_dir`/micro_batch_runs/<prefix>n<N>: (N, its overrides, its directory, its summary)."""
+    out = []
+    for n in cfg.micro_batch_runs:
+        overrides = [*base, "pipeline=nested", f"pipeline.micro_batches={n}"]
+        d = run_dir / "micro_batch_runs" / f"{prefix}n{n}"
+        out.append((n, overrides, d, _train(overrides, cfg, d, None)))
+    return out
+
+
+def _per_micro_batch_s(first: dict, last: dict, first_ms: float, last_ms: float) -> float:
+    """What each micro-batch past the first adds, in seconds, from a figure at the fewest
+    (`first`) and the most (`last`) micro-batches; 0 where it fell or N did not change."""
+    added = last["micro_batches"] - first["micro_batches"]
+    return max(0.0, (last_ms - first_ms) / added / 1000) if added else 0.0
 
 
 def measured_ms(summary: dict) -> float:
@@ -548,20 +565,13 @@ def measure_micro_batch(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     """The nested pipeline at the fewest and the most micro-batches of `micro_batch_runs`, on
     loopback: each run measured less its prediction without the per-micro-batch work, the
     difference over the micro-batches added (`DeviceCost.micro_batch_overhead_s`)."""
-    runs = []
-    for n in cfg.micro_batch_runs:
-        overrides = [f"trainer.batch_size={cfg.micro_batch_batch}", "pipeline=nested",
-                     f"pipeline.micro_batches={n}"]  # fmt: skip
-        d = run_dir / "micro_batch_runs" / f"n{n}"
-        meas = measured_ms(_train(overrides, cfg, d, None))
-        pred = predict_ms(overrides, d, "loopback", cal)
-        runs.append({"micro_batches": n, "measured_ms": meas,
-                     "predicted_without_it_ms": pred})  # fmt: skip
+    trained = _nested_runs(cfg, [f"trainer.batch_size={cfg.micro_batch_batch}"], run_dir)
+    runs = [{"micro_batches": n, "measured_ms": measured_ms(summary),
+             "predicted_without_it_ms": predict_ms(overrides, d, "loopback", cal)}
+            for n, overrides, d, summary in trained]  # fmt: skip
     first, last = runs[0], runs[-1]
-    added = last["micro_batches"] - first["micro_batches"]
-    residual = (last["measured_ms"] - last["predicted_without_it_ms"]
-                - first["measured_ms"] + first["predicted_without_it_ms"])  # fmt: skip
-    return {"runs": runs, "per_micro_batch_s": max(0.0, residual / added / 1000) if added else 0.0}
+    residual = [r["measured_ms"] - r["predicted_without_it_ms"] for r in (first, last)]
+    return {"runs": runs, "per_micro_batch_s": _per_micro_batch_s(first, last, *residual)}
 
 
 def refreshed(cal, probe: dict):
