@@ -70,10 +70,15 @@ class CalibrateConfig:
     # and at least this long in timed steps: a run of a few seconds or less wanders from run
     # to run, so a run shorter than this is trained again, long enough (`_train`)
     timed_s: float = 6.0
-    # runs of one model at three batch sizes: fixed and per-sample overhead. The residual is
+    # runs of one model at four batch sizes: fixed and per-sample overhead. The residual is
     # not linear in the batch below ~512 samples a rank (a step's floor), so the line is
-    # fitted over the range the validation and the benchmarks train at, not below it
-    calibration_runs: list[int] = field(default_factory=lambda: [512, 1536, 3072])
+    # fitted over the range the validation and the benchmarks train at (and past it: no
+    # validation setting lies beyond the largest run), not below it
+    calibration_runs: list[int] = field(default_factory=lambda: [512, 1536, 3072, 6144])
+    # each batch trained this many times (all batches, then all again), its median residual
+    # fitted by Theil-Sen (`fit_line_robust`): one run of three at 3072 that came 15% fast
+    # on a busy host hid a per-sample slope of ~5 us, which priced batch 4096 25% low
+    calibration_repeats: int = 2
     # the cores' speed meter: before each validation setting the calibration run at this
     # batch is trained again, and the setting is also predicted with the constants at the
     # speed it finds (`cores_at_speed`): this machine's cores drift by minutes as well as
@@ -144,6 +149,17 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x; returns (a clipped at 0, b)."""
     b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
     return max(0.0, float(a)), float(b)
+
+
+def fit_line_robust(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Theil-Sen y = a + b x: b the median of the slopes between every two points at
+    different x, a the median of y - b x (clipped at 0). One point off the line by any
+    amount moves it less than least squares would: a busy host's odd run."""
+    pairs = [(y[j] - y[i]) / (x[j] - x[i])
+             for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]  # fmt: skip
+    b = float(statistics.median(pairs))
+    a = float(statistics.median(yi - b * xi for xi, yi in zip(x, y, strict=True)))
+    return max(0.0, a), b
 
 
 def _median_time(fn, repeats: int = 15, window_s: float = 0.0) -> float:
@@ -531,18 +547,10 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
     nets = {k: NetworkCost(LinkCost(**v["alltoall"]), LinkCost(**v["allreduce"]))
             for k, v in links.items()}  # fmt: skip
     cal = Calibration(device=_device_cost(both[0]), links=nets)
-    print("measuring the per-step overhead (two small training runs) ...", flush=True)
-    residual, runs = [], []
     save_calibration(cal, run_dir / "no_overhead.json")
-    bare = load_calibration(run_dir / "no_overhead.json")
-    for batch in cfg.calibration_runs:
-        overrides = [f"trainer.batch_size={batch}"]
-        d = run_dir / "calibration_runs" / f"b{batch}"
-        summary = _train(overrides, cfg, d, None)
-        meas, pred = measured_ms(summary), predict_ms(overrides, d, "loopback", bare)
-        residual.append((meas - pred) / 1000)
-        runs.append({"batch": batch, "measured_ms": meas, "predicted_without_overhead_ms": pred})
-    fixed_s, per_sample_s = fit_line(list(cfg.calibration_runs), residual)
+    runs, fixed_s, per_sample_s = measure_overhead(
+        cfg, run_dir, load_calibration(run_dir / "no_overhead.json")
+    )
     cal.device = replace(cal.device, step_overhead_s=fixed_s,
                          sample_overhead_s=max(0.0, per_sample_s))  # fmt: skip
     print("measuring the nested pipeline's per-micro-batch work (two training runs) ...",
@@ -559,6 +567,30 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
                     "overhead_runs": runs, "micro_batch": micro,
                     "sequence": sequence}  # fmt: skip
     return cal
+
+
+def measure_overhead(cfg: CalibrateConfig, run_dir: Path, bare) -> tuple[list[dict], float, float]:
+    """The per-step and per-sample framework overhead: the model trained on loopback at each
+    of `calibration_runs`' batches, `calibration_repeats` times (every batch once, then all
+    again), each batch's median step less its prediction under `bare` (the constants without
+    overheads), a line through them by Theil-Sen. Returns (runs, fixed s, s per sample)."""
+    repeats = max(1, cfg.calibration_repeats)
+    print(f"measuring the per-step overhead ({len(cfg.calibration_runs)} batch sizes, "
+          f"{repeats}x each) ...", flush=True)  # fmt: skip
+    trained: dict[int, list[float]] = {}
+    predicted: dict[int, float] = {}
+    for r in range(repeats):  # every batch once, then all again
+        for batch in cfg.calibration_runs:
+            overrides = [f"trainer.batch_size={batch}"]
+            d = run_dir / "calibration_runs" / (f"b{batch}" + (f"_run{r + 1}" if r else ""))
+            trained.setdefault(batch, []).append(measured_ms(_train(overrides, cfg, d, None)))
+            predicted[batch] = predict_ms(overrides, d, "loopback", bare)
+    runs = [{"batch": b, "measured_ms": float(statistics.median(trained[b])),
+             "measured_runs_ms": trained[b], "predicted_without_overhead_ms": predicted[b]}
+            for b in cfg.calibration_runs]  # fmt: skip
+    residual = [(r["measured_ms"] - r["predicted_without_overhead_ms"]) / 1000 for r in runs]
+    fixed_s, per_sample_s = fit_line_robust(list(cfg.calibration_runs), residual)
+    return runs, fixed_s, per_sample_s
 
 
 def measure_micro_batch(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:

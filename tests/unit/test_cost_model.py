@@ -722,6 +722,54 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
     assert a["measured_ms"] == pytest.approx(60.0) and b["rel_error"] == pytest.approx(40 / 60 - 1)
 
 
+def test_the_robust_line_holds_one_odd_point() -> None:
+    """`fit_line_robust` (Theil-Sen): on a line it is least squares' line; with one of four
+    points 8 ms low (a busy host's odd run), it keeps the line, where least squares through
+    the three smaller batches (the calibration's runs until 2026-12-07) finds a third of the
+    slope (that calibration found none)."""
+    from benchmarks.calibrate import fit_line_robust
+
+    xs = [512, 1536, 3072, 6144]
+    line = [0.015 + 5e-6 * x for x in xs]
+    assert fit_line_robust(xs, line) == pytest.approx((0.015, 5e-6))
+    odd = [*line[:2], line[2] - 0.008, line[3]]
+    assert fit_line(xs[:3], odd[:3])[1] < 2e-6
+    assert fit_line_robust(xs, odd) == pytest.approx((0.015, 5e-6))
+    assert fit_line_robust([1, 2], [-5.0, -6.0]) == (0.0, -1.0)  # the fixed part clipped at 0
+
+
+def test_the_overhead_runs_train_every_batch_before_any_twice_and_fit_their_medians(
+    monkeypatch, tmp_path
+) -> None:  # fmt: skip
+    """`measure_overhead`: each of `calibration_runs` trained `calibration_repeats` times,
+    interleaved; each batch's median step less its prediction without overheads; the line
+    through those residuals (s and s per sample), each run kept."""
+    from benchmarks import calibrate
+
+    cfg = replace(calibrate.CalibrateConfig(), calibration_runs=[1000, 2000, 4000],
+                  calibration_repeats=3)  # fmt: skip
+    order = []
+    slow = {"b2000_run2": 30.0}  # one odd run at batch 2000: the median holds it
+
+    def train(overrides, cfg, run_dir, link, step_ms=None):
+        order.append(run_dir.name)
+        batch = int(overrides[0].split("=")[1])
+        ms = 20.0 + 0.01 * batch + 10.0 + slow.get(run_dir.name, 0.0)  # model + 10 + 5 us
+        return {"batch_per_rank": [batch, batch], "samples_per_s": 2 * batch / ms * 1000}
+
+    def predict(overrides, run_dir, link, cal):
+        return 20.0 + 0.005 * int(overrides[0].split("=")[1])
+
+    monkeypatch.setattr(calibrate, "_train", train)
+    monkeypatch.setattr(calibrate, "predict_ms", predict)
+    runs, fixed_s, per_sample_s = calibrate.measure_overhead(cfg, tmp_path, None)
+    assert order == [f"b{b}{s}" for s in ("", "_run2", "_run3") for b in (1000, 2000, 4000)]
+    assert fixed_s == pytest.approx(0.010) and per_sample_s == pytest.approx(5e-6)
+    assert runs[1]["batch"] == 2000 and runs[1]["measured_ms"] == pytest.approx(50.0)
+    assert runs[1]["measured_runs_ms"] == pytest.approx([50.0, 80.0, 50.0])
+    assert runs[1]["predicted_without_overhead_ms"] == pytest.approx(30.0)
+
+
 def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
     monkeypatch, tmp_path
 ) -> None:  # fmt: skip
