@@ -80,6 +80,13 @@ class ScaleConfig:
     # and dedup's distinct ids per micro-batch; null: the parametric power law (no +cluster)
     profile: str | None = str(RESULTS / "planners" / "profile_mlperf_synthetic.json")
     batch_per_worker: int = 4096
+    # each GPU rank's host work per sample to assemble its batch (s). null: this machine's
+    # calibrated one-core rate, as the trainer builds a rank's batches in one prefetch
+    # thread (at 1.48 us a sample a 4096-sample batch takes 6 ms, longer than every pipelined
+    # H100 step to 1,536 workers: it hides what placement and pipelines change); 0: the
+    # batch ready, the steps the devices' and the links' alone. The table's heading gives
+    # that one-thread floor either way (`host_floor_ms`)
+    host_s_per_sample: float | None = 0.0
     oversubscription: float = 1.0  # the inter-node bandwidth divided by this
     allreduce: str = "nccl"  # the families' network.allreduce: NCCL picks ring or tree
     timeline_workers: int = 64
@@ -126,6 +133,9 @@ def plan_at(cfg: ScaleConfig, spec, planner: str, profile: AccessProfile | None
     tcfg = replace(tcfg, cluster=spec)
     t0 = time.perf_counter()
     inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
+    if cfg.host_s_per_sample is not None:
+        inputs.devices = [replace(d, host_s_per_sample=cfg.host_s_per_sample)
+                          for d in inputs.devices]  # fmt: skip
     plan = make_plan(tcfg, inputs)
     return plan, inputs, time.perf_counter() - t0
 
@@ -450,6 +460,13 @@ def table(result: dict) -> str:
              f"batch {c['batch_per_worker']} per worker, dense in {c.get('precision', 'fp32')}, "
              f"oversubscription "
              f"{c['oversubscription']:g})", ""]  # fmt: skip
+    if "host_floor_ms" in result:
+        host = c.get("host_s_per_sample")
+        priced = ("this rate" if host is None else
+                  "the batch ready" if host == 0 else f"{host * 1e6:.2f} us a sample")  # fmt: skip
+        lines += [f"GPU hosts' batch assembly: {priced} in the steps below. In the trainer's "
+                  f"one prefetch thread a rank at this machine's calibrated rate a batch takes "
+                  f"{result['host_floor_ms']:.2f} ms, a floor on every step.", ""]  # fmt: skip
     v = result.get("validation")
     if v:
         lines += ["| measured setting | cores' speed beside | simulated ms | closed form ms | "
@@ -487,6 +504,7 @@ ConfigStore.instance().store(name="base_bench_scale", node=ScaleConfig)
 def main(cfg: DictConfig) -> None:
     from benchmarks.common import output_dirs
     from recsys.config import register_configs
+    from sharding.calibration import host_assembly_s
 
     register_configs()
     typed: ScaleConfig = start(cfg)
@@ -498,6 +516,7 @@ def main(cfg: DictConfig) -> None:
         result["validation"] = v
         result.update(validation_summary(v))
     result["points"], sims = scale_points(typed)
+    result["host_floor_ms"] = 1000 * typed.batch_per_worker * host_assembly_s()
     result["elapsed_s"] = time.perf_counter() - t0
     finish(result, table(result), "scale", typed, json_name="summary")
     for d in output_dirs(typed):

@@ -76,6 +76,33 @@ def test_the_dense_part_is_priced_at_the_precision_asked() -> None:
         points("fp8")
 
 
+def test_gpu_hosts_batch_assembly_is_priced_as_the_study_is_told() -> None:
+    """`host_s_per_sample`: 0 (the default) prices the batch ready, so a pipelined step is
+    the devices' and the links'; a rate puts each rank's batch assembly under the step, a
+    floor on it (4096 samples at 10 us: 40.96 ms); null takes this machine's calibrated
+    one-core rate, the trainer's one prefetch thread a rank."""
+    from recsys.config import register_configs
+
+    register_configs()
+    from hydra import compose, initialize_config_dir
+
+    from benchmarks.scale import scale_points
+    from sharding.calibration import host_assembly_s
+
+    def step_ms(host: float | None) -> float:
+        cfg = ScaleConfig(families={"homogeneous": Family("2x8_h100", 8)}, workers=[8],
+                          planners=["round_robin"], schedules=["nested4"], profile=None,
+                          host_s_per_sample=host, validation=False)  # fmt: skip
+        with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+            compose(config_name="config")
+            return scale_points(cfg)[0][0]["step_ms"]
+
+    assert ScaleConfig().host_s_per_sample == 0.0
+    ready, slow, here = step_ms(0.0), step_ms(1e-5), step_ms(None)
+    assert ready < 40.96 and slow == pytest.approx(40.96)
+    assert here == pytest.approx(max(ready, 4096 * host_assembly_s() * 1000))
+
+
 def test_a_training_configs_label_names_its_dedup() -> None:
     """What the simulator's validation prices a measured run as: dedup both ways, or the
     forward only (`dedup_grads=false`), clustering only where dedup sends less with it."""
