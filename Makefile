@@ -65,7 +65,8 @@ bench-data: $(STAMP)
 # often waits (on a rate-limited link, a timeout, a process starting) while the other
 # computes; tests that share the machine's network namespaces run in one worker (xdist_group
 # "link"); the few that measure the machine's own speed run after, alone (marker "alone").
-# The log ends with the 25 slowest tests: where the suite's 10 minutes go.
+# Three workers were no faster (705 s against 712 s from a fresh clone, 2026-12-07): the
+# tests are CPU-bound. The log ends with the 25 slowest tests: where the suite's time goes.
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 test: $(STAMP) local-slurm
 	$(PYTEST) -m "not alone" --durations=25
