@@ -199,6 +199,11 @@ def schedules_and_profile(
             f"benchmarks.scale: precision={cfg.precision} is not one of "
             f"{list(Precision.__members__)} (the dense part's, trainer.precision)"
         )
+    if cfg.host_s_per_sample is not None and not cfg.host_s_per_sample >= 0:
+        raise SystemExit(
+            f"benchmarks.scale: host_s_per_sample={cfg.host_s_per_sample} is not a time. Fix: "
+            "seconds a sample, 0 for the batch ready, or null for this machine's calibrated rate"
+        )
     try:
         labels = {label: schedule_of_label(label) for label in cfg.schedules}
         profile = AccessProfile.load(cfg.profile) if cfg.profile else None
@@ -462,9 +467,9 @@ def table(result: dict) -> str:
              f"{c['oversubscription']:g})", ""]  # fmt: skip
     if "host_floor_ms" in result:
         host = c.get("host_s_per_sample")
-        priced = ("this rate" if host is None else
+        priced = ("at this machine's calibrated rate" if host is None else
                   "the batch ready" if host == 0 else f"{host * 1e6:.2f} us a sample")  # fmt: skip
-        lines += [f"GPU hosts' batch assembly: {priced} in the steps below. In the trainer's "
+        lines += [f"GPU hosts' batch assembly in the steps below: {priced}. In the trainer's "
                   f"one prefetch thread a rank at this machine's calibrated rate a batch takes "
                   f"{result['host_floor_ms']:.2f} ms, a floor on every step.", ""]  # fmt: skip
     v = result.get("validation")

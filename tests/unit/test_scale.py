@@ -101,6 +101,8 @@ def test_gpu_hosts_batch_assembly_is_priced_as_the_study_is_told() -> None:
     ready, slow, here = step_ms(0.0), step_ms(1e-5), step_ms(None)
     assert ready < 40.96 and slow == pytest.approx(40.96)
     assert here == pytest.approx(max(ready, 4096 * host_assembly_s() * 1000))
+    with pytest.raises(SystemExit, match="host_s_per_sample=-1e-06 is not a time"):
+        step_ms(-1e-6)
 
 
 def test_a_training_configs_label_names_its_dedup() -> None:
