@@ -157,6 +157,8 @@ def fit_line_robust(x: list[float], y: list[float]) -> tuple[float, float]:
     amount moves it less than least squares would: a busy host's odd run."""
     pairs = [(y[j] - y[i]) / (x[j] - x[i])
              for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]  # fmt: skip
+    if not pairs:
+        raise ValueError(f"a line needs points at two different x at least, got x={x}")
     b = float(statistics.median(pairs))
     a = float(statistics.median(yi - b * xi for xi, yi in zip(x, y, strict=True)))
     return max(0.0, a), b
@@ -579,12 +581,16 @@ def measure_overhead(cfg: CalibrateConfig, run_dir: Path, bare) -> tuple[list[di
           f"{repeats}x each) ...", flush=True)  # fmt: skip
     trained: dict[int, list[float]] = {}
     predicted: dict[int, float] = {}
-    for r in range(repeats):  # every batch once, then all again
+    for r in range(repeats):  # every batch once, then all again (as long as the first ran)
         for batch in cfg.calibration_runs:
             overrides = [f"trainer.batch_size={batch}"]
             d = run_dir / "calibration_runs" / (f"b{batch}" + (f"_run{r + 1}" if r else ""))
-            trained.setdefault(batch, []).append(measured_ms(_train(overrides, cfg, d, None)))
-            predicted[batch] = predict_ms(overrides, d, "loopback", bare)
+            step_ms = trained[batch][0] if r else None
+            trained.setdefault(batch, []).append(
+                measured_ms(_train(overrides, cfg, d, None, step_ms=step_ms))
+            )
+            if not r:  # one plan per batch: the repeats are priced alike
+                predicted[batch] = predict_ms(overrides, d, "loopback", bare)
     runs = [{"batch": b, "measured_ms": float(statistics.median(trained[b])),
              "measured_runs_ms": trained[b], "predicted_without_overhead_ms": predicted[b]}
             for b in cfg.calibration_runs]  # fmt: skip
@@ -675,7 +681,9 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             print(f"validating: {s.name} (run {r + 1} of {repeats}) ...", flush=True)
             d = run_dir / "validation" / name
             own = f"planner.calibration={run_dir / 'local_cpu.json'}"
-            summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None)
+            first = runs[s.name][0]["measured_ms"] if r else None  # long enough, once
+            summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None,
+                             step_ms=first)  # fmt: skip
             run |= {"predicted_ms": predict_ms(s.overrides, d, link_name, cal),
                     "measured_ms": measured_ms(summary)}  # fmt: skip
             if meter:

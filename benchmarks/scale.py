@@ -190,7 +190,8 @@ def schedules_and_profile(
     cfg: ScaleConfig,
 ) -> tuple[dict[str, ScheduleLabel], AccessProfile | None]:
     """The parsed schedules and the profile, refused together if a schedule needs counts
-    the profile lacks (one line, before anything is planned)."""
+    the profile lacks, and the study's other settings checked (one line each, before
+    anything is planned)."""
     from recsys.config import Precision
     from sharding.access_profile import AccessProfile
 

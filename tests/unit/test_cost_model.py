@@ -718,6 +718,7 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
     a, b = calibrate.validate(cfg, cal, tmp_path / "off", None, None)
     assert [t for t, _ in trained] == [f"off/validation/{n}_run{r}" for r in (1, 2)
                                        for n in ("a", "b")]  # fmt: skip
+    assert [ms for _, ms in trained] == [None, None, 50.0, 50.0]  # repeats as long, at once
     assert "cores_speed" not in a and a["measured_runs_ms"] == pytest.approx([50.0, 70.0])
     assert a["measured_ms"] == pytest.approx(60.0) and b["rel_error"] == pytest.approx(40 / 60 - 1)
 
@@ -735,6 +736,8 @@ def test_the_robust_line_holds_one_odd_point() -> None:
     odd = [*line[:2], line[2] - 0.008, line[3]]
     assert fit_line(xs[:3], odd[:3])[1] < 2e-6
     assert fit_line_robust(xs, odd) == pytest.approx((0.015, 5e-6))
+    with pytest.raises(ValueError, match="two different x"):
+        fit_line_robust([1536, 1536], [0.02, 0.03])  # calibration_runs=[1536] twice
     assert fit_line_robust([1, 2], [-5.0, -6.0]) == (0.0, -1.0)  # the fixed part clipped at 0
 
 
@@ -748,12 +751,13 @@ def test_the_overhead_runs_train_every_batch_before_any_twice_and_fit_their_medi
 
     cfg = replace(calibrate.CalibrateConfig(), calibration_runs=[1000, 2000, 4000],
                   calibration_repeats=3)  # fmt: skip
-    order = []
+    order, lengths = [], []
     slow = {"b2000_run2": 30.0}  # one odd run at batch 2000: the median holds it
 
     def train(overrides, cfg, run_dir, link, step_ms=None):
         order.append(run_dir.name)
         batch = int(overrides[0].split("=")[1])
+        lengths.append(step_ms)  # a repeat trains as long as the first run needed, at once
         ms = 20.0 + 0.01 * batch + 10.0 + slow.get(run_dir.name, 0.0)  # model + 10 + 5 us
         return {"batch_per_rank": [batch, batch], "samples_per_s": 2 * batch / ms * 1000}
 
@@ -764,6 +768,7 @@ def test_the_overhead_runs_train_every_batch_before_any_twice_and_fit_their_medi
     monkeypatch.setattr(calibrate, "predict_ms", predict)
     runs, fixed_s, per_sample_s = calibrate.measure_overhead(cfg, tmp_path, None)
     assert order == [f"b{b}{s}" for s in ("", "_run2", "_run3") for b in (1000, 2000, 4000)]
+    assert lengths == [None] * 3 + [pytest.approx(20.0 + 10.0 * b + 10.0) for b in (1, 2, 4)] * 2
     assert fixed_s == pytest.approx(0.010) and per_sample_s == pytest.approx(5e-6)
     assert runs[1]["batch"] == 2000 and runs[1]["measured_ms"] == pytest.approx(50.0)
     assert runs[1]["measured_runs_ms"] == pytest.approx([50.0, 80.0, 50.0])
