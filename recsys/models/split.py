@@ -128,8 +128,10 @@ class SplitSparseArch(SparseArch):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor | dict[str, torch.Tensor]:
         # read by key, never written into: TorchRec's pipelines trace this forward with
-        # torch.fx, where the collection's output is a proxy
-        bags = self.embedding_bag_collection(features)
+        # torch.fx, where the collection's output is a proxy. One split of the pooled
+        # values (TorchRec's SparseArch does the same): a slice per key would cost each
+        # key's backward a zeroed gradient of the whole B x (keys x D) output.
+        bags = self.embedding_bag_collection(features).to_dict()
         pooled: dict = {}
         if self._sequences:  # cold parts looked up as sequences, pooled here
             sequences = self.embedding_collection(features)
