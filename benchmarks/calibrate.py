@@ -19,6 +19,7 @@ Hydra run dir. `summary.json` has `validation` (each `setting`, `predicted_ms`,
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import math
@@ -44,6 +45,7 @@ from recsys.launch import raise_on_failure, spawn_ranks
 from sharding.calibration import (
     OVERHEAD_FIELDS,
     RATE_FIELDS,
+    SPLIT_WORK_FIELDS,
     at_speed,
     load_calibration,
     save_calibration,
@@ -137,8 +139,8 @@ class CalibrateConfig:
     # all: measure everything; emulated: keep the saved one-core constants and links,
     # measure only the emulated clusters (a new preset's shares) and validate everything
     measure: str = "all"
-    # per rank: two hybrid runs each (sequence / pooled cold parts) for the sequence cost
-    sequence_batches: list[int] = field(default_factory=lambda: [512, 2048])
+    # per rank: two hybrid runs each (pooled / sequence cold parts) for split tables' work
+    split_batches: list[int] = field(default_factory=lambda: [512, 2048])
     # also write the published results and sharding/calibration/local_cpu.json, the
     # constants the planner reads (without it they land in the run directory only)
     save: bool = False
@@ -149,6 +151,24 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x; returns (a clipped at 0, b)."""
     b, a = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
     return max(0.0, float(a)), float(b)
+
+
+def fit_nonneg(columns: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares y = sum_k c_k x_k with every c_k >= 0 (a column of ones: an intercept):
+    the best fit over each subset of the columns whose unconstrained fit is non-negative
+    (the exact non-negative least squares for a few columns). A slope fitted negative is
+    not kept beside the intercept it bent; the rest is fitted again without it."""
+    x, target = np.asarray(columns, float).T, np.asarray(y, float)
+    best, best_sse = [0.0] * len(columns), float(target @ target)
+    for k in range(1, len(columns) + 1):
+        for keep in itertools.combinations(range(len(columns)), k):
+            c = np.linalg.lstsq(x[:, keep], target, rcond=None)[0]
+            sse = float(np.sum((x[:, keep] @ c - target) ** 2))
+            if (c >= 0).all() and sse < best_sse - 1e-18:
+                best, best_sse = [0.0] * len(columns), sse
+                for i, v in zip(keep, c, strict=True):
+                    best[i] = float(v)
+    return best
 
 
 def fit_line_robust(x: list[float], y: list[float]) -> tuple[float, float]:
@@ -368,20 +388,24 @@ def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> floa
     return predict(to_typed(_compose(overrides)), layout, link_name, cal, batch)["step_ms"]
 
 
-def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
-    """A hybrid plan with split tables trained with the cold parts as sequences and as
-    pooled bags, on loopback, at two batch sizes; what a sequence run costs beyond the
-    model's prediction (which already counts its bytes), net of the pooled run's own
-    residual, is fitted as fixed + per sequence lookup (the model's count of them on the
-    busiest rank). The split is forced (`plan_with_splits`: planned across the slowest
-    measured link with free sequence costs), so the measurement does not depend on what
-    the planner, told the previous constants, would choose on loopback."""
+def measure_split(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
+    """Split tables' CPU work: a hybrid plan with split tables trained with its cold parts
+    pooled and as sequences, on loopback, at each of `split_batches`, each run predicted
+    without that work (the pooled run priced pooled). The pooled runs' residuals fit the
+    work of any split table, per table and per lookup of a rank's own samples into one; the
+    sequence runs' beyond the pooled run's at the same batch fit the sequence exchange's,
+    fixed and per sequence lookup. Non-negative least squares (`fit_nonneg`); each count is
+    the model's own (its prediction's change at 1 s per unit: the busiest rank's). The split
+    is forced (`plan_with_splits`: planned across the slowest measured link with that work
+    free), so the measurement does not depend on what the planner, told the previous
+    constants, would choose on loopback."""
     from recsys.app.planning import has_split_tables, plan_inputs, plan_with_splits, run_context
     from recsys.app.train import rank_main, to_typed
     from recsys.launch import raise_on_failure, spawn_ranks
     from sharding.plan_eval import evaluate
 
     link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
+    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
 
     def config(batch: int, sequence: bool):
         return to_typed(_compose([
@@ -390,37 +414,56 @@ def measure_sequence(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
             "trainer.progress_bar=false", f"trainer.warmup_steps={WARMUP_STEPS}",
             "trainer.threads_per_rank=1", "dataset.eval_batches=1"]))  # fmt: skip
 
+    def predicted_ms(plan, typed, **unit: float) -> float:
+        at = replace(free, device=replace(free.device, **unit))
+        return evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", at)).est_step_ms
+
     def run(batch: int, sequence: bool, plan) -> dict:
         typed = config(batch, sequence)
-        d = run_dir / "sequence_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
+        plan = plan if sequence else pooled_exchange(plan)
+        d = run_dir / "split_runs" / f"b{batch}_{'sequence' if sequence else 'pooled'}"
         d.mkdir(parents=True, exist_ok=True)
         job = spawn_ranks(rank_main, 2, args=(run_context(typed, plan), str(d)), timeout_s=900)
-        summary = raise_on_failure(job, f"sequence calibration (batch {batch})")[0]
-        predicted = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", cal))
-        # the same plan's prediction with 1 s per sequence lookup: the model's slope
-        unit = replace(cal, device=replace(cal.device, sequence_s_per_lookup=1.0))
-        per_s = evaluate(copy.deepcopy(plan), plan_inputs(typed, None, "loopback", unit))
+        summary = raise_on_failure(job, f"split-table calibration (batch {batch})")[0]
+        base = predicted_ms(plan, typed)
+        counts = {
+            f: (predicted_ms(plan, typed, **{f: 1.0}) - base) / 1000
+            for f in ("split_s_per_table", "split_s_per_lookup", "sequence_s_per_lookup")
+        }
         return {"batch": batch, "sequence": sequence, "measured_ms": measured_ms(summary),
-                "predicted_ms": predicted.est_step_ms,
-                "lookups": (per_s.est_step_ms - predicted.est_step_ms) / 1000}  # fmt: skip
+                "predicted_ms": base, "tables": counts["split_s_per_table"],
+                "lookups": counts["split_s_per_lookup"],
+                "sequence_lookups": counts["sequence_s_per_lookup"]}  # fmt: skip
 
-    runs, lookups, extra_s = [], [], []
-    for batch in cfg.sequence_batches:
+    runs: list[dict] = []
+    for batch in cfg.split_batches:
         plan = plan_with_splits(config(batch, True), cal, link)
         if not has_split_tables(plan):
             raise RuntimeError(
-                f"sequence calibration: the hybrid plan splits no table at batch {batch} "
-                f"even across {link} with free sequence costs; run as root (the veth link "
-                f"is measured then) or use larger sequence_batches"
+                f"split-table calibration: the hybrid plan splits no table at batch {batch} "
+                f"even across {link} with their work free; run as root (the veth link is "
+                f"measured then) or use larger split_batches"
             )
-        seq, pooled = run(batch, True, plan), run(batch, False, plan)  # the same plan
-        runs += [seq, pooled]
-        lookups.append(seq["lookups"])
-        residual_ms = [r["measured_ms"] - r["predicted_ms"] for r in (seq, pooled)]
-        extra_s.append((residual_ms[0] - residual_ms[1]) / 1000)
-    fixed_s, per_lookup_s = fit_line(lookups, extra_s)
-    return {"runs": runs, "link": link, "fixed_s": max(0.0, fixed_s),
-            "per_lookup_s": max(0.0, per_lookup_s)}  # fmt: skip
+        runs += [run(batch, True, plan), run(batch, False, plan)]  # the same plan
+    seq, pooled = runs[0::2], runs[1::2]
+    residual_s = [(r["measured_ms"] - r["predicted_ms"]) / 1000 for r in pooled]
+    per_table, per_lookup = fit_nonneg([[r["tables"] for r in pooled],
+                                        [r["lookups"] for r in pooled]], residual_s)  # fmt: skip
+    extra_s = [(s["measured_ms"] - s["predicted_ms"] - p["measured_ms"] + p["predicted_ms"]) / 1000
+               for s, p in zip(seq, pooled, strict=True)]  # fmt: skip
+    fixed, per_seq = fit_nonneg([[1.0] * len(seq), [r["sequence_lookups"] for r in seq]], extra_s)
+    return {"runs": runs, "link": link, "split_s_per_table": per_table,
+            "split_s_per_lookup": per_lookup, "sequence_s_fixed": fixed,
+            "sequence_s_per_lookup": per_seq}  # fmt: skip
+
+
+def pooled_exchange(plan):
+    """`plan` with every cold part's exchange pooled (what `planner.cold_only_exchange=false`
+    trains), to price the run that trains it so."""
+    out = copy.deepcopy(plan)
+    for t in out.tables:
+        t.shards = [replace(s, sparse_exchange=False) for s in t.shards]
+    return out
 
 
 def _device_cost(m: dict) -> DeviceCost:
@@ -559,15 +602,14 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
           flush=True)  # fmt: skip
     micro = measure_micro_batch(cfg, run_dir, cal)
     cal.device = replace(cal.device, micro_batch_overhead_s=micro["per_micro_batch_s"])
-    print("measuring the sequence exchange's CPU cost (two hybrid runs) ...", flush=True)
-    sequence = measure_sequence(cfg, run_dir, cal)
-    cal.device = replace(cal.device, sequence_s_per_lookup=sequence["per_lookup_s"],
-                         sequence_s_fixed=sequence["fixed_s"])  # fmt: skip
+    print("measuring split tables' CPU work (four hybrid runs) ...", flush=True)
+    split = measure_split(cfg, run_dir, cal)
+    cal.device = replace(cal.device, **{k: split[k] for k in SPLIT_WORK_FIELDS if k in split})
     emb, dense, inp = (both[0][k] for k in ("embedding", "dense", "input"))
     cal.measured = {"embedding": emb, "dense": dense, "input": inp,
                     "links": {k: v["raw"] for k, v in links.items()},
                     "overhead_runs": runs, "micro_batch": micro,
-                    "sequence": sequence}  # fmt: skip
+                    "split": split}  # fmt: skip
     return cal
 
 
@@ -799,9 +841,12 @@ def table(r: dict) -> str:
         f"{d['sample_overhead_s'] * 1e6:.2f} us/sample |",
         f"| nested pipeline, per micro-batch past the first | "
         f"{d.get('micro_batch_overhead_s', 0.0) * 1e3:.2f} ms |",
-        f"| sequence exchange (split tables' cold parts) | "
+        f"| split tables (either exchange) | "
+        f"{d.get('split_s_per_table', 0.0) * 1e3:.2f} ms/table + "
+        f"{d.get('split_s_per_lookup', 0.0) * 1e6:.3f} us/lookup |",
+        f"| sequence exchange (split tables' cold parts), beyond that | "
         f"{d.get('sequence_s_fixed', 0.0) * 1e3:.2f} ms + "
-        f"{d.get('sequence_s_per_lookup', 0.0) * 1e6:.2f} us/lookup |",
+        f"{d.get('sequence_s_per_lookup', 0.0) * 1e6:.3f} us/lookup |",
     ]
     for name, link in r["constants"]["links"].items():
         for op in ("alltoall", "allreduce"):

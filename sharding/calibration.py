@@ -146,6 +146,8 @@ _GPU_FIELDS = {
                              "(GPU_SEQUENCE_INDEX_BYTES)",
     "sequence_s_fixed": "assumed (GPU_SEQUENCE_FIXED_S)",
     "sequence_s_per_byte": "derived: HBM GB/s x assumed passes (GPU_SEQUENCE_PASSES)",
+    "split_s_per_table": "assumed 0 (not measured on GPUs)",
+    "split_s_per_lookup": "assumed 0 (not measured on GPUs)",
     "core_speed": "not used for GPUs",
 }  # fmt: skip
 
@@ -206,7 +208,13 @@ def device_costs(
 RATE_FIELDS = ("emb_read_bytes_per_s", "host_read_bytes_per_s", "dense_flops_per_s",
                "interaction_flops_per_s")  # fmt: skip
 OVERHEAD_FIELDS = ("step_overhead_s", "sample_overhead_s", "sequence_s_per_lookup",
-                   "sequence_s_fixed", "sequence_s_per_byte", "micro_batch_overhead_s")  # fmt: skip
+                   "sequence_s_fixed", "sequence_s_per_byte", "split_s_per_table",
+                   "split_s_per_lookup", "micro_batch_overhead_s")  # fmt: skip
+
+
+# split tables' CPU work: what the split calibration fits (benchmarks.calibrate.measure_split)
+SPLIT_WORK_FIELDS = ("sequence_s_per_lookup", "sequence_s_fixed", "sequence_s_per_byte",
+                     "split_s_per_table", "split_s_per_lookup")  # fmt: skip
 
 
 def at_speed(d: DeviceCost, scale: float) -> DeviceCost:

@@ -81,7 +81,7 @@ def schedule_of(pipeline: str) -> Schedule:
     return Schedule(_PIPELINE_SCHEDULES[pipeline])
 
 
-STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "sequence work",
+STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "split tables",
               "exchange left exposed", "quota-bound CPU", "feeding the batch")  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
         "dense": max(cost.dense_s),
         "all-reduce": cost.allreduce_s,
         "overhead + input": cost.fixed_s(schedule, micro_batches),
-        "sequence work": max(cost.sequence_s, default=0.0),
+        "split tables": max(cost.split_s, default=0.0),
     }
     critical, device = cost.critical_path_s(schedule, micro_batches), cost.device_step_s(
         schedule, micro_batches)  # fmt: skip
@@ -229,7 +229,9 @@ def step_cost(
     b = np.asarray(batch_per_rank, dtype=np.float64)
     node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
     ex = _Exchange(b, node)
-    lookup, seq_lookups, seq_bytes, dp_bytes = _shard_work(tables, shards, devices, ex)
+    lookup, seq_lookups, seq_bytes, dp_bytes, (split, split_lookups) = _shard_work(
+        tables, shards, devices, ex
+    )
     emb, ids, sent, (emb_parts, ids_parts), emb_latency = ex.times(network)
     dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
              for n, d in zip(b, devices, strict=True)]  # fmt: skip
@@ -237,11 +239,15 @@ def step_cost(
     allreduce = allreduce_s(grad_bytes, world, network, ranks_per_node(node))
     comm_cpu = _comm_cpu_s(ex, network, grad_bytes, devices,
                            {"ids": ids, "emb": emb, "allreduce": [allreduce] * world})  # fmt: skip
-    sequence = [
+    split_work = [
         n * d.sequence_s_per_lookup
         + nb * d.sequence_s_per_byte
         + (d.sequence_s_fixed if n else 0.0)
-        for n, nb, d in zip(seq_lookups.tolist(), seq_bytes.tolist(), devices, strict=True)
+        + split * d.split_s_per_table
+        + r_b * split_lookups * d.split_s_per_lookup
+        for n, nb, r_b, d in zip(
+            seq_lookups.tolist(), seq_bytes.tolist(), b.tolist(), devices, strict=True
+        )  # fmt: skip
     ]
     lookup_bwd = [x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)]
     per_sample = [float(n) * (d.input_s_per_sample + d.sample_overhead_s)
@@ -266,8 +272,8 @@ def step_cost(
         allreduce_link="nic" if len(set(node.tolist())) > 1 else "fabric",
         allreduce_bytes=grad_bytes,
         comm_cpu_s=comm_cpu,
-        sequence_s=sequence,
-        **_quota_work_s(devices, (lookup.tolist(), lookup_bwd, dense, sequence, fixed)),
+        split_s=split_work,
+        **_quota_work_s(devices, (lookup.tolist(), lookup_bwd, dense, split_work, fixed)),
     )
 
 
@@ -287,12 +293,14 @@ def _quota_work_s(devices: Sequence[DeviceCost], stages: tuple) -> dict:
 def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
                 devices: Sequence[DeviceCost], ex: _Exchange) -> tuple:  # fmt: skip
     """Each shard's part of a step: per rank its lookup time, its sequence lookups and their
-    bytes, and the bytes of data-parallel copies (all-reduced); its exchange added to `ex`."""
+    bytes, the bytes of data-parallel copies (all-reduced), and the tables split into hot
+    and cold parts with their lookups a sample; its exchange added to `ex`."""
     b, node, world = ex.b, ex.node, ex.world
     by_name = {t.name: t for t in tables}
     seq_lookups = np.zeros(world)  # cold lookups a rank looks up or pools as sequences
     seq_bytes = np.zeros(world)  # ... and the bytes of their vectors
     dp_bytes = 0
+    split: dict[str, float] = {}  # split tables' lookups a sample
     groups: dict[tuple[str, int], list[float]] = {}  # table-row-wise: [ranks, their batch]
     for s in shards:
         if s.node_reduce and not s.dp:
@@ -309,6 +317,8 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
         share = s.rows / t.rows if s.lookup_share is None else s.lookup_share
         if s.dp:  # looked up locally for the rank's own samples; gradients all-reduced
             local += t.lookups_per_sample * share * s.cols * t.weight_bytes
+            if s.rows < t.rows and t.name not in split:  # a hot part: the table is split
+                split[t.name] = t.lookups_per_sample
             dp_bytes += s.rows * s.cols * t.weight_bytes
             continue
         looked_up = ex.total * t.lookups_per_sample * share * s.cols * t.weight_bytes
@@ -325,7 +335,7 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
         ids = t.lookups_per_sample * share * ID_BYTES + LENGTH_BYTES
         ex.add(s.rank, vec, ids, group, members_batch)
     lookup = np.array(looked) + b * local * read_s
-    return lookup, seq_lookups, seq_bytes, dp_bytes
+    return lookup, seq_lookups, seq_bytes, dp_bytes, (len(split), sum(split.values()))
 
 
 def _comm_cpu_s(

@@ -705,6 +705,8 @@ class _Prices:
     exchange_s: float  # seconds a byte per sample of vectors adds to the exchange
     seq_lookup: np.ndarray  # per rank: sequence work per cold lookup ...
     seq_byte: np.ndarray  # ... and per byte of its vector
+    split_table: np.ndarray  # per rank: a split table's work a step ...
+    split_lookup: np.ndarray  # ... and per lookup of its own samples into it
     batch: np.ndarray
     lookup_s: float  # seconds per byte looked up (forward and backward), fastest device
     level_s: float  # every table's lookups spread over the cluster's embedding speed
@@ -715,6 +717,8 @@ class _Prices:
         return _Prices(exchange_s_per_byte(inputs, batch),
                        np.array([d.sequence_s_per_lookup for d in devs]),
                        np.array([d.sequence_s_per_byte for d in devs]),
+                       np.array([d.split_s_per_table for d in devs]),
+                       np.array([d.split_s_per_lookup for d in devs]),
                        np.asarray(batch, dtype=np.float64),
                        1 / max(lookup_rates(inputs)), lookups_spread_s(inputs))  # fmt: skip
 
@@ -745,6 +749,7 @@ def _replicated_rows(
     cov = inputs.coverage[t.name]
     exchange_s = prices.exchange_s * t.dim * FLOAT_BYTES
     seq_s = _sequence_s(inputs, t, prices)
+    split_s = _split_s(t, prices)
     split = options.hot_rows and inputs.cold_only_exchange
     best_h, best_gain = 0, 0.0
     for h in fits if split else [h for h in fits if h == t.rows]:
@@ -756,10 +761,17 @@ def _replicated_rows(
             # sample counts as one (this rule's, which `_table_cost` does not make)
             looked_up = min(1.0, t.lookups_per_sample)
             gain += cov(h) * looked_up * exchange_s
-            gain -= (1 - cov(h)) * t.lookups_per_sample * seq_s
+            gain -= (1 - cov(h)) * t.lookups_per_sample * seq_s + split_s
         if gain > best_gain:
             best_h, best_gain = h, gain
     return best_h, 0 < best_h < t.rows
+
+
+def _split_s(t: TableStats, prices: _Prices) -> float:
+    """A split table's own work a step (its remap, keys and sum; either exchange), at the
+    rank where it is most."""
+    return float(np.max(prices.split_table + prices.batch * t.lookups_per_sample
+                        * prices.split_lookup))  # fmt: skip
 
 
 def _sequence_s(inputs: PlanInputs, t: TableStats, prices: _Prices) -> float:
@@ -780,12 +792,14 @@ def _table_cost(inputs: PlanInputs, t: TableStats, prices: _Prices):
       every rank's own samples; the owners' share costs what it holds them above the
       cluster's balanced lookup time (its pieces at most one a rank: multi-hot tables and
       many ranks);
-    - the replicated rows' all-reduce, and the sequence work of a cold part exchanged
-      alone (its owner's for every sample, each rank's for its own)."""
+    - the replicated rows' all-reduce, a split table's own work (`_split_s`), and the
+      sequence work of a cold part exchanged alone (its owner's for every sample, each
+      rank's for its own)."""
     w, lookups = inputs.world, t.lookups_per_sample
     vector_s = prices.exchange_s * t.dim * FLOAT_BYTES
     id_s = prices.exchange_s * ID_BYTES / 2
     seq_s = _sequence_s(inputs, t, prices)
+    split_s = _split_s(t, prices)
     owners_s = inputs.global_batch * lookups * t.dim * t.weight_bytes * prices.lookup_s
     columns = min(w, max(1, t.dim // MIN_COLS))
     level = max(prices.level_s, 1e-12)
@@ -808,7 +822,7 @@ def _table_cost(inputs: PlanInputs, t: TableStats, prices: _Prices):
                 over, pieces = above_level(cold, columns)
                 exchange = vector_s + pieces * lookups * cold * id_s
         allreduce = ring_bytes(h * t.dim * t.weight_bytes, w) / inputs.network.allreduce.bytes_per_s
-        return exchange + over + allreduce
+        return exchange + over + allreduce + (split_s if 0 < h < t.rows else 0.0)
 
     return cost
 

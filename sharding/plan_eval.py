@@ -134,7 +134,7 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
             "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]), "batch": plan.batch_per_rank[r],
             "lookup_ms": 1000 * lookup, "exchange_ms": 1000 * exchange,
             "dense_ms": 1000 * cost.dense_s[r],
-            "sequence_ms": 1000 * (cost.sequence_s[r] if cost.sequence_s else 0.0),
+            "split_ms": 1000 * (cost.split_s[r] if cost.split_s else 0.0),
         })  # fmt: skip
     plan.feasible = all(
         d["hbm_used_bytes"] <= d["hbm_cap_bytes"] + 1

@@ -158,7 +158,7 @@ class _StepTasks:
         self.ranks = range(self.world)
         self.n = max(1, micro_batches) if schedule == Schedule.nested else 1
         self.net = 1.0 if network else 0.0
-        self.seq = cost.sequence_s or [0.0] * self.world
+        self.seq = cost.split_s or [0.0] * self.world
         self.copy = cost.input_copy_s or [0.0] * self.world
         self.host = cost.host_input_s or [0.0] * self.world
         self.cpu = {k: [x * self.net for x in xs] for k, xs in cost.comm_cpu_s.items()}

@@ -236,6 +236,11 @@ class DeviceCost:
     # and per byte of each such lookup's vector (GPUs: per-id outputs and their gradients
     # written and read again in device memory)
     sequence_s_per_byte: float = 0.0
+    # CPU work of a table split into hot and cold parts (either exchange), on every rank: a
+    # step's per table (its ids remapped into two features, their keys in the exchange's
+    # bookkeeping, the parts summed) and per lookup of the rank's own samples into it
+    split_s_per_table: float = 0.0
+    split_s_per_lookup: float = 0.0
     # the nested pipeline: each micro-batch's fixed work beyond one per step (its dense
     # forward and backward's launches, the chunk's bookkeeping), measured by calibration
     micro_batch_overhead_s: float = 0.0
@@ -297,7 +302,8 @@ class StepCost:
     input_s: float = 0.0  # batch assembly and per-sample framework work, slowest rank
     micro_batch_s: float = 0.0  # each further micro-batch's fixed work (nested), slowest rank
     emb_latency_s: float = 0.0  # the embedding exchange's latency, paid again by each chunk
-    sequence_s: list[float] = field(default_factory=list)  # per rank: sequence exchange CPU
+    # per rank: split tables' CPU work (the remap, the sequence exchange's)
+    split_s: list[float] = field(default_factory=list)
     a2a_bytes: list[float] = field(default_factory=list)  # per rank, fwd + bwd, sent
     # per rank, for the step simulator's resources (empty: not split): each exchange's part
     # across nodes (the rank's NIC share) and within its node (NVLink / loopback), each with
@@ -389,7 +395,7 @@ class StepCost:
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
         fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)
-        seq = max(self.sequence_s, default=0.0)
+        seq = max(self.split_s, default=0.0)
         # what hides under compute lengthens it by its CPU work (CPU ranks)
         cpu = self.hidden_cpu_s(schedule, micro_batches)
         n = max(1, micro_batches)

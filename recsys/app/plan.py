@@ -55,7 +55,7 @@ def plan_table(plan: Plan) -> str:
 
 
 STAGE_COLORS = {"lookups": "tab:blue", "dense": "tab:green", "exchange": "tab:orange",
-                "sequence work": "tab:purple", "all-reduce": "tab:red",
+                "split tables": "tab:purple", "all-reduce": "tab:red",
                 "overhead + input": "tab:gray", "exchange left exposed": "tab:orange",
                 "quota-bound CPU": "tab:olive", "feeding the batch": "tab:brown"}  # fmt: skip
 
@@ -127,7 +127,7 @@ def _time_panel(t, plan: Plan) -> float:
     devices, n = plan.devices, len(plan.devices)
     bottom, named = [0.0] * n, set()
     for key, name in (("lookup_ms", "lookups"), ("dense_ms", "dense"),
-                      ("exchange_ms", "exchange"), ("sequence_ms", "sequence work")):  # fmt: skip
+                      ("exchange_ms", "exchange"), ("split_ms", "split tables")):  # fmt: skip
         values = [d.get(key, 0.0) for d in devices]
         if any(values):
             t.bar(range(n), values, 0.7, bottom=bottom, color=STAGE_COLORS[name], label=name)

@@ -22,6 +22,7 @@ from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
 from sharding.calibration import (
+    SPLIT_WORK_FIELDS,
     Calibration,
     constants_provenance,
     device_costs,
@@ -225,12 +226,11 @@ def _planned(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
 
 
 def plan_with_splits(cfg: TrainConfig, cal: Calibration, link: str) -> Plan:
-    """The hybrid plan for `cfg` planned across `link` with the sequence exchange's CPU
-    cost set to zero: where splitting tables pays even at small batches (across loopback
-    the calibrated cost keeps them whole). For runs that need split tables to measure
-    them: the sequence calibration, the tests."""
-    free = replace(cal, device=replace(cal.device, sequence_s_per_lookup=0.0,
-                                       sequence_s_fixed=0.0))  # fmt: skip
+    """The hybrid plan for `cfg` planned across `link` with split tables' CPU work (the
+    remap, the sequence exchange's) set to zero: where splitting tables pays even at small
+    batches (across loopback the calibrated cost keeps them whole). For runs that need
+    split tables to measure them: the split calibration, the tests."""
+    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
     return make_plan(cfg, plan_inputs(cfg, None, link, free))
 
 

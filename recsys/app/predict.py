@@ -73,7 +73,7 @@ def predict(
             "dense": 1000 * max(cost.dense_s),
             "allreduce": 1000 * cost.allreduce_s,
             "overhead_and_input": 1000 * cost.fixed_s(schedule, n),
-            "sequence": 1000 * max(cost.sequence_s, default=0.0),
+            "split tables": 1000 * max(cost.split_s, default=0.0),
             "feeding_the_batch": 1000
             * (cost.step_s(schedule, n) - cost.device_step_s(schedule, n)),
         },

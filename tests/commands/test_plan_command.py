@@ -75,7 +75,7 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
         assert key in plan["tables"][0]
     assert plan["feasible"] and plan["lower_bound_ms"] <= plan["est_step_ms"]
     parts = plan["step_parts_ms"]  # the picture's step bar: its parts add up to the step
-    assert set(parts) == {"lookups", "dense", "all-reduce", "overhead + input", "sequence work",
+    assert set(parts) == {"lookups", "dense", "all-reduce", "overhead + input", "split tables",
                           "exchange left exposed", "quota-bound CPU",
                           "feeding the batch"}  # fmt: skip
     assert sum(parts.values()) == pytest.approx(plan["est_step_ms"])

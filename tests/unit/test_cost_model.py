@@ -136,7 +136,7 @@ def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
               Shard("b", 1, 500, 10)]  # fmt: skip
     cost = step_cost(TABLES, shards, [100, 100], [seq_dev, seq_dev], NET, dense_params=1000)
     # owner (rank 0): 200 samples x 1 lookup x 0.25 = 50, plus its own 25 to pool; rank 1: 25
-    assert cost.sequence_s == pytest.approx([75e-6, 25e-6])
+    assert cost.split_s == pytest.approx([75e-6, 25e-6])
     free = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=1000)
     assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 75e-6)
 
@@ -446,6 +446,37 @@ def test_table_row_wise_reduces_within_its_node_before_crossing() -> None:
     assert twrw.lookup_fwd_s == pytest.approx(rw.lookup_fwd_s)  # the same rows looked up
 
 
+def test_split_tables_cost_every_rank_per_table_and_per_lookup_of_its_own_samples() -> None:
+    """A table with a hot part replicated (rows below the table's) is split: every rank
+    remaps its own samples' ids, whichever exchange its cold part uses; a table replicated
+    whole is not split and costs nothing of the kind."""
+    dev = DeviceCost(**{**DEV.__dict__, "split_s_per_table": 1e-4, "split_s_per_lookup": 1e-6})
+    shards = [Shard("a", ALL_RANKS, 64, 10, dp=True, lookup_share=0.6),
+              Shard("a", 0, 936, 10, lookup_share=0.4),
+              Shard("b", ALL_RANKS, 500, 10, dp=True)]  # fmt: skip
+    cost = step_cost(TABLES, shards, [100, 300], [dev, dev], NET, dense_params=1000)
+    # one split table, one lookup a sample: 1e-4 + 100 x 1e-6 on rank 0, + 300 x 1e-6 on 1
+    assert cost.split_s == pytest.approx([2e-4, 4e-4])
+    free = step_cost(TABLES, shards, [100, 300], [DEV, DEV], NET, dense_params=1000)
+    assert free.split_s == [0.0, 0.0]
+    assert cost.step_s(Schedule.plain) == pytest.approx(free.step_s(Schedule.plain) + 4e-4)
+
+
+def test_the_split_fit_keeps_no_intercept_a_negative_slope_bent() -> None:
+    """`fit_nonneg`: exact on data it can fit; a slope that fits negative is dropped and
+    the rest fitted again (least squares' intercept, clipped slope kept at 0, had priced
+    15 ms a step of sequence work that the runs did not show)."""
+    from benchmarks.calibrate import fit_nonneg
+
+    tables, lookups = [20.0, 20.0, 12.0], [7000.0, 19000.0, 19000.0]
+    y = [2e-4 * t + 5e-7 * n for t, n in zip(tables, lookups, strict=True)]
+    assert fit_nonneg([tables, lookups], y) == pytest.approx([2e-4, 5e-7])
+    # session 20's sequence runs: +0.98 ms at 7146 lookups, -22.2 ms at 18659
+    assert fit_nonneg([[1.0, 1.0], [7146.0, 18659.0]], [0.98e-3, -22.2e-3]) == [0.0, 0.0]
+    # falling points above 0: their mean, no slope
+    assert fit_nonneg([[1.0, 1.0], [1.0, 3.0]], [4.0, 2.0]) == pytest.approx([3.0, 0.0])
+
+
 def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> None:
     from sharding.constants import GPU_EMB_EFFICIENCY, GPU_SEQUENCE_PASSES
 
@@ -459,7 +490,7 @@ def test_gpu_sequence_exchange_costs_device_memory_passes_per_cold_lookup() -> N
     seq = step_cost(TABLES[:1], shards, [100, 100], [cost, cost], NET, 0)
     # rank 0 looks up 200 x 0.5 cold ids and pools its own 50; 40 B vectors each
     expect = 150 * (cost.sequence_s_per_lookup + 40 * per_byte) + cost.sequence_s_fixed
-    assert seq.sequence_s[0] == pytest.approx(expect)
+    assert seq.split_s[0] == pytest.approx(expect)
 
 
 def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typed_cfg) -> None:
@@ -472,7 +503,7 @@ def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typ
 
     cal = load_calibration()
     link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
-    for batch in CalibrateConfig().sequence_batches:
+    for batch in CalibrateConfig().split_batches:
         cfg = typed_cfg(["planner=hybrid", f"trainer.batch_size={batch}"])
         assert has_split_tables(plan_with_splits(cfg, cal, link)), batch
 

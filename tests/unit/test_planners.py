@@ -230,12 +230,17 @@ def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> 
     assert plan.est_step_ms < evaluate(_hybrid(inputs, speed, HybridOptions()), inputs).est_step_ms
 
 
-def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
+def _two_h100s_two_t4s() -> PlanInputs:
+    """Two H100s and two T4s on one node, eight large tables and a tiny one."""
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
     spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
                        network=NetworkSpec(25, 25.0))  # fmt: skip
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)] + [TableStats("tiny", 10, 64)]
-    inputs = inputs_for(spec, tables)
+    return inputs_for(spec, tables)
+
+
+def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
+    inputs = _two_h100s_two_t4s()
     inputs.cold_only_exchange = False
     pooled = evaluate(PLANNERS["hybrid"](inputs), inputs)
     assert not any(0 < t.replicated_rows < t.rows for t in pooled.tables)  # nothing to gain
@@ -249,6 +254,20 @@ def test_hybrid_gives_fast_devices_more_batch_and_replicates_hot_rows() -> None:
     blind = evaluate(PLANNERS["greedy_size"](inputs), inputs)
     assert plan.est_step_ms < blind.est_step_ms
     assert plan.a2a_bytes_per_step < blind.a2a_bytes_per_step
+
+
+def test_hybrid_keeps_tables_whole_where_their_split_costs_more_than_it_saves() -> None:
+    """The same cluster as above, each split table priced 50 ms a step of CPU work (the
+    remap, its keys: `split_s_per_table`): no table is split, and the plan prices none."""
+    inputs = _two_h100s_two_t4s()
+    split = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert any(0 < t.replicated_rows < t.rows for t in split.tables)
+    inputs.devices = [replace(d, split_s_per_table=0.05) for d in inputs.devices]
+    whole = evaluate(PLANNERS["hybrid"](inputs), inputs)
+    assert not any(0 < t.replicated_rows < t.rows for t in whole.tables)
+    assert whole.step_parts_ms["split tables"] == 0.0
+    # the split plan, priced with that work, steps slower than the plan kept whole
+    assert evaluate(split, inputs).est_step_ms > whole.est_step_ms
 
 
 def test_hybrid_replicates_no_hot_rows_of_a_table_never_looked_up() -> None:
