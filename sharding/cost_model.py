@@ -229,7 +229,7 @@ def step_cost(
     b = np.asarray(batch_per_rank, dtype=np.float64)
     node = np.zeros(world, dtype=np.int64) if nodes is None else np.asarray(nodes, np.int64)
     ex = _Exchange(b, node)
-    lookup, seq_lookups, seq_bytes, dp_bytes, (split, split_lookups) = _shard_work(
+    lookup, seq_lookups, seq_bytes, dp_bytes, (n_split, split_lookups) = _shard_work(
         tables, shards, devices, ex
     )
     emb, ids, sent, (emb_parts, ids_parts), emb_latency = ex.times(network)
@@ -243,7 +243,7 @@ def step_cost(
         n * d.sequence_s_per_lookup
         + nb * d.sequence_s_per_byte
         + (d.sequence_s_fixed if n else 0.0)
-        + split * d.split_s_per_table
+        + n_split * d.split_s_per_table
         + r_b * split_lookups * d.split_s_per_lookup
         for n, nb, r_b, d in zip(
             seq_lookups.tolist(), seq_bytes.tolist(), b.tolist(), devices, strict=True
