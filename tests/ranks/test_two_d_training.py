@@ -34,15 +34,14 @@ COMMON = ["debug=tiny", "cluster=local_cpu2",
 
 
 def _group_plan(cfg):
-    """The planner's plan for one group of 2 ranks; hybrid's with split tables (the sequence
-    exchange's CPU cost set to zero, as `recsys.app.planning.plan_with_splits`)."""
+    """The planner's plan for one group of 2 ranks; hybrid's with split tables (their CPU
+    work set to zero, as `recsys.app.planning.plan_with_splits`)."""
     from recsys.app.planning import make_plan, plan_inputs
-    from sharding.calibration import load_calibration
+    from sharding.calibration import SPLIT_WORK_FIELDS, load_calibration
     from sharding.two_d import group_inputs
 
     cal = load_calibration()
-    free = replace(cal, device=replace(cal.device, sequence_s_per_lookup=0.0,
-                                       sequence_s_fixed=0.0))  # fmt: skip
+    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
     plan = make_plan(cfg, group_inputs(plan_inputs(cfg, None, "veth_1gbit", free), 2))
     plan.sharding_group_size = 2
     return plan

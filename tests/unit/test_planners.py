@@ -407,9 +407,10 @@ def test_mlperf_tables_on_64_mixed_devices_plan_fast(typed_cfg) -> None:
     plan = cli.make_plan(cfg, inputs)
     cpu = time.process_time() - cpu
     # the goal, under 0.5 s, is measured by benchmarks.planners; this guards against a gross
-    # regression. CPU seconds, not the wall clock: a busy machine (the suite's other worker)
-    # stretches the one, not the other
-    assert plan.feasible and cpu < 2.0
+    # regression (half as slow again as today: 1.96-2.02 CPU seconds on 2026-12-07's host,
+    # where 2.0 failed the code of the day before alike). CPU seconds, not the wall clock: a
+    # busy machine (the suite's other worker) stretches the one, not the other
+    assert plan.feasible and cpu < 3.0
     assert plan.est_step_ms <= 1.5 * plan.lower_bound_ms
 
 
@@ -672,12 +673,15 @@ def test_the_shape_search_finds_a_faster_plan_than_the_placement_it_starts_from(
     """`_reshape`: each pooled table tried whole, in column pieces and as a table-row-wise
     group, judged by the cost model (which, unlike the placer, counts the ids every column
     piece receives). On 20 mixed tables over two nodes of 4 it cuts the predicted step
-    (measured: 5.41 ms against 6.22 ms without it) and the plan still fits."""
+    (measured: 5.41 ms against 6.22 ms without it) and the plan still fits. The batch is
+    priced ready: at this machine's calibrated batch assembly the host's floor would bound
+    both steps (`host_s_per_sample`)."""
     import sharding.hybrid as hybrid_module
 
     spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
         DeviceGroup("a100_80g", 4)])])  # fmt: skip
     inputs = inputs_for(spec, _mixed_tables(3, 20), 2048)
+    inputs.devices = [replace(d, host_s_per_sample=0.0) for d in inputs.devices]
     # one family of candidates (hot parts only before cold parts exchanged alone): the other
     # is finished too, and may win without any search
     options = hybrid_module.HybridOptions(pooled_hot=False)
