@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -506,6 +507,27 @@ def test_the_sequence_calibration_forces_its_split_whatever_loopback_prefers(typ
     for batch in CalibrateConfig().split_batches:
         cfg = typed_cfg(["planner=hybrid", f"trainer.batch_size={batch}"])
         assert has_split_tables(plan_with_splits(cfg, cal, link)), batch
+
+
+def test_the_split_calibration_prices_its_pooled_run_pooled(typed_cfg) -> None:
+    """`measure_split` trains one plan with its cold parts as sequences and then pooled;
+    the pooled run is priced as it trains (`pooled_exchange`: every cold part's exchange
+    pooled, a vector a sample), not as the sequence plan, and the plan itself is kept."""
+    from benchmarks.calibrate import pooled_exchange
+    from recsys.app.planning import plan_inputs, plan_with_splits
+    from sharding.calibration import load_calibration
+    from sharding.plan_eval import evaluate
+
+    cal = load_calibration()
+    link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
+    cfg = typed_cfg(["planner=hybrid", "trainer.batch_size=2048"])
+    plan = plan_with_splits(cfg, cal, link)
+    pooled = pooled_exchange(plan)
+    assert any(s.sparse_exchange for t in plan.tables for s in t.shards)
+    assert not any(s.sparse_exchange for t in pooled.tables for s in t.shards)
+    inputs = plan_inputs(cfg, None, "loopback", cal)
+    sequence_bytes = evaluate(copy.deepcopy(plan), inputs).a2a_bytes_per_step
+    assert evaluate(pooled, inputs).a2a_bytes_per_step > 1.5 * sequence_bytes
 
 
 def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
