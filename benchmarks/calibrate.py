@@ -46,6 +46,7 @@ from sharding.calibration import (
     OVERHEAD_FIELDS,
     RATE_FIELDS,
     SPLIT_WORK_FIELDS,
+    Calibration,
     at_speed,
     load_calibration,
     save_calibration,
@@ -496,15 +497,18 @@ def _at_share(core: DeviceCost, measured: list[DeviceCost]) -> tuple[DeviceCost,
     return replace(at_speed(core, ratio), **{k: med(k) for k in measured_here}), ratio
 
 
-def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> dict:
+def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> dict:
     """Per emulated cluster: every rank's compute rates in its own cgroup, all ranks at once
     as in training (each share's constants that cluster's own, `share_key`), gloo between
     all its ranks across its nodes (fitted as one link), and the nested pipeline's work per
-    micro-batch on each rank (`measure_micro_batch_cpu`)."""
+    micro-batch on each rank (`measure_micro_batch_cpu`), trained under `base` with the
+    cluster's shares and link just measured (`<cluster>_shares.json` in `run_dir`: a layout
+    no calibration has seen plans there)."""
     from recsys import emulation
     from recsys.app.train import to_typed
     from sharding.calibration import share_key
 
+    core = base.device
     by_share: dict[str, list[DeviceCost]] = {}  # per cluster and share (`share_key`)
     links, raw = {}, {}
     for name in cfg.emulated:
@@ -516,7 +520,14 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> d
             comm = emulation.run_ranks(emu, probe, (cfg.comm_sizes,), 900)
             links[name] = _fit_comm(raise_on_failure(comm, f"gloo probe on {name}")[0],
                                     len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
-        micro = measure_micro_batch_cpu(cfg, name, run_dir)
+        costs: dict[str, list[DeviceCost]] = {}
+        for r, m in zip(emu.ranks, per_rank, strict=True):
+            costs.setdefault(share_key(r.share, name), []).append(_device_cost(m))
+        ahead = copy.deepcopy(base)  # what its nested runs plan with
+        ahead.shares.update({k: _at_share(core, c)[0] for k, c in costs.items()})
+        ahead.links[name] = _network_cost(links[name])
+        save_calibration(ahead, run_dir / f"{name}_shares.json")
+        micro = measure_micro_batch_cpu(cfg, name, run_dir, run_dir / f"{name}_shares.json")
         raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank,
                      "micro_batch": micro}  # fmt: skip
         for i, (r, m) in enumerate(zip(emu.ranks, per_rank, strict=True)):
@@ -533,14 +544,22 @@ def measure_emulated(cfg: CalibrateConfig, core: DeviceCost, run_dir: Path) -> d
     return {"shares": shares, "speed_vs_one_core": ratios, "links": links, "raw": raw}
 
 
-def measure_micro_batch_cpu(cfg: CalibrateConfig, cluster: str, run_dir: Path) -> dict:
+def _network_cost(fitted: dict) -> NetworkCost:
+    """`_fit_comm`'s link as the cost model's."""
+    return NetworkCost(LinkCost(**fitted["alltoall"]), LinkCost(**fitted["allreduce"]))
+
+
+def measure_micro_batch_cpu(
+    cfg: CalibrateConfig, cluster: str, run_dir: Path, calibration: Path
+) -> dict:
     """The nested pipeline on an emulated cluster at the fewest and the most micro-batches of
     `micro_batch_runs`: each rank's CPU per step (its cgroup's, `cpu_ms_per_step_by_rank`),
     its difference over the micro-batches added (`cpu_s_by_rank`). Measured there, not
     scaled from the loopback fit: a rank at a share of a core pays more per micro-batch
     (smaller exchanges to more peers across the shaped link, each chunk's bookkeeping at
     its quota) than one core on loopback, and the step of a quota-bound rank is its CPU."""
-    base = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}"]
+    base = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}",
+            f"planner.calibration={calibration}"]  # fmt: skip
     trained = _nested_runs(cfg, base, run_dir, f"{cluster}_")
     runs = [{"micro_batches": n, "measured_ms": measured_ms(summary),
              "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]}
@@ -580,7 +599,7 @@ def measured_ms(summary: dict) -> float:
 
 def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | None):
     """The one-core constants and the loopback / veth links (`link`: None without root)."""
-    from sharding.calibration import Calibration, load_calibration
+    from sharding.calibration import load_calibration
 
     print("measuring embedding, dense and input throughput (2 ranks at once) ...", flush=True)
     both = raise_on_failure(spawn_ranks(measure_compute, 2, timeout_s=900), "compute probe")
@@ -589,8 +608,7 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
     if link:
         print(f"measuring gloo across a {cfg.link_rate} veth link ...", flush=True)
         links[f"veth_{cfg.link_rate}"] = measure_comm(cfg, link)
-    nets = {k: NetworkCost(LinkCost(**v["alltoall"]), LinkCost(**v["allreduce"]))
-            for k, v in links.items()}  # fmt: skip
+    nets = {k: _network_cost(v) for k, v in links.items()}
     cal = Calibration(device=_device_cost(both[0]), links=nets)
     save_calibration(cal, run_dir / "no_overhead.json")
     runs, fixed_s, per_sample_s = measure_overhead(
@@ -774,10 +792,9 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
         else:  # the saved one-core constants; only the emulated clusters measured anew
             cal = load_calibration()
         if cfg.emulated and why_not is None:
-            emulated = measure_emulated(cfg, cal.device, run_dir)
+            emulated = measure_emulated(cfg, cal, run_dir)
             cal.shares.update(emulated["shares"])
-            cal.links.update({k: NetworkCost(LinkCost(**v["alltoall"]), LinkCost(**v["allreduce"]))
-                              for k, v in emulated["links"].items()})  # fmt: skip
+            cal.links.update({k: _network_cost(v) for k, v in emulated["links"].items()})
             cal.measured.setdefault("links", {}).update(
                 {k: v["raw"] for k, v in emulated["links"].items()}
             )

@@ -948,7 +948,13 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     def train(overrides, cfg, run_dir, link):  # each rank's CPU a step: 1 + n ms at a 0.25 share
         name = next(o.split("=")[1] for o in overrides if o.startswith("cluster="))
         n = int(next(o.split("=")[1] for o in overrides if o.startswith("pipeline.micro_batches")))
-        shares = [r.share for r in resolve_cluster(cluster_of(name))]
+        ranks = resolve_cluster(cluster_of(name))
+        shares = [r.share for r in ranks]
+        # the runs plan on the cluster's shares and link just measured, which no calibration
+        # had before (a user's own layout): `device_costs` raises on a share it lacks
+        path = next(o.split("=", 1)[1] for o in overrides if o.startswith("planner.calibration="))
+        ahead = load_calibration(Path(path))
+        assert len(device_costs(ranks, ahead, cluster=name)) == len(ranks) and name in ahead.links
         return {
             "batch_per_rank": [cfg.emulated_micro_batch_batch] * len(shares),
             "samples_per_s": 1e4,
@@ -961,7 +967,7 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     monkeypatch.setattr(calibrate, "_compose", compose_config)
     monkeypatch.setattr(calibrate, "_train", train)
     cfg = calibrate.CalibrateConfig(emulated=["emu_mixed4", "emu_mixed3"])
-    shares = calibrate.measure_emulated(cfg, core, tmp_path)["shares"]
+    shares = calibrate.measure_emulated(cfg, Calibration(device=core), tmp_path)["shares"]
     assert sorted(shares) == ["emu_mixed3/0.25", "emu_mixed3/0.8", "emu_mixed4/0.25",
                               "emu_mixed4/0.6"]  # fmt: skip
     m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
@@ -978,7 +984,8 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     assert device_costs(ranks["emu_mixed3"], cal, cluster="emu_mixed3")[1] == m3
     assert device_costs(ranks["emu_mixed4"], cal, cluster="emu_mixed4")[2] == m4
     # a user's own cluster measured alone adds its keys; the presets' stay
-    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]), core, tmp_path)
+    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]),
+                                       Calibration(device=core), tmp_path)  # fmt: skip
     alone = alone["shares"]
     assert set(alone) == {"emu_mixed3/0.25", "emu_mixed3/0.8"}
     legacy = Calibration(device=core, shares={"0.25": m4, "0.6": shares["emu_mixed4/0.6"]})
