@@ -50,6 +50,7 @@ from sharding.calibration import (
     at_speed,
     load_calibration,
     save_calibration,
+    without_split_work,
 )
 from sharding.types import DeviceCost, LinkCost, NetworkCost
 
@@ -406,7 +407,7 @@ def measure_split(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     from sharding.plan_eval import evaluate
 
     link = min(cal.links, key=lambda k: cal.links[k].alltoall.bytes_per_s)
-    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
+    free = without_split_work(cal)
 
     def config(batch: int, sequence: bool):
         return to_typed(_compose([
@@ -509,8 +510,7 @@ def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> 
     from sharding.calibration import share_key
 
     core = base.device
-    by_share: dict[str, list[DeviceCost]] = {}  # per cluster and share (`share_key`)
-    links, raw = {}, {}
+    shares, ratios, links, raw = {}, {}, {}, {}
     for name in cfg.emulated:
         spec = to_typed(_compose([f"cluster={name}"])).cluster
         print(f"measuring {name}: each share in its cgroup, gloo across its nodes ...", flush=True)
@@ -520,27 +520,26 @@ def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> 
             comm = emulation.run_ranks(emu, probe, (cfg.comm_sizes,), 900)
             links[name] = _fit_comm(raise_on_failure(comm, f"gloo probe on {name}")[0],
                                     len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
-        costs: dict[str, list[DeviceCost]] = {}
-        for r, m in zip(emu.ranks, per_rank, strict=True):
-            costs.setdefault(share_key(r.share, name), []).append(_device_cost(m))
+        at: dict[str, list[int]] = {}  # each share's ranks (`share_key`)
+        for i, r in enumerate(emu.ranks):
+            at.setdefault(share_key(r.share, name), []).append(i)
+        for key, ranks in at.items():
+            shares[key], ratios[key] = _at_share(core, [_device_cost(per_rank[i]) for i in ranks])
         ahead = copy.deepcopy(base)  # what its nested runs plan with
-        ahead.shares.update({k: _at_share(core, c)[0] for k, c in costs.items()})
+        ahead.shares.update({k: shares[k] for k in at})
         ahead.links[name] = _network_cost(links[name])
         save_calibration(ahead, run_dir / f"{name}_shares.json")
         micro = measure_micro_batch_cpu(cfg, name, run_dir, run_dir / f"{name}_shares.json")
         raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank,
                      "micro_batch": micro}  # fmt: skip
-        for i, (r, m) in enumerate(zip(emu.ranks, per_rank, strict=True)):
-            # a rank at its quota runs its CPU work at the share's rate
-            wall = micro["cpu_s_by_rank"][i] / min(1.0, r.share) if micro["runs"] else None
-            by_share.setdefault(share_key(r.share, name), []).append((_device_cost(m), wall))
-    shares, ratios = {}, {}
-    for key, measured in by_share.items():
-        shares[key], ratios[key] = _at_share(core, [d for d, _ in measured])
-        walls = [w for _, w in measured if w is not None]
-        if walls:  # the cluster's own figure replaces the one-core fit's at the share's speed
-            micro = float(statistics.median(walls))
-            shares[key] = replace(shares[key], micro_batch_overhead_s=micro)
+        if not micro["runs"]:
+            continue
+        for key, ranks in at.items():
+            # a rank at its quota runs its CPU work at the share's rate; the cluster's own
+            # figure replaces the one-core fit's at the share's speed
+            cpu = statistics.median(micro["cpu_s_by_rank"][i] for i in ranks)
+            share = min(1.0, emu.ranks[ranks[0]].share)
+            shares[key] = replace(shares[key], micro_batch_overhead_s=cpu / share)
     return {"shares": shares, "speed_vs_one_core": ratios, "links": links, "raw": raw}
 
 

@@ -217,6 +217,12 @@ SPLIT_WORK_FIELDS = ("sequence_s_per_lookup", "sequence_s_fixed", "sequence_s_pe
                      "split_s_per_table", "split_s_per_lookup")  # fmt: skip
 
 
+def without_split_work(cal: Calibration) -> Calibration:
+    """`cal` with split tables' CPU work free (one core's): what plans split tables where
+    they would not pay, for runs that need them (the split calibration, tests)."""
+    return replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
+
+
 def at_speed(d: DeviceCost, scale: float) -> DeviceCost:
     """One-core constants `d` on a core `scale` times as fast: its rates times `scale`, its
     CPU times (batch assembly and the overheads) over it; every other field, the backward

@@ -22,12 +22,12 @@ from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
 from sharding.calibration import (
-    SPLIT_WORK_FIELDS,
     Calibration,
     constants_provenance,
     device_costs,
     load_calibration,
     network_cost,
+    without_split_work,
 )
 from sharding.cluster import compute_device_type, resolve_cluster
 from sharding.cost_model import schedule_of
@@ -230,8 +230,7 @@ def plan_with_splits(cfg: TrainConfig, cal: Calibration, link: str) -> Plan:
     remap, the sequence exchange's) set to zero: where splitting tables pays even at small
     batches (across loopback the calibrated cost keeps them whole). For runs that need
     split tables to measure them: the split calibration, the tests."""
-    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
-    return make_plan(cfg, plan_inputs(cfg, None, link, free))
+    return make_plan(cfg, plan_inputs(cfg, None, link, without_split_work(cal)))
 
 
 def has_split_tables(plan: Plan) -> bool:

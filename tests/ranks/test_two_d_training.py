@@ -37,11 +37,10 @@ def _group_plan(cfg):
     """The planner's plan for one group of 2 ranks; hybrid's with split tables (their CPU
     work set to zero, as `recsys.app.planning.plan_with_splits`)."""
     from recsys.app.planning import make_plan, plan_inputs
-    from sharding.calibration import SPLIT_WORK_FIELDS, load_calibration
+    from sharding.calibration import load_calibration, without_split_work
     from sharding.two_d import group_inputs
 
-    cal = load_calibration()
-    free = replace(cal, device=replace(cal.device, **dict.fromkeys(SPLIT_WORK_FIELDS, 0.0)))
+    free = without_split_work(load_calibration())
     plan = make_plan(cfg, group_inputs(plan_inputs(cfg, None, "veth_1gbit", free), 2))
     plan.sharding_group_size = 2
     return plan
