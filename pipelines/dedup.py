@@ -27,8 +27,9 @@ sizes are known, and reads their sizes on the host once a step (`BatchLookups.re
 one read in `owner_input`): the all-to-alls need their split sizes there, and nothing else
 waits for the device (`tests/unit/test_dedup_blocks.py` counts the reads). On a CPU, where
 a read waits for nothing, each side keys every lookup by (block, feature, id) and takes one
-`unique` (the requester one per owner), which is faster there; both give the same blocks,
-bit for bit (tested).
+`unique` (on 32-bit keys where they fit), which is faster there; both give the same blocks,
+bit for bit (tested). There, where every bag holds one id, a requester pools a block's bags
+by one gather of their rows (`_Block.gather`: what the sum of one row is).
 
 With gradients deduplicated the arithmetic differs from the pooled exchange only in the
 order of sums (a row's gradient is summed per micro-batch first): equal within rounding,
@@ -62,6 +63,8 @@ class _Block:
     # row in the micro-batch's [b x F] bags (sample * F + feature position)
     inverse: torch.Tensor | None = None
     target: torch.Tensor | None = None
+    # one id a bag: each bag's distinct row, in bag order (its pooling is a gather)
+    gather: torch.Tensor | None = None
 
 
 @dataclass
@@ -79,71 +82,117 @@ class DedupBatch:
     rows: torch.Tensor | None = None
 
 
-def _blocks(kjt: KeyedJaggedTensor, keys: torch.Tensor, samples: list) -> list[_Block]:
-    """A requester's blocks of `samples` (a list of bag sets: each a slice or a tensor of
-    samples) of the features at positions `keys` of `kjt`, on their own (the CPU path: there
-    reading a size is free) but in one pass: each block's distinct (feature, id), with each
-    lookup's distinct row and target bag. One `unique` over every block's lookups keyed by
-    (block, feature, id) gives each block's distinct ids in (feature, id) order."""
+def _unique(keys: torch.Tensor, bound: int, inverse: bool = False):
+    """`torch.unique(keys, return_inverse=inverse)` of int64 keys below `bound`, on 32-bit
+    keys where they fit: a CPU sorts those 2-3x faster (0.85 against 1.87 ms for 53,248
+    keys on one core of this machine)."""
+    if bound > torch.iinfo(torch.int32).max:
+        return torch.unique(keys, return_inverse=inverse)
+    out = torch.unique(keys.int(), return_inverse=inverse)
+    return (out[0].long(), out[1]) if inverse else out.long()
+
+
+def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
+            cache: dict) -> list[list[_Block]]:  # fmt: skip
+    """A requester's blocks ([micro-batch][owner]) of `samples` (a list of bag sets: each a
+    slice or a tensor of samples) of the features at positions `keys[o]` of `kjt` (owner
+    o's, in its order), on their own (the CPU path: there reading a size is free) but in one
+    pass over every owner: each block's distinct (feature, id), with each lookup's distinct
+    row and target bag. One `unique` over every block's lookups keyed by (micro-batch,
+    column, id), the columns every owner's features in owner order, gives each block's
+    distinct ids in (feature, id) order. What depends only on the micro-batch sizes and the
+    owners' features is made once (`cache`)."""
     lengths, offsets = kjt.lengths(), kjt.offsets()
     device = lengths.device
-    none = torch.zeros(0, dtype=torch.int64, device=device)
-    if not len(keys):  # an owner with no table of this group
-        return [_Block(none, [], none, none) for _ in samples]
+    f_per = [len(k) for k in keys]
+    if not sum(f_per):  # no owner holds a table of this group
+        none = torch.zeros(0, dtype=torch.int64, device=device)
+        return [[_Block(none, [], none, none) for _ in keys] for _ in samples]
     rows = [torch.arange(r.start, r.stop, device=device) if isinstance(r, slice) else r
             for r in samples]  # fmt: skip
-    f, sizes = len(keys), [len(r) for r in rows]
-    # every block's bags, block after block, each feature-major: its feature's position,
-    # its sample's place in the block, its block
-    bags = torch.cat([(keys[:, None] * kjt.stride() + r[None, :]).reshape(-1) for r in rows])
-    position = torch.cat([torch.arange(f, device=device).repeat_interleave(b) for b in sizes])
-    local = torch.cat([torch.arange(b, device=device).repeat(f) for b in sizes])
-    block = torch.arange(len(rows), device=device).repeat_interleave(
-        torch.tensor(sizes, device=device) * f
-    )
+    sizes, c, n, w = [len(r) for r in rows], sum(f_per), len(rows), len(keys)
+    key = ("blocks", tuple(sizes), tuple(f_per), device)
+    if key not in cache:
+        # per column (every owner's features, owner after owner): its owner, the owner's
+        # feature count and the column's place among them; per bag of the step's bags
+        # (micro-batch after micro-batch, each column after column, each sample): its
+        # (micro-batch, column), its (micro-batch, owner) block and its target bag
+        owner, per_owner, place = (
+            torch.tensor(t, device=device)
+            for t in zip(*[(o, f, p) for o, f in enumerate(f_per) for p in range(f)], strict=True)
+        )
+        column = torch.cat([torch.arange(c, device=device).repeat_interleave(b) for b in sizes])
+        local = torch.cat([torch.arange(b, device=device).repeat(c) for b in sizes])
+        micro = torch.arange(n, device=device).repeat_interleave(
+            torch.tensor(sizes, device=device) * c
+        )
+        block, target = micro * w + owner[column], local * per_owner[column] + place[column]
+        # with one id a bag, each block's bags in target order: their place among the bags
+        starts = torch.cumsum(torch.bincount(block, minlength=n * w), 0)
+        slot = target + (starts - torch.bincount(block, minlength=n * w))[block]
+        cache[key] = (micro * c + column, block, target, torch.argsort(slot))
+    group, block, target, by_target = cache[key]
+    columns = torch.cat(keys)  # each column's feature position in the batch
+    bags = torch.cat([(columns[:, None] * kjt.stride() + r[None, :]).reshape(-1) for r in rows])
     lens = lengths[bags]
-    bag = torch.repeat_interleave(torch.arange(len(bags), device=device), lens)
-    first = torch.cumsum(lens, 0) - lens  # each bag's first id among the lookups
-    values = kjt.values()[offsets[bags][bag] + torch.arange(len(bag), device=device)
-                          - first[bag]]  # fmt: skip
-    group = block[bag] * f + position[bag]  # (block, feature) of each lookup
+    values = kjt.values()
+    one_hot = len(values) == len(bags) and bool((lens == 1).all())
+    if one_hot:
+        values = values[offsets[bags]]
+    else:
+        bag = torch.repeat_interleave(torch.arange(len(bags), device=device), lens,
+                                      output_size=int(lens.sum()))  # fmt: skip
+        first = torch.cumsum(lens, 0) - lens  # each bag's first id among the lookups
+        values = values[offsets[bags][bag] + torch.arange(len(bag), device=device) - first[bag]]
+        group, block, target = group[bag], block[bag], target[bag]
     span = int(values.max()) + 1 if len(values) else 1
-    keys_, inverse = torch.unique(group * span + values, return_inverse=True)
-    counts = torch.bincount(keys_ // span, minlength=len(rows) * f).view(len(rows), f)
-    distinct = counts.sum(1)
-    per_block, lookups = distinct.tolist(), torch.bincount(
-        block[bag], minlength=len(rows)).tolist()  # fmt: skip
-    starts = torch.cumsum(distinct, 0) - distinct  # each block's first distinct row
-    inverse = inverse - starts[block[bag]]
-    target = local[bag] * f + position[bag]  # the lookup's bag: sample * F + feature
-    return [_Block(ids, c, inv, t) for ids, c, inv, t in zip(
-        (keys_ % span).split(per_block), counts.tolist(), inverse.split(lookups),
-        target.split(lookups), strict=True)]  # fmt: skip
+    keys_, inverse = _unique(group * span + values, n * c * span, inverse=True)
+    counts = torch.bincount(keys_ // span, minlength=n * c).view(n, c)
+    distinct = torch.stack([part.sum(1) for part in counts.split(f_per, dim=1)], dim=1)
+    distinct = distinct.reshape(-1)  # per (micro-batch, owner) block
+    inverse = inverse - (torch.cumsum(distinct, 0) - distinct)[block]
+    per_block = distinct.tolist()
+    lookups = torch.bincount(block, minlength=n * w).tolist()
+    counts = counts.tolist()
+    gathers = inverse[by_target].split(lookups) if one_hot else [None] * len(lookups)
+    blocks = iter(zip((keys_ % span).split(per_block), inverse.split(lookups),
+                      target.split(lookups), gathers, strict=True))  # fmt: skip
+    out = []
+    for k in range(n):
+        row, at = [], 0
+        for f in f_per:
+            ids, inv, tgt, gather = next(blocks)
+            row.append(_Block(ids, counts[k][at : at + f], inv, tgt, gather))
+            at += f
+        out.append(row)
+    return out
 
 
-def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list,
-                  distinct: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list, distinct: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """An owner's rows of every block of `samples` (block j: the bags of the samples
-    `samples[j]`, of every one of `kjt`'s `f` features), sorted by (block, feature, id), and
-    how many each (block, feature) holds ([blocks, f]). `distinct`: the ids are every id
-    routed, and each block's distinct ones are kept; else they are already its distinct ids
-    (`route_distinct`'s, sorted)."""
+    `samples[j]`, of every one of `kjt`'s `f` features), sorted by (block, feature, id), each
+    row's (block, feature) (block * f + feature), and how many each (block, feature) holds
+    ([blocks, f]). `distinct`: the ids are every id routed, and each block's distinct ones
+    are kept; else they are already its distinct ids (`route_distinct`'s, sorted)."""
     lengths, values, stride = kjt.lengths(), kjt.values(), kjt.stride()
     device = values.device
     of_sample = torch.empty(stride, dtype=torch.int64, device=device)
     for j, rows in enumerate(samples):
         of_sample[rows] = j
-    bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths,
-                                  output_size=len(values))  # fmt: skip
-    group = of_sample[bag % stride] * f + bag // stride  # (block, feature) of each id
+    # each bag's (block, feature): the bags feature after feature, sample after sample
+    group = (of_sample[None, :] * f + torch.arange(f, device=device)[:, None]).reshape(-1)
+    if len(values) != len(lengths) or not bool((lengths == 1).all()):  # not one id a bag
+        group = group[torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                              lengths, output_size=len(values))]  # fmt: skip
     if distinct:
         span = int(values.max()) + 1 if len(values) else 1
-        keys = torch.unique(group * span + values)
+        keys = _unique(group * span + values, len(samples) * f * span)
         group, ids = keys // span, keys % span
     else:
         order = torch.sort(group, stable=True).indices
         group, ids = group[order], values[order]
-    return ids, torch.bincount(group, minlength=len(samples) * f).view(len(samples), f)
+    return ids, group, torch.bincount(group, minlength=len(samples) * f).view(len(samples), f)
 
 
 class BatchLookups:
@@ -375,17 +424,13 @@ class DedupExchange:
         names, device = self.features[self.rank], kjt.values().device
         f = len(names)
         samples = [plan.rows(s, k) for k in range(plan.n) for s in range(self.world)]
-        ids, counts = _owner_blocks(kjt, f, samples, distinct=not self.grads)
+        ids, group, counts = _owner_blocks(kjt, f, samples, distinct=not self.grads)
         flat = counts.reshape(-1)
-        group = torch.repeat_interleave(
-            torch.arange(len(flat), device=device), flat, output_size=len(ids)
-        )  # (block, feature) of each row
         feature = group % f
         # each row's bag among its feature's: its feature's rows in earlier blocks, then its
-        # place among its block's
-        earlier = (torch.cumsum(counts, 0) - counts).reshape(-1)
-        first = torch.cumsum(flat, 0) - flat  # each (block, feature)'s first row
-        bag = earlier[group] + torch.arange(len(ids), device=device) - first[group]
+        # place among its block's (less the (block, feature)'s first row)
+        earlier = (torch.cumsum(counts, 0) - counts).reshape(-1) - (torch.cumsum(flat, 0) - flat)
+        bag = earlier[group] + torch.arange(len(ids), device=device)
         used = counts.sum(0)
         values = torch.empty_like(ids)
         values[(torch.cumsum(used, 0) - used)[feature] + bag] = ids  # feature by feature
@@ -444,18 +489,15 @@ class DedupExchange:
     ) -> Callable:
         """Each micro-batch's distinct rows from each owner, and how its bags pool from
         them: on a GPU (`batched`) for every micro-batch and owner at once on the device, on
-        a CPU one `unique` per owner over its features' lookups (a host read costs nothing
-        there, and per-block `unique` on a batch's 26 x 2048 x 8 lookups took 20 ms against
-        the batched sorts' 150 ms on one core); the same blocks either way. Returns what
+        a CPU one `unique` over every owner's features' lookups (`_blocks`; a host read
+        costs nothing there); the same blocks either way. Returns what
         fills `state.received` once `lookups.read()` has brought the blocks' sizes to the
         host."""
         n, values = lookups.n, lookups.values
         device = values.device
         if not (device.type != "cpu" if batched is None else batched):
             keys = self._positions(lookups.kjt.keys(), device, owned=True)
-            per_owner = [_blocks(lookups.kjt, keys[o], lookups.samples)
-                         for o in range(self.world)]  # fmt: skip
-            received = [list(blocks) for blocks in zip(*per_owner, strict=True)]
+            received = _blocks(lookups.kjt, keys, lookups.samples, self._position_cache)
             return lambda host: setattr(state, "received", received)
         found = []  # per owner: (features, ids, inverse, target, distinct and lookup sizes)
         for o, position in enumerate(self._positions(lookups.kjt.keys(), device)):
@@ -547,7 +589,10 @@ class DedupExchange:
                 if not f:
                     continue
                 rows = part.view(-1, d)
-                bags = rows.new_zeros(b * f, d).index_add_(0, blk.target, rows[blk.inverse])
+                if blk.gather is not None:  # one id a bag: each bag is its row
+                    bags = rows.index_select(0, blk.gather)
+                else:
+                    bags = rows.new_zeros(b * f, d).index_add_(0, blk.target, rows[blk.inverse])
                 pooled.append(bags.view(b, f * d))
             return torch.cat(pooled, dim=1)
 

@@ -32,9 +32,14 @@ def _exchange(rank: int) -> DedupExchange:
     return ex
 
 
-def _batch(gen: torch.Generator, batch: int, empty: bool = False) -> KeyedJaggedTensor:
-    top = 1 if empty else 5
-    lengths = torch.randint(0, top, (len(FEATURES) * batch,), generator=gen, dtype=torch.int32)
+def _batch(gen: torch.Generator, batch: int, bags: str = "multi") -> KeyedJaggedTensor:
+    """Bags of 0 to 4 ids ("multi"), every bag empty ("empty") or one id each ("one")."""
+    if bags == "one":
+        lengths = torch.ones(len(FEATURES) * batch, dtype=torch.int32)
+    else:
+        top = 1 if bags == "empty" else 5
+        lengths = torch.randint(0, top, (len(FEATURES) * batch,), generator=gen,
+                                dtype=torch.int32)  # fmt: skip
     values = torch.randint(0, 12, (int(lengths.sum()),), generator=gen)  # many repeats
     return KeyedJaggedTensor(keys=FEATURES, values=values, lengths=lengths, stride=batch)
 
@@ -64,18 +69,28 @@ def _same_block(got: _Block, want: _Block, fields: tuple[str, ...]) -> None:
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-@pytest.mark.parametrize("n, clustered, empty", [
-    (1, False, False), (3, False, False), (4, True, False), (2, True, True)])  # fmt: skip
-def test_the_requesters_blocks_are_the_per_block_ones(n: int, clustered: bool, empty: bool):
+@pytest.mark.parametrize("n, clustered, bags", [
+    (1, False, "multi"), (3, False, "multi"), (4, True, "multi"), (2, True, "empty"),
+    (3, False, "one"), (4, True, "one")])  # fmt: skip
+def test_the_requesters_blocks_are_the_per_block_ones(n: int, clustered: bool, bags: str):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
-        kjt = _batch(gen, 13, empty)
+        kjt = _batch(gen, 13, bags)
         samples = _samples(gen, 13, n, clustered)
         state, routed = _requester(kjt, samples)
         want = _requester(kjt, samples, batched=False)[0].received
         for k in range(n):
             for o in range(len(OWNED)):
-                _same_block(state.received[k][o], want[k][o], ("ids", "inverse", "target"))
+                cpu = want[k][o]
+                _same_block(state.received[k][o], cpu, ("ids", "inverse", "target"))
+                # one id a bag: the CPU pools each bag by a gather, the sum's result
+                assert (cpu.gather is not None) == (bags == "one")
+                if cpu.gather is not None:
+                    rows = torch.randn(len(cpu.ids), DIM, generator=gen)
+                    summed = torch.zeros(len(cpu.gather), DIM).index_add_(
+                        0, cpu.target, rows[cpu.inverse]
+                    )
+                    assert torch.equal(rows[cpu.gather], summed)
         # what is routed: each micro-batch's distinct ids, in its first sample's bag
         for f in ("a", "b", "c"):
             o = next(o for o, names in enumerate(OWNED) if f in names)
@@ -138,19 +153,25 @@ def test_the_owners_lookups_are_the_per_block_ones(rank: int, n: int, clustered:
     assert stats["dedup_bags"] == sum(batches) * len(OWNED[rank])
 
 
-@pytest.mark.parametrize("n, clustered", [(1, False), (3, False), (4, True)])
+@pytest.mark.parametrize(
+    "n, clustered, one_hot",
+    [(1, False, False), (3, False, False), (4, True, False), (3, False, True), (4, True, True)],
+)
 def test_forward_only_owners_work_each_blocks_distinct_rows_out_of_every_id(
-    n: int, clustered: bool
+    n: int, clustered: bool, one_hot: bool
 ) -> None:
     """`dedup_grads=false`: the owner gets every id (TorchRec's routing), and its blocks
     hold each (micro-batch, requester) block's distinct ids per feature, sorted, the ones
-    its requester pools from; its unique lookups' bag `where` names holds that id."""
+    its requester pools from; its unique lookups' bag `where` names holds that id. Bags of
+    0 to 4 ids, or one each."""
     gen = torch.Generator().manual_seed(n)
     batches = [13, 9, 11]
     plan = ChunkPlan(batches, n, [torch.randperm(b, generator=gen) for b in batches]
                      if clustered else None)  # fmt: skip
     names = OWNED[0]
     lengths = torch.randint(0, 5, (len(names) * sum(batches),), generator=gen, dtype=torch.int32)
+    if one_hot:
+        lengths = torch.ones_like(lengths)
     kjt = KeyedJaggedTensor(keys=names, values=torch.randint(0, 12, (int(lengths.sum()),),
                                                              generator=gen),
                             lengths=lengths, stride=sum(batches))  # fmt: skip
