@@ -166,6 +166,15 @@ def _sum_bags(values_ND: torch.Tensor, lengths_B: torch.Tensor, dim: int) -> tor
     return out_BD.index_add(0, sample_N, values_ND)
 
 
+def _counts(at: torch.Tensor, sample_N: torch.Tensor | None, len_B: torch.Tensor) -> torch.Tensor:
+    """Each sample's count of the ids at positions `at`, as `len_B`: `sample_N` each id's
+    sample, or None where every bag holds one id (id n is sample n's)."""
+    if sample_N is None:
+        return torch.zeros_like(len_B).index_fill_(0, at, 1)
+    counts = torch.bincount(sample_N.index_select(0, at), minlength=len(len_B))
+    return counts.to(len_B.dtype)
+
+
 class SplitRemap:
     """Rewrites a KJT's ids of split features into their hot and cold features.
 
@@ -185,8 +194,7 @@ class SplitRemap:
 
     def __call__(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         keys, values, lengths = [], [], []
-        for f in kjt.keys():
-            jt = kjt[f]
+        for f, jt in kjt.to_dict().items():  # every feature's ids in one split
             ids_N, len_B = jt.values(), jt.lengths()
             hot = self.hot_ids.get(f)
             if hot is None:
@@ -194,20 +202,27 @@ class SplitRemap:
                 values.append(ids_N)
                 lengths.append(len_B)
                 continue
-            sample_N = torch.repeat_interleave(torch.arange(len(len_B)), len_B.long())
+            # each id's sample; None where every bag holds one id (id n is sample n's)
+            one_hot = len(ids_N) == len(len_B) and bool((len_B == 1).all())
+            sample_N = None
+            if not one_hot:
+                sample_N = torch.repeat_interleave(
+                    torch.arange(len(len_B)), len_B.long(), output_size=len(ids_N)
+                )
             if len(hot):
                 pos_N = torch.searchsorted(hot, ids_N)
                 is_hot_N = hot[pos_N.clamp(max=len(hot) - 1)] == ids_N
-                hot_len = torch.bincount(sample_N[is_hot_N], minlength=len(len_B)).to(len_B.dtype)
+                hot_at = is_hot_N.nonzero().squeeze(1)
+                hot_len = _counts(hot_at, sample_N, len_B)
                 keys.append(f + HOT)
-                values.append(pos_N[is_hot_N])
+                values.append(pos_N.index_select(0, hot_at))
                 lengths.append(hot_len)
+                cold_at = (~is_hot_N).nonzero().squeeze(1)
+                cold_N = (ids_N - pos_N).index_select(0, cold_at)
             else:  # row parts only: every id is cold
-                pos_N = torch.zeros_like(ids_N)
-                is_hot_N = torch.zeros_like(ids_N, dtype=torch.bool)
                 hot_len = torch.zeros_like(len_B)
+                cold_at, cold_N = torch.arange(len(ids_N)), ids_N
             k = self.cold_parts[f]
-            cold_N, cold_sample_N = (ids_N - pos_N)[~is_hot_N], sample_N[~is_hot_N]
             if k == 1:
                 keys.append(f + COLD)
                 values.append(cold_N)
@@ -215,11 +230,10 @@ class SplitRemap:
                 continue
             part_N = cold_N % k
             for j, suffix in enumerate(cold_suffixes(k)):
-                mine = part_N == j
+                mine = (part_N == j).nonzero().squeeze(1)
                 keys.append(f + suffix)
-                values.append(cold_N[mine] // k)
-                lengths.append(torch.bincount(cold_sample_N[mine], minlength=len(len_B))
-                               .to(len_B.dtype))  # fmt: skip
+                values.append(cold_N.index_select(0, mine) // k)
+                lengths.append(_counts(cold_at.index_select(0, mine), sample_N, len_B))
         return KeyedJaggedTensor.from_lengths_sync(
             keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
         )

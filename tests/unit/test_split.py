@@ -6,6 +6,7 @@ import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys.config import ModelConfig, SyntheticConfig
 from recsys.data.synthetic import SyntheticCriteo
@@ -96,6 +97,39 @@ def test_cold_row_parts_take_every_cold_id_once() -> None:
     for j, p in enumerate(parts):  # part j holds cold rows c = 3 * row + j, in order
         assert torch.equal(p.values() * 3 + j, cold_rows[cold_rows % 3 == j])
         assert int(p.values().max()) < cold_part_rows(100 - 3, 3)[j]
+
+
+@pytest.mark.parametrize("bags", ["one id", "0 to 3 ids"])
+def test_remap_sends_each_bags_ids_to_their_parts_in_the_bags_order(bags: str) -> None:
+    """Every sample's bag, id by id, against the rule itself: hot id -> its hot row; any
+    other -> cold row c (c = id - hot ids below it), in part c mod k at row c // k; with one
+    id a bag (the remap's shortcut there) and with bags of 0 to 3 ids."""
+    gen = torch.Generator().manual_seed(len(bags))
+    names, batch = ["x", "y", "z", "w"], 17
+    if bags == "one id":
+        lengths = torch.ones(len(names) * batch, dtype=torch.int32)
+    else:
+        lengths = torch.randint(0, 4, (len(names) * batch,), generator=gen, dtype=torch.int32)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
+    kjt = KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=batch)
+    hot = {"x": torch.tensor([5, 2]), "y": torch.zeros(0, dtype=torch.int64),
+           "z": torch.tensor([0, 29, 7])}  # fmt: skip
+    parts = {"y": 2, "z": 3}
+    out = SplitRemap(hot, parts)(kjt)
+    for f, ids in hot.items():
+        k, hot_sorted = parts.get(f, 1), sorted(ids.tolist())
+        suffixes = ["_cold"] if k == 1 else cold_suffixes(k)
+        for s, bag in enumerate(kjt[f].to_dense()):
+            want = {x: [] for x in (["_hot"] if hot_sorted else []) + suffixes}
+            for i in bag.tolist():
+                if i in hot_sorted:
+                    want["_hot"].append(hot_sorted.index(i))
+                else:
+                    c = i - sum(h < i for h in hot_sorted)
+                    want[suffixes[c % k]].append(c // k)
+            for x, rows in want.items():
+                assert out[f + x].to_dense()[s].tolist() == rows, (f, s, x)
+    assert torch.equal(out["w"].values(), kjt["w"].values())  # not split: as it was
 
 
 def test_a_table_in_row_parts_only_keeps_every_id() -> None:
