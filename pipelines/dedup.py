@@ -182,7 +182,9 @@ def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list, distinct: bool
         of_sample[rows] = j
     # each bag's (block, feature): the bags feature after feature, sample after sample
     group = (of_sample[None, :] * f + torch.arange(f, device=device)[:, None]).reshape(-1)
-    if len(values) != len(lengths) or not bool((lengths == 1).all()):  # not one id a bag
+    # unless every bag holds one id (checked on a CPU only: there a read waits for nothing)
+    one_hot = device.type == "cpu" and len(values) == len(lengths) and bool((lengths == 1).all())
+    if not one_hot:
         group = group[torch.repeat_interleave(torch.arange(len(lengths), device=device),
                                               lengths, output_size=len(values))]  # fmt: skip
     if distinct:
