@@ -27,6 +27,9 @@ from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup
 
 SECTIONS = ("tbe", "embedding", "dense", "copies", "host_gather", "sequence", "links")
 
+# one worker runs this module's tests, so the probe (15 s) runs once, not once a worker
+pytestmark = pytest.mark.xdist_group("gpu_probe")
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
