@@ -1,9 +1,12 @@
 """Copy fresh benchmark results into the docs: `python -m benchmarks.docs_sync`.
 
 The docs quote results two ways (tests/unit/test_docs.py checks both):
-- a table under `<!-- rows from benchmarks/results/<dir>/<name>.md -->`: each row that is no
-  longer a line of that file is replaced by the file's row with the same leading label cells
-  (the cells before the first number, e.g. `| hetero_64 | hybrid |`);
+- a table under `<!-- rows from benchmarks/results/<dir>/<name>.md -->`: the rows of one of
+  that file's tables (`source_tables`; a file may hold several with the same header and row
+  names, e.g. a benchmark's main rows and its multi-hot rows); each row that is no longer
+  a line of it is replaced by its row with the same leading label cells (the cells before
+  the first number, e.g. `| hetero_64 | hybrid |`), from the table whose rows are the
+  closest in value to the quoted ones (`_source_of`);
 - a figure linked to a results JSON, `[1.54x](benchmarks/results/.../summary.json#rows.0.x)`:
   its number is rewritten to the value at the decimals shown.
 
@@ -68,8 +71,50 @@ def _label(row: str) -> tuple[str, ...]:
     return (len(cells), *label)
 
 
+def source_tables(text: str) -> list[list[str]]:
+    """A results file's tables, each its lines (header, separator, rows), stripped."""
+    tables: list[list[str]] = []
+    previous = False
+    for line in (x.strip() for x in text.splitlines()):
+        if line.startswith("|"):
+            if not previous:
+                tables.append([])
+            tables[-1].append(line)
+        previous = line.startswith("|")
+    return tables
+
+
+def _numbers(row: str) -> list[float]:
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    return [float(NUMBER.search(c).group().replace(",", "")) for c in cells
+            if NUMERIC_CELL.match(c)]  # fmt: skip
+
+
+def _source_of(table: str, tables: list[list[str]]) -> list[str]:
+    """The results table a quoted one copies: among those with its header, one that holds
+    every quoted row as it is, else the one whose rows of the same labels are closest in
+    value (a fresh run moves every number a little; another row set, most of them a lot)."""
+    rows = [r.strip() for r in table.strip().splitlines()]
+    same = [t for t in tables if t and rows and t[0] == rows[0]] or tables
+    body = [r for r in rows[1:] if not set(r) <= set("|-: ")]
+
+    def distance(t: list[str]) -> tuple[int, float]:
+        by_label = {_label(x): x for x in t}
+        far = 0.0
+        for row in body:
+            match = by_label.get(_label(row))
+            if match is None:
+                far += 1.0
+                continue
+            pairs = zip(_numbers(row), _numbers(match), strict=False)
+            far += sum(abs(a - b) / max(abs(a), abs(b), 1e-12) for a, b in pairs)
+        return -sum(r in t for r in body), far
+
+    return min(same, key=distance)
+
+
 def _sync_table(doc: str, source: Path, table: str, log: list[str]) -> str:
-    lines = [line.strip() for line in source.read_text().splitlines()]
+    lines = _source_of(table, source_tables(source.read_text()))
     present = set(lines)
     by_label: dict[tuple, list[str]] = {}
     for line in lines:
