@@ -110,7 +110,7 @@ def _source_of(table: str, tables: list[list[str]]) -> list[str]:
             far += sum(abs(a - b) / max(abs(a), abs(b), 1e-12) for a, b in pairs)
         return -sum(r in t for r in body), far
 
-    return min(same, key=distance)
+    return min(same, key=distance) if same else []
 
 
 def _sync_table(doc: str, source: Path, table: str, log: list[str]) -> str:

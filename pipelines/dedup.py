@@ -348,7 +348,8 @@ class DedupExchange:
                 f"order ({columns}); use pipeline.dedup=false"
             )
         self.stats = stats  # counts rows sent (dedup_rows) and the bags they replace
-        self._position_cache: dict = {}
+        # what depends only on the layout (positions, columns, `_blocks`' index tensors)
+        self._layout_cache: dict = {}
 
     # owner side: which single-id bags to look up, and where each block's rows are
     def owner_input(
@@ -460,12 +461,12 @@ class DedupExchange:
     def _columns(self, names: list[str], device: torch.device) -> torch.Tensor:
         """Each of this owner's features' column block in its lookup's output."""
         key = ("columns", device)
-        if key not in self._position_cache:
+        if key not in self._layout_cache:
             d = self.dim[self.rank]
-            self._position_cache[key] = torch.tensor(
+            self._layout_cache[key] = torch.tensor(
                 [self.columns[n][0] // d for n in names], device=device
             )
-        return self._position_cache[key]
+        return self._layout_cache[key]
 
     # requester side: the same blocks, from this rank's own batch
     def _positions(
@@ -475,16 +476,16 @@ class DedupExchange:
         the owner's feature count where it holds none (`owned`: the positions in the batch
         of the owner's features); made once (a host-to-device copy)."""
         key = (tuple(keys), device, owned)
-        if key not in self._position_cache:
+        if key not in self._layout_cache:
             if owned:
                 at = [[keys.index(f) for f in names] for names in self.features]
             else:
                 at = [[names.index(f) if f in names else len(names) for f in keys]
                       for names in self.features]  # fmt: skip
-            self._position_cache[key] = [
+            self._layout_cache[key] = [
                 torch.tensor(a, dtype=torch.int64, device=device) for a in at
             ]
-        return self._position_cache[key]
+        return self._layout_cache[key]
 
     def requester_input(
         self, lookups: BatchLookups, state: DedupBatch, batched: bool | None = None
@@ -499,7 +500,7 @@ class DedupExchange:
         device = values.device
         if not (device.type != "cpu" if batched is None else batched):
             keys = self._positions(lookups.kjt.keys(), device, owned=True)
-            received = _blocks(lookups.kjt, keys, lookups.samples, self._position_cache)
+            received = _blocks(lookups.kjt, keys, lookups.samples, self._layout_cache)
             return lambda host: setattr(state, "received", received)
         found = []  # per owner: (features, ids, inverse, target, distinct and lookup sizes)
         for o, position in enumerate(self._positions(lookups.kjt.keys(), device)):

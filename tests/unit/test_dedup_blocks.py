@@ -27,7 +27,7 @@ def _exchange(rank: int) -> DedupExchange:
     ex.pg, ex.rank, ex.world, ex.features = None, rank, len(OWNED), OWNED
     ex.columns = {f: (i * DIM, (i + 1) * DIM) for i, f in enumerate(OWNED[rank])}
     ex.dim = [DIM if names else 0 for names in OWNED]
-    ex.stats, ex._position_cache = {"dedup_rows": 0, "dedup_bags": 0}, {}
+    ex.stats, ex._layout_cache = {"dedup_rows": 0, "dedup_bags": 0}, {}
     ex.grads = True  # the gradients as unique rows too: the routed ids are distinct
     return ex
 

@@ -57,7 +57,7 @@ def test_a_copied_table_holds_its_results_tables_rows(doc: Path, file: str, tabl
     results file (a file may hold several tables of one header: a row set's rows quoted
     under another's heading would otherwise pass)."""
     rows = [r.strip() for r in table.strip().splitlines() if not set(r) <= set("|-: ")]
-    tables = [set(t) for t in source_tables((REPO / file).read_text())]
+    tables = [set(t) for t in source_tables((REPO / file).read_text())] or [set()]
     best = max(tables, key=lambda t: sum(r in t for r in rows))
     missing = [r for r in rows if r not in best]
     assert not missing, (
@@ -132,7 +132,12 @@ def test_docs_sync_takes_each_quoted_table_from_its_own_row_set(tmp_path):
         + head
         + "| plain | 22,459 | 657.0 |\n| nested4 | 30,645 | 656.9 |\n"
     )
-    text = sync(doc, [], repo=tmp_path)
-    main, multi = text.split("\n\n")
+    (results / "none.md").write_text("no table here\n")
+    doc.write_text(doc.read_text() + "\n<!-- rows from benchmarks/results/x/none.md -->\n"
+                   + head + "| plain | 1 | 2 |\n")  # fmt: skip
+    log: list[str] = []
+    text = sync(doc, log, repo=tmp_path)
+    main, multi, none = text.split("\n\n")
+    assert "| plain | 1 | 2 |" in none and any("NOT MATCHED" in line for line in log)
     assert "| plain | 30,818 | 468.0 |" in main and "| nested4 | 52,253 | 467.9 |" in main
     assert "| plain | 18,274 | 657.3 |" in multi and "| nested4 | 25,081 | 657.0 |" in multi
