@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rank_jobs
-from conftest import compose_config
+from conftest import CALIBRATION_2026_12_06, compose_config
 
 from recsys.app.train import to_typed
 from recsys.launch import raise_on_failure, spawn_ranks
@@ -35,12 +35,12 @@ COMMON = ["debug=tiny", "cluster=local_cpu2",
 
 def _group_plan(cfg):
     """The planner's plan for one group of 2 ranks; hybrid's with split tables (their CPU
-    work set to zero, as `recsys.app.planning.plan_with_splits`)."""
+    work set to zero under the pinned calibration, as `conftest.plan_with_splits`)."""
     from recsys.app.planning import make_plan, plan_inputs
     from sharding.calibration import load_calibration, without_split_work
     from sharding.two_d import group_inputs
 
-    free = without_split_work(load_calibration())
+    free = without_split_work(load_calibration(CALIBRATION_2026_12_06))
     plan = make_plan(cfg, group_inputs(plan_inputs(cfg, None, "veth_1gbit", free), 2))
     plan.sharding_group_size = 2
     return plan
