@@ -10,12 +10,7 @@ import pytest
 import rank_jobs
 import torch
 import yaml
-from conftest import (
-    CALIBRATION_2026_12_04,
-    CALIBRATION_2026_12_06,
-    compose_config,
-    plan_with_splits,
-)
+from conftest import CALIBRATION_2026_12_04, compose_config, plan_with_splits
 from omegaconf import OmegaConf
 
 from recsys.app.train import to_typed
@@ -308,7 +303,7 @@ def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
     moves hybrid's cuts, and with them the order noise dedup is held to."""
     base = ["planner=hybrid", "trainer.batch_size=128", "trainer.progress_bar=false",
             "trainer.dist_timeout_s=60", *ADAGRAD]  # fmt: skip
-    plan = plan_with_splits(to_typed(compose_config(base)), CALIBRATION_2026_12_06)
+    plan = plan_with_splits(to_typed(compose_config(base)))
     assert any(0 < t.replicated_rows < t.rows for t in plan.tables), "no split table"
     assert any(s.sparse_exchange for t in plan.tables for s in t.shards), "no sequence part"
     bases = {"sequence": [*base, "planner.cold_only_exchange=true"],
