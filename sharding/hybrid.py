@@ -103,8 +103,8 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     if not options.speed_aware:
         return _variants(inputs, equal_batch(inputs.global_batch, inputs.world), options)[0]
     guides = bound_guides(inputs)
-    # batch splits ranked on the speed shares' placement; the two most promising placed
-    # anew (greedy), the best of those then polished
+    # batch splits ranked on the speed shares' placement; the two most promising that are
+    # not near copies of one already placed are placed anew (greedy), the best then polished
     try:
         best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs,
                         False)  # fmt: skip
@@ -112,7 +112,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         best = evaluate(_hybrid(inputs, equal_batch(inputs.global_batch, inputs.world), options,
                                 polish=False), inputs, False)  # fmt: skip
     ranked = sorted(
-        other_batches(inputs, guides, best),
+        distinct_batches(other_batches(inputs, guides, best), best.batch_per_rank),
         key=lambda batch: _step_ms(
             evaluate(
                 replace(best, batch_per_rank=batch, devices=[]), inputs, False, check_tables=False
@@ -178,6 +178,7 @@ def _fitting(make: Callable[[], tuple[Plan, _Recipe]]) -> list[tuple[Plan, _Reci
 
 REPLICATION_TRIALS = (8, 4)  # moves tried: up to SEARCH_FULL_RANKS ranks, on more
 BATCHES_PLACED = 2  # batch splits besides speed shares placed anew
+DISTINCT_BATCH = 0.02  # of the global batch: a split no rank's batch moves more is a copy
 # on more ranks than this, the searches make fewer trials and refine the best candidate
 # family only (planning time: docs/planning.md's goals)
 SEARCH_FULL_RANKS = 32
@@ -346,6 +347,20 @@ def other_batches(inputs: PlanInputs, guides: list[BoundGuide], plan: Plan) -> l
         if batch not in unique and batch != speed and batch != plan.batch_per_rank:
             unique.append(batch)
     return unique
+
+
+def distinct_batches(batches: list[list[int]], *placed: list[int]) -> list[list[int]]:
+    """`batches` less those within DISTINCT_BATCH of the global batch on every rank of a
+    split in `placed` or of one kept before them: a near copy of a split already placed
+    would be placed again instead of a different one (the ranking prices every split on
+    one placement, so the copies of that placement's own split rank first)."""
+    kept: list[list[int]] = []
+    for batch in batches:
+        tolerance = DISTINCT_BATCH * sum(batch)
+        if all(max(abs(a - b) for a, b in zip(batch, other, strict=True)) > tolerance
+               for other in (*placed, *kept)):  # fmt: skip
+            kept.append(batch)
+    return kept
 
 
 def with_speed_aware_batch(

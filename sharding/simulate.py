@@ -13,10 +13,12 @@ cost without the split by link (`StepCost.emb_a2a_parts_s` empty) puts each exch
 issued: an exchange hidden under compute lengthens it (the forward chunks' CPU work is all
 queued after the lookups, the closed form charges it to the dense work instead). A task
 starts when every task it depends on has ended and its resource has finished the task
-before it in program order. A collective is one task per rank and link that starts once
-every rank's input is ready and whose result every rank waits for (the barrier of an
-all-to-all). The durations are the cost model's per-rank stage times, so the simulator and
-the closed form share every constant; they differ only in how stages overlap.
+before it in program order. A collective is one task per rank and link whose result every
+rank waits for (the barrier of an all-to-all); an all-to-all's task on a rank starts once
+that rank's own input is ready (its sends leave as it calls the collective, under its
+peers' compute: `types.exchange_past_s`), the all-reduce's once every rank's is. The
+durations are the cost model's per-rank stage times, so the simulator and the closed form
+share every constant; they differ only in how stages overlap.
 
 Schedules (the train pipelines):
 - `plain`: ids -> lookup -> embedding exchange -> dense forward and backward -> gradient
@@ -174,20 +176,24 @@ class _StepTasks:
                 for link, xs in chosen.items()}  # fmt: skip
 
     def collective(self, name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
-                   cpu_s: Sequence[float] = ()) -> list[str]:  # fmt: skip
-        """One task per rank and link on its queue, all after every rank's input (a
-        zero-length barrier task keeps this linear in the ranks), and its CPU work
-        (`cpu_s`, per rank) on the rank's compute queue; returns the barrier after them."""
+                   cpu_s: Sequence[float] = (), inputs: Sequence[str] = ()
+                   ) -> list[str]:  # fmt: skip
+        """One task per rank and link on its queue and its CPU work (`cpu_s`, per rank) on
+        the rank's compute queue; returns the barrier after them. Each rank's tasks start
+        after `deps` and the rank's own input (`inputs[r]`: an all-to-all, whose sends leave
+        as each rank calls it), or, without `inputs`, after every rank's (the all-reduce's
+        ring); a zero-length task joins `deps` so that this stays linear in the ranks."""
         tasks = self.tasks
         tasks.append(Task(f"{name}:in", f"{name}:in", 0.0, tuple(deps)))
         ends = []
         for r in self.ranks:
+            after = (f"{name}:in", inputs[r]) if inputs else (f"{name}:in",)
             for link, durations in by_link.items():
                 ends.append(f"{name}@{r}/{link}")
-                tasks.append(Task(ends[-1], f"{link}:{r}", durations[r], (f"{name}:in",)))
+                tasks.append(Task(ends[-1], f"{link}:{r}", durations[r], after))
             if cpu_s:
                 ends.append(f"{name}@{r}/cpu")
-                tasks.append(Task(ends[-1], f"compute:{r}", cpu_s[r], (f"{name}:in",)))
+                tasks.append(Task(ends[-1], f"compute:{r}", cpu_s[r], after))
         tasks.append(Task(f"{name}:out", f"{name}:out", 0.0, tuple(ends)))
         return [f"{name}:out"]
 
@@ -201,7 +207,7 @@ class _StepTasks:
             self.tasks.append(Task(f"s{k}:copy@{r}", f"h2d:{r}", self.copy[r], (host, *after)))
         copies = [f"s{k}:copy@{r}" for r in self.ranks]
         by_link = self.parts(self.cost.ids_a2a_s, self.cost.ids_a2a_parts_s)
-        return self.collective(f"s{k}:ids", by_link, copies, self.cpu.get("ids", ()))
+        return self.collective(f"s{k}:ids", by_link, (), self.cpu.get("ids", ()), copies)
 
     def forward(self, k: int, deps: Sequence[str]) -> list[list[str]]:
         """Step k's lookups, then every forward chunk as soon as they are done."""
@@ -211,7 +217,8 @@ class _StepTasks:
             self.tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + self.seq[r],
                                    tuple(deps)))  # fmt: skip
         fwd = self.parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, self.n)
-        return [self.collective(f"s{k}:emb{c}", fwd, lookups, self.emb_cpu) for c in range(self.n)]
+        return [self.collective(f"s{k}:emb{c}", fwd, (), self.emb_cpu, lookups)
+                for c in range(self.n)]  # fmt: skip
 
     def chunks(self, k: int, fwd: list[list[str]], per_sample_s: float = 0.0
                ) -> tuple[list[str], list[str]]:  # fmt: skip
@@ -229,7 +236,7 @@ class _StepTasks:
                 self.tasks.append(Task(dense[r], f"compute:{r}",
                                        (cost.dense_s[r] + per_sample_s) / self.n + fixed,
                                        tuple(fwd[c])))  # fmt: skip
-            grads += self.collective(f"{p}:grad{c}", bwd, dense, self.emb_cpu)
+            grads += self.collective(f"{p}:grad{c}", bwd, (), self.emb_cpu, dense)
         reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
         allreduce = {reduce_on: [cost.allreduce_s * self.net] * self.world}
         return grads, self.collective(f"{p}:allreduce", allreduce, dense,

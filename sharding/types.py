@@ -9,7 +9,7 @@ costs, a step's stage times), and what every planner takes and returns (`PlanInp
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -394,7 +394,6 @@ class StepCost:
         """The stages of one step as the schedule overlaps them, each at its slowest rank."""
         lookup = max(self.lookup_fwd_s) + max(self.lookup_bwd_s)
         ids, dense = max(self.ids_a2a_s), max(self.dense_s)
-        fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)
         seq = max(self.split_s, default=0.0)
         # what hides under compute lengthens it by its CPU work (CPU ranks)
         cpu = self.hidden_cpu_s(schedule, micro_batches)
@@ -407,16 +406,33 @@ class StepCost:
             # step and the fixed overheads; the other chunks both ways and the next ids
             # cross under the micro-batches' dense and per-sample work. Each chunk pays the
             # exchange's latency, each micro-batch past the first its fixed work.
+            fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)
             chunk_fwd, chunk_bwd = self.chunk_s(fwd, n), self.chunk_s(bwd, n)
             work = dense + self.input_s + cpu + (n - 1) * self.micro_batch_s
             return (chunk_bwd + max(lookup, self.allreduce_s) + max(self.overhead_s, chunk_fwd)
                     + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids) + seq)  # fmt: skip
         fixed = lookup + dense + self.allreduce_s + self.fixed_s(schedule) + seq
+        # each rank's part of the embedding exchange starts when its own work before it ends
+        # (its lookups and split tables' work; its dense work for the gradients)
+        split = self.split_s or [0.0] * len(self.dense_s)
+        before = [f + s for f, s in zip(self.lookup_fwd_s, split, strict=True)]
+        fwd = exchange_past_s(before, self.emb_a2a_fwd_s)
+        bwd = exchange_past_s(self.dense_s, self.emb_a2a_bwd_s)
         if schedule == Schedule.plain:
             return fixed + ids + fwd + bwd
         # SparseDist, and nested in one micro-batch: the embedding exchange stays exposed,
         # the next batch's ids hide under the dense work
         return fixed + fwd + bwd + max(0.0, ids - dense, cpu)
+
+
+def exchange_past_s(before: Sequence[float], exchange: Sequence[float]) -> float:
+    """How long an all-to-all outlasts the slowest rank's work before it (per rank: that
+    work, and the rank's part of the exchange, the longer of its sending and receiving).
+    Each rank's part starts when its own work ends: a fast rank's sends cross under a slow
+    rank's compute (the link takes them, and the peers' kernels buffer them, before the
+    peers call the collective), and the exchange ends when the last rank's part has. With
+    equal work before it: the slowest rank's part."""
+    return max(b + x for b, x in zip(before, exchange, strict=True)) - max(before)
 
 
 class PlanDoesNotFitError(UserError, RuntimeError):

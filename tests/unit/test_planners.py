@@ -772,3 +772,16 @@ def test_the_placer_puts_each_piece_where_the_step_ends_soonest() -> None:
         placer._commit(chosen, p, lookup_s[chosen])
     look, exch = placer.load - placer.dense, placer.exchange()
     assert placer.score()[0] == pytest.approx(look.max() + exch.max())
+
+
+def test_near_copies_of_a_placed_batch_split_are_not_placed_again() -> None:
+    """The ranking prices every split on the speed split's placement, so its near copies
+    rank first; within 2% of the global batch on every rank, a split is a copy of the
+    speed split or of one kept before it, and a different split is placed instead."""
+    from sharding.hybrid import distinct_batches
+
+    speed = [3796, 1174, 1174]
+    ranked = [[3805, 1170, 1169], [3800, 1172, 1172], [4968, 588, 588], [4960, 592, 592],
+              [6141, 2, 1]]  # fmt: skip
+    assert distinct_batches(ranked, speed) == [[4968, 588, 588], [6141, 2, 1]]
+    assert distinct_batches(ranked) == [[3805, 1170, 1169], [4968, 588, 588], [6141, 2, 1]]

@@ -3,6 +3,8 @@ against the cost model's closed form where they must agree."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sharding.simulate import Task, run, simulate
@@ -46,6 +48,31 @@ def _cost(world: int = 2, dense: float = 10.0, emb: float = 4.0, ids: float = 1.
 def test_equal_ranks_take_the_closed_forms_step(schedule: Schedule) -> None:
     cost = _cost()
     assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
+
+
+def _fast_sender() -> StepCost:
+    """Rank 0 looks up and computes in a third of rank 1's time but sends and receives
+    most of the embeddings: its part of each exchange (4) outlasts rank 1's (1)."""
+    return StepCost(lookup_fwd_s=[1.0, 3.0], lookup_bwd_s=[2.0, 2.0], ids_a2a_s=[1.0, 1.0],
+                    emb_a2a_fwd_s=[4.0, 1.0], emb_a2a_bwd_s=[4.0, 1.0], dense_s=[4.0, 12.0],
+                    allreduce_s=1.5, overhead_s=0.5, input_s=0.25)  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
+def test_a_fast_ranks_sends_cross_under_a_slow_ranks_compute(schedule: Schedule) -> None:
+    """Each rank's part of an all-to-all starts when its own work before it ends: the
+    forward exchange ends at max(1 + 4, 3 + 1) = 5 after the lookups began, 2 past the
+    slowest rank's lookups (not 4); the gradients at max(4 + 4, 12 + 1) = 13, 1 past the
+    slowest dense work. Simulator and closed form agree."""
+    cost = _fast_sender()
+    fixed = 3.0 + 2.0 + 12.0 + 1.5 + 0.75  # slowest lookups both ways, dense, reduce, overheads
+    ids = 1.0 if schedule == Schedule.plain else 0.0  # SparseDist: under the dense work
+    assert cost.step_s(schedule) == pytest.approx(fixed + ids + 2.0 + 1.0)
+    assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
+    # the same parts with the work swapped onto the rank that sends most: all exposed
+    late = replace(cost, lookup_fwd_s=[3.0, 1.0], dense_s=[12.0, 4.0])
+    assert late.step_s(schedule) == pytest.approx(fixed + ids + 4.0 + 4.0)
+    assert simulate(late, schedule).step_s == pytest.approx(late.step_s(schedule))
 
 
 def test_the_plain_loop_exposes_the_whole_exchange() -> None:
