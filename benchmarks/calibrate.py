@@ -96,8 +96,9 @@ class CalibrateConfig:
     micro_batch_runs: list[int] = field(default_factory=lambda: [1, 8])
     micro_batch_batch: int = 1024
     # ... and on each emulated cluster, each rank's CPU per micro-batch (its own cgroup's
-    # figure, not the loopback one-core fit's), at a batch no validation setting trains at
-    emulated_micro_batch_batch: int = 1536
+    # figure, not the loopback one-core fit's), the mean over batches no validation
+    # setting trains at
+    emulated_micro_batch_batches: list[int] = field(default_factory=lambda: [1280, 2560])
     settings: list[Setting] = field(
         default_factory=lambda: [
             Setting("dlrm_small b1024 loopback plain", ["trainer.batch_size=1024"]),
@@ -552,25 +553,33 @@ def measure_micro_batch_cpu(
     cfg: CalibrateConfig, cluster: str, run_dir: Path, calibration: Path
 ) -> dict:
     """The nested pipeline on an emulated cluster at the fewest and the most micro-batches of
-    `micro_batch_runs`: each rank's CPU per step (its cgroup's, `cpu_ms_per_step_by_rank`),
-    its difference over the micro-batches added (`cpu_s_by_rank`). Measured there, not
-    scaled from the loopback fit: a rank at a share of a core pays more per micro-batch
-    (smaller exchanges to more peers across the shaped link, each chunk's bookkeeping at
-    its quota) than one core on loopback, and the step of a quota-bound rank is its CPU."""
-    base = [f"cluster={cluster}", f"trainer.batch_size={cfg.emulated_micro_batch_batch}",
-            f"planner.calibration={calibration}"]  # fmt: skip
-    trained = _nested_runs(cfg, base, run_dir, f"{cluster}_")
-    runs = [{"micro_batches": n, "measured_ms": measured_ms(summary),
-             "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]}
-            for n, _, _, summary in trained]  # fmt: skip
-    if len(runs) < 2 or runs[-1]["micro_batches"] == runs[0]["micro_batches"]:
+    `micro_batch_runs`, at each of `emulated_micro_batch_batches`: each rank's CPU per step
+    (its cgroup's, `cpu_ms_per_step_by_rank`), its difference over the micro-batches added,
+    the mean over the batches (`cpu_s_by_rank`; one batch can mislead: on `emu_mixed4` the
+    quarter-core ranks paid 2.7 ms a micro-batch at 1536 and 3.6-3.9 at 1024, 1280 and
+    2048). Measured there, not scaled from the loopback fit: a rank at a share of a core
+    pays more per micro-batch (smaller exchanges to more peers across the shaped link, each
+    chunk's bookkeeping at its quota) than one core on loopback, and the step of a
+    quota-bound rank is its CPU."""
+    runs, per_batch = [], []
+    for batch in cfg.emulated_micro_batch_batches:
+        base = [f"cluster={cluster}", f"trainer.batch_size={batch}",
+                f"planner.calibration={calibration}"]  # fmt: skip
+        trained = _nested_runs(cfg, base, run_dir, f"{cluster}_b{batch}_")
+        at = [{"batch": batch, "micro_batches": n, "measured_ms": measured_ms(summary),
+               "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]}
+              for n, _, _, summary in trained]  # fmt: skip
+        runs += at
+        if len(at) < 2 or at[-1]["micro_batches"] == at[0]["micro_batches"]:
+            continue
+        first, last = at[0], at[-1]
+        pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"],
+                    strict=True)  # fmt: skip
+        per_batch.append([_per_micro_batch_s(first, last, a, b) for a, b in pairs])
+    if not per_batch:
         return {"runs": [], "cpu_s_by_rank": []}
-    first, last = runs[0], runs[-1]
-    pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"], strict=True)
-    return {
-        "runs": runs,
-        "cpu_s_by_rank": [_per_micro_batch_s(first, last, a, b) for a, b in pairs],
-    }
+    mean = [statistics.fmean(x) for x in zip(*per_batch, strict=True)]
+    return {"runs": runs, "cpu_s_by_rank": mean}
 
 
 def _nested_runs(cfg: CalibrateConfig, base: list[str], run_dir: Path,

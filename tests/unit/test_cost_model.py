@@ -945,9 +945,11 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
                  "input": {"input_s_per_sample": core.input_s_per_sample / s}}
                 for s in x]  # fmt: skip
 
-    def train(overrides, cfg, run_dir, link):  # each rank's CPU a step: 1 + n ms at a 0.25 share
+    def train(overrides, cfg, run_dir, link):
+        # each rank's CPU a step at a 0.25 share: 1 + n x (2/3 ms at batch 1280, 4/3 at 2560)
         name = next(o.split("=")[1] for o in overrides if o.startswith("cluster="))
         n = int(next(o.split("=")[1] for o in overrides if o.startswith("pipeline.micro_batches")))
+        batch = int(next(o.split("=")[1] for o in overrides if o.startswith("trainer.batch_size")))
         ranks = resolve_cluster(cluster_of(name))
         shares = [r.share for r in ranks]
         # the runs plan on the cluster's shares and link just measured, which no calibration
@@ -956,9 +958,9 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
         ahead = load_calibration(Path(path))
         assert len(device_costs(ranks, ahead, cluster=name)) == len(ranks) and name in ahead.links
         return {
-            "batch_per_rank": [cfg.emulated_micro_batch_batch] * len(shares),
+            "batch_per_rank": [batch] * len(shares),
             "samples_per_s": 1e4,
-            "cpu_ms_per_step_by_rank": [s * 4 * (1 + n) for s in shares],
+            "cpu_ms_per_step_by_rank": [s * 4 * (1 + n * batch / 1920) for s in shares],
         }
 
     monkeypatch.setattr(emulation, "emulated", emulated)
@@ -973,8 +975,9 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
     assert m3.dense_flops_per_s == pytest.approx(2 * m4.dense_flops_per_s)
     assert m3.step_overhead_s == pytest.approx(m4.step_overhead_s / 2)
-    # each micro-batch past the first: the rank's CPU for it, at its share's quota (4 ms),
-    # measured on the cluster, not the one-core fit scaled by the share's speed
+    # each micro-batch past the first: the rank's CPU for it, at its share's quota (4 ms: the
+    # mean of 2.67 and 5.33 over the two batches), measured on the cluster, not the one-core
+    # fit scaled by the share's speed
     assert {k: v.micro_batch_overhead_s for k, v in shares.items()} == pytest.approx(
         dict.fromkeys(shares, 4e-3)
     )
