@@ -2,9 +2,9 @@
 
 No placement, replication or batch split of the tables can step faster than
 `lower_bound_ms(inputs)` under the schedule `inputs.schedule`. It is the sum of:
-- lookups: every table's forward and backward from fast memory, spread perfectly over the
-  cluster's total embedding speed; batch assembly likewise; the dense all-reduce and the
-  smallest fixed overhead;
+- lookups: every table's forward, then its backward with the dense all-reduce crossing
+  under it, each from fast memory spread perfectly over the cluster's embedding speed for
+  that pass; batch assembly likewise; the smallest fixed overhead;
 - feeding the batch (GPU ranks: host work and the copy to the device), spread perfectly
   over the ranks: added in the plain loop, a floor under pipelined schedules;
 - the larger of two bounds on dense work plus the exposed embedding exchange:
@@ -49,17 +49,32 @@ def lookup_rates(inputs: PlanInputs) -> list[float]:
     return [d.emb_read_bytes_per_s / (1 + d.emb_bwd_factor) for d in inputs.devices]
 
 
+def _emb_bytes(inputs: PlanInputs) -> float:
+    return sum(inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes
+               for t in inputs.tables)  # fmt: skip
+
+
 def lookups_spread_s(inputs: PlanInputs) -> float:
     """Every table's lookups (forward and backward, from fast memory) spread perfectly over
     the cluster's total embedding speed: no placement looks them up sooner."""
-    emb_bytes = sum(inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes
-                    for t in inputs.tables)  # fmt: skip
-    return emb_bytes / sum(lookup_rates(inputs))
+    return _emb_bytes(inputs) / sum(lookup_rates(inputs))
+
+
+def lookups_and_reduce_s(inputs: PlanInputs, allreduce: float) -> float:
+    """The lookups forward, then their backward with the dense all-reduce crossing under it
+    (`StepCost.backward_tail_s`), each pass spread perfectly over the cluster's speed for
+    it: a step's slowest rank at each pass takes at least that, so no plan is quicker. At
+    most `lookups_spread_s` + `allreduce` (passes spread apart are no slower than both
+    spread together)."""
+    emb = _emb_bytes(inputs)
+    fwd = emb / sum(d.emb_read_bytes_per_s for d in inputs.devices)
+    bwd = emb / sum(d.emb_read_bytes_per_s / d.emb_bwd_factor if d.emb_bwd_factor > 0
+                    else math.inf for d in inputs.devices)  # fmt: skip
+    return fwd + max(bwd, allreduce)
 
 
 def lower_bound_ms(inputs: PlanInputs) -> float:
     devs = inputs.devices
-    lookup = lookups_spread_s(inputs)
     per_sample_s = [d.input_s_per_sample + d.sample_overhead_s for d in devs]
     per_sample = 0.0
     if all(c > 0 for c in per_sample_s):
@@ -69,7 +84,7 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
                             per_node)  # fmt: skip
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
-    device = lookup + dense_and_exchange + per_sample + allreduce + overhead
+    device = lookups_and_reduce_s(inputs, allreduce) + dense_and_exchange + per_sample + overhead
     serial, ahead = _feed_bound_s(inputs)
     if inputs.schedule == Schedule.plain:
         return 1000 * (device + serial)

@@ -22,7 +22,8 @@ share every constant; they differ only in how stages overlap.
 
 Schedules (the train pipelines):
 - `plain`: ids -> lookup -> embedding exchange -> dense forward and backward -> gradient
-  exchange -> lookup backward and update -> all-reduce -> fixed overheads, per step.
+  exchange -> lookup backward and update, under the all-reduce (queued behind the gradients
+  on the link) -> fixed overheads, per step.
 - `sparse_dist`: TorchRec's; the next batch's id exchange runs under this batch's dense work.
 - `nested`: also the embedding exchange and its gradients in N micro-batch chunks, each
   chunk's dense and per-sample work waiting for its own chunk only (each chunk pays the
@@ -252,10 +253,12 @@ class _StepTasks:
         return [f"s{k}:done"]
 
     def backward_and_update(self, k: int, fwd: list[list[str]]) -> list[str]:
-        """Step k's chunks (`chunks`), then the update on every rank after every gradient
-        chunk and the all-reduce."""
+        """Step k's chunks (`chunks`), the update on every rank after every gradient chunk
+        (under the all-reduce), then the fixed overheads after both."""
         grads, reduce = self.chunks(k, fwd)
         cost = self.cost
+        update = [f"s{k}:update@{r}" for r in self.ranks]
+        for r in self.ranks:
+            self.tasks.append(Task(update[r], f"compute:{r}", cost.lookup_bwd_s[r], tuple(grads)))
         fixed = cost.rank_fixed_s or [cost.overhead_s + cost.input_s] * self.world
-        update = [b + f for b, f in zip(cost.lookup_bwd_s, fixed, strict=True)]
-        return self.end_step(k, "update", update, (*grads, *reduce))
+        return self.end_step(k, "overheads", fixed, (*update, *reduce))

@@ -363,6 +363,17 @@ class StepCost:
         ids, emb = self.comm_cpu_s["ids"], self.comm_cpu_s["emb"]
         return max(i + 2 * e * (n - 1) / n for i, e in zip(ids, emb, strict=True))
 
+    def backward_tail_s(self, bwd_s: float) -> float:
+        """From the gradient exchange's end (it took `bwd_s` past the slowest dense work) to
+        the fixed overheads, outside nested micro-batches: each rank's lookup backward (the
+        fused update) runs while the dense all-reduce, whose buckets start in the dense
+        backward (`pipelines.dense_reduce`), crosses the link behind the gradients; on CPU
+        ranks the all-reduce's own CPU work, run as the gradients cross, holds the update
+        back by what it outlasts them. The overheads wait for both."""
+        cpu = self.comm_cpu_s.get("allreduce") or [0.0] * len(self.lookup_bwd_s)
+        update = max(b + max(0.0, c - bwd_s) for b, c in zip(self.lookup_bwd_s, cpu, strict=True))
+        return max(self.allreduce_s, update)
+
     def chunk_s(self, exchange_s: float, n: int) -> float:
         """One of n chunks of an exchange that takes `exchange_s` whole: its share of the
         bytes and the latency again."""
@@ -411,13 +422,14 @@ class StepCost:
             work = dense + self.input_s + cpu + (n - 1) * self.micro_batch_s
             return (chunk_bwd + max(lookup, self.allreduce_s) + max(self.overhead_s, chunk_fwd)
                     + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids) + seq)  # fmt: skip
-        fixed = lookup + dense + self.allreduce_s + self.fixed_s(schedule) + seq
         # each rank's part of the embedding exchange starts when its own work before it ends
         # (its lookups and split tables' work; its dense work for the gradients)
         split = self.split_s or [0.0] * len(self.dense_s)
         before = [f + s for f, s in zip(self.lookup_fwd_s, split, strict=True)]
         fwd = exchange_past_s(before, self.emb_a2a_fwd_s)
         bwd = exchange_past_s(self.dense_s, self.emb_a2a_bwd_s)
+        fixed = (max(self.lookup_fwd_s) + dense + self.backward_tail_s(bwd)
+                 + self.fixed_s(schedule) + seq)  # fmt: skip
         if schedule == Schedule.plain:
             return fixed + ids + fwd + bwd
         # SparseDist, and nested in one micro-batch: the embedding exchange stays exposed,

@@ -86,8 +86,12 @@ def test_two_table_wise_tables_on_two_ranks() -> None:
     # ring all-reduce on 2 ranks: 2 latencies + 2(W-1)/W x 4000 B at 1 GB/s
     assert cost.allreduce_s == pytest.approx(2e-5 + 4000 / 1e9)
     plain = cost.step_s(Schedule.plain)
-    expected = 16e-6 + 32e-6 + 1.2e-4 + 2 * 1.4e-4 + 6e-4 + 2e-5 + 4e-6 + 1e-3
+    # lookups forward, ids, both exchanges, dense, the overhead; the all-reduce (2.4e-5)
+    # crosses under the lookups' backward (3.2e-5), queued behind the gradients
+    expected = 16e-6 + 1.2e-4 + 2 * 1.4e-4 + 6e-4 + max(32e-6, 2e-5 + 4e-6) + 1e-3
     assert plain == pytest.approx(expected)
+    longer = replace(cost, allreduce_s=1e-4)  # one that outlasts it shows the difference
+    assert longer.step_s(Schedule.plain) == pytest.approx(expected - 32e-6 + 1e-4)
     # SparseDist hides the id exchange under the dense compute (6e-4 > 1.2e-4)
     assert cost.step_s(Schedule.sparse_dist) == pytest.approx(expected - 1.2e-4)
     # nested with 4 micro-batches: each chunk a quarter of the 4e-5 of bytes and the 1e-4
@@ -119,8 +123,12 @@ def test_the_networks_cpu_work_lengthens_only_the_compute_it_hides_under() -> No
     plain = free.step_s(Schedule.plain)
     assert cost.step_s(Schedule.plain) == pytest.approx(plain)
     # SparseDist: the next batch's ids (1.2e-4 on the wire) hide under 6e-4 of dense work,
-    # which their CPU work on the slower rank lengthens
-    assert cost.step_s(Schedule.sparse_dist) == pytest.approx(plain - 1.2e-4 + 6.4e-5)
+    # which their CPU work on the slower rank lengthens; the step is at least that rank's
+    # whole CPU work (2.016e-3, which binds here)
+    sparse = plain - 1.2e-4 + 6.4e-5
+    assert cost.critical_path_s(Schedule.sparse_dist) == pytest.approx(sparse)
+    floor = cost.cpu_floor_s(Schedule.sparse_dist)
+    assert floor > sparse and cost.step_s(Schedule.sparse_dist) == pytest.approx(floor)
     # nested4: also 3/4 of the embedding exchange both ways hides, with its CPU work: the
     # dense work and that CPU work (8.74e-4) now outlast the six chunks and the ids (7.8e-4)
     hidden_cpu = 6.4e-5 + 2 * 1.4e-4 * 3 / 4

@@ -65,7 +65,8 @@ def test_a_fast_ranks_sends_cross_under_a_slow_ranks_compute(schedule: Schedule)
     slowest rank's lookups (not 4); the gradients at max(4 + 4, 12 + 1) = 13, 1 past the
     slowest dense work. Simulator and closed form agree."""
     cost = _fast_sender()
-    fixed = 3.0 + 2.0 + 12.0 + 1.5 + 0.75  # slowest lookups both ways, dense, reduce, overheads
+    # slowest lookups forward, dense, the lookups' backward (the reduce, 1.5, under it), overheads
+    fixed = 3.0 + 12.0 + 2.0 + 0.75
     ids = 1.0 if schedule == Schedule.plain else 0.0  # SparseDist: under the dense work
     assert cost.step_s(schedule) == pytest.approx(fixed + ids + 2.0 + 1.0)
     assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
@@ -76,8 +77,13 @@ def test_a_fast_ranks_sends_cross_under_a_slow_ranks_compute(schedule: Schedule)
 
 
 def test_the_plain_loop_exposes_the_whole_exchange() -> None:
+    """Ids, forward, gradients; the all-reduce (1.5), queued behind the gradients, crosses
+    under the lookups' backward (2.0)."""
     r = simulate(_cost(), Schedule.plain)
-    assert r.exposed_comm_s == pytest.approx(1.0 + 4.0 + 4.0 + 1.5)  # ids, fwd, bwd, reduce
+    assert r.exposed_comm_s == pytest.approx(1.0 + 4.0 + 4.0)
+    # a reduce longer than the lookups' backward shows what it outlasts it by
+    r = simulate(replace(_cost(), allreduce_s=3.5), Schedule.plain)
+    assert r.exposed_comm_s == pytest.approx(1.0 + 4.0 + 4.0 + 1.5)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
@@ -86,11 +92,12 @@ def test_nested_leaves_about_one_nth_of_the_exchange_exposed_when_compute_covers
     gradient chunk stays exposed (1/N of one exchange), and the first forward chunk for as
     long as it outlasts the optimizer step and overheads it crosses under (0.5 here); the
     all-reduce hides under the update and the next lookups, the rest under dense work. One
-    micro-batch is SparseDist: both exchanges exposed. The closed form agrees."""
+    micro-batch is SparseDist: both exchanges exposed (the all-reduce under the lookups'
+    backward). The closed form agrees."""
     emb, cost = 4.0, _cost(dense=40.0, emb=4.0)
     r = simulate(cost, Schedule.nested, n)
     if n == 1:
-        assert r.exposed_comm_s - cost.allreduce_s == pytest.approx(2 * emb)
+        assert r.exposed_comm_s == pytest.approx(2 * emb)
     else:
         assert r.exposed_comm_s == pytest.approx(emb / n + max(0.0, emb / n - cost.overhead_s))
     assert r.step_s == pytest.approx(cost.step_s(Schedule.nested, n))
@@ -121,8 +128,9 @@ def test_semi_sync_hides_the_forward_exchange_but_not_the_gradients() -> None:
     cost = _cost(dense=40.0, emb=4.0)
     semi = simulate(cost, Schedule.sparse_dist, stale=True)
     sparse = simulate(cost, Schedule.sparse_dist)
-    assert sparse.exposed_comm_s == pytest.approx(4.0 + 4.0 + 1.5)  # fwd, grads, reduce
-    assert semi.exposed_comm_s == pytest.approx(4.0 + 1.5)  # grads and the all-reduce
+    # forward, gradients; the all-reduce under the lookups' backward
+    assert sparse.exposed_comm_s == pytest.approx(4.0 + 4.0)
+    assert semi.exposed_comm_s == pytest.approx(4.0)  # the gradients
     assert semi.step_s == pytest.approx(sparse.step_s - 4.0)
 
 
@@ -142,6 +150,21 @@ def test_the_networks_cpu_work_takes_the_compute_queue_as_in_the_closed_form(sch
     assert r.step_s == pytest.approx(_cost().step_s(schedule) + 0.5 * (schedule != Schedule.plain))
     assert r.exposed_comm_s == pytest.approx(simulate(_cost(), schedule).exposed_comm_s
                                              + 0.5 * (schedule != Schedule.plain))  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
+def test_the_all_reduces_cpu_work_holds_the_update_back_by_what_outlasts_the_gradients(
+    schedule,
+) -> None:
+    """The all-reduce's CPU work (5.0 here) starts with the gradient exchange (4.0 on the
+    wire) and takes the rank's core before the lookups' backward (2.0): the update ends 3.0
+    after the gradients, not 2.0, and the all-reduce (1.5 on the wire) stays hidden."""
+    cpu = {"ids": [0.0, 0.0], "emb": [0.0, 0.0], "allreduce": [5.0, 5.0]}
+    cost = replace(_cost(dense=40.0), comm_cpu_s=cpu)
+    assert cost.backward_tail_s(4.0) == pytest.approx(3.0)
+    assert _cost().backward_tail_s(4.0) == pytest.approx(2.0)
+    assert simulate(cost, schedule).step_s == pytest.approx(cost.step_s(schedule))
+    assert cost.step_s(schedule) == pytest.approx(_cost(dense=40.0).step_s(schedule) + 1.0)
 
 
 def test_nested_chunks_cpu_work_lengthens_the_dense_work_it_runs_beside() -> None:
