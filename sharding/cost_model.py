@@ -87,14 +87,19 @@ STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "split table
 
 def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
     """`cost.step_s` split into its parts, which add up to it: each per-rank stage at its
-    slowest rank (collectives make every rank wait for it), the all-reduce and the fixed
-    overheads, what of the id and embedding exchange the schedule leaves exposed, what the
-    busiest rank's CPU work adds beyond all that (`StepCost.cpu_floor_s`), and what feeding
-    the batch (host work, copy to the device) adds to the step."""
+    slowest rank (collectives make every rank wait for it), the all-reduce beyond the
+    lookups it crosses under (their backward; under nested micro-batches the next batch's
+    lookups too) and the fixed overheads, what of the id and embedding exchange the
+    schedule leaves exposed, what the busiest rank's CPU work adds beyond all that
+    (`StepCost.cpu_floor_s`), and what feeding the batch (host work, copy to the device)
+    adds to the step."""
+    lookups = max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s)
+    nested = schedule == Schedule.nested and micro_batches > 1
+    under = lookups if nested else max(cost.lookup_bwd_s)
     parts = {
-        "lookups": max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s),
+        "lookups": lookups,
         "dense": max(cost.dense_s),
-        "all-reduce": cost.allreduce_s,
+        "all-reduce": max(0.0, cost.allreduce_s - under),
         "overhead + input": cost.fixed_s(schedule, micro_batches),
         "split tables": max(cost.split_s, default=0.0),
     }
