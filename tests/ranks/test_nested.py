@@ -372,15 +372,20 @@ def test_nested_trains_column_wise_tables_whose_output_torchrec_permutes(tmp_pat
 
 
 def _pinned_plan(cfg):
-    """Hybrid's plan under the calibration this test was written against (2026-12-02,
-    `tests/data/`): pieces of one width on each rank, so that dedup runs on it too. Pinned as
-    `_torchrec_default_plan` is: a later calibration moves hybrid's cuts (that of 2026-12-04
-    puts pieces of two widths on a rank, which dedup refuses in one line)."""
-    from recsys.app.planning import make_plan, plan_inputs
+    """Hybrid's placement at its speed shares (`_hybrid`: column pieces on shared ranks,
+    before the whole-table replication and shape searches, which under the model of
+    2026-12-07 replicate or merge every piece of this tiny model) under the calibration this
+    test was written against (2026-12-02, `tests/data/`). Pinned as `_torchrec_default_plan`
+    is: a later calibration or model moves hybrid's cuts (that of 2026-12-04 puts pieces of
+    two widths on a rank, which dedup refuses in one line)."""
+    from recsys.app.planning import plan_inputs
     from sharding.calibration import load_calibration
+    from sharding.hybrid import HybridOptions, _hybrid, speed_batch
+    from sharding.plan_eval import evaluate
 
     cal = load_calibration(Path(__file__).parents[1] / "data" / "local_cpu_2026-12-02.json")
-    return make_plan(cfg, plan_inputs(cfg, None, None, cal))
+    inputs = plan_inputs(cfg, None, None, cal)
+    return evaluate(_hybrid(inputs, speed_batch(inputs), HybridOptions()), inputs, bound=False)
 
 
 @pytest.mark.slow
