@@ -3,8 +3,9 @@
 No placement, replication or batch split of the tables can step faster than
 `lower_bound_ms(inputs)` under the schedule `inputs.schedule`. It is the sum of:
 - lookups: every table's forward, then its backward with the dense all-reduce crossing
-  under it, each from fast memory spread perfectly over the cluster's embedding speed for
-  that pass; batch assembly likewise; the smallest fixed overhead;
+  under it (nested micro-batches: under both), each from fast memory spread perfectly over
+  the cluster's embedding speed for that pass; batch assembly likewise; the smallest fixed
+  overhead;
 - feeding the batch (GPU ranks: host work and the copy to the device), spread perfectly
   over the ranks: added in the plain loop, a floor under pipelined schedules;
 - the larger of two bounds on dense work plus the exposed embedding exchange:
@@ -63,9 +64,12 @@ def lookups_spread_s(inputs: PlanInputs) -> float:
 def lookups_and_reduce_s(inputs: PlanInputs, allreduce: float) -> float:
     """The lookups forward, then their backward with the dense all-reduce crossing under it
     (`StepCost.backward_tail_s`), each pass spread perfectly over the cluster's speed for
-    it: a step's slowest rank at each pass takes at least that, so no plan is quicker. At
-    most `lookups_spread_s` + `allreduce` (passes spread apart are no slower than both
-    spread together)."""
+    it: a step's slowest rank at each pass takes at least that, so no plan is quicker.
+    Under nested micro-batches the all-reduce crosses under both passes (the update and
+    the next batch's lookups, `StepCost.critical_path_s`): the longer of the two. Either
+    way at most `lookups_spread_s` + `allreduce`."""
+    if inputs.schedule == Schedule.nested and inputs.micro_batches > 1:
+        return max(lookups_spread_s(inputs), allreduce)
     emb = _emb_bytes(inputs)
     fwd = emb / sum(d.emb_read_bytes_per_s for d in inputs.devices)
     bwd = emb / sum(d.emb_read_bytes_per_s / d.emb_bwd_factor if d.emb_bwd_factor > 0

@@ -785,3 +785,25 @@ def test_near_copies_of_a_placed_batch_split_are_not_placed_again() -> None:
               [6141, 2, 1]]  # fmt: skip
     assert distinct_batches(ranked, speed) == [[4968, 588, 588], [6141, 2, 1]]
     assert distinct_batches(ranked) == [[3805, 1170, 1169], [4968, 588, 588], [6141, 2, 1]]
+
+
+def test_the_bounds_lookups_take_the_all_reduce_as_each_schedule_overlaps_it() -> None:
+    """Outside nested micro-batches the all-reduce crosses under the lookups' backward, so
+    the bound adds the forward pass and the longer of the backward and the all-reduce, each
+    spread over the cluster; under nested it crosses under both passes (the update and the
+    next lookups), so the bound takes the longer of all the lookups and the all-reduce."""
+    from sharding.bound import lookups_and_reduce_s, lookups_spread_s
+
+    spec = ClusterSpec(name="mix", network=NET,
+                       nodes=[NodeGroup(devices=[DeviceGroup("a100_40g", 1),
+                                                 DeviceGroup("t4_16g", 1)])])  # fmt: skip
+    inputs = inputs_for(spec, [TableStats(f"t{i}", 100_000, 128) for i in range(8)])
+    both = lookups_spread_s(inputs)  # both passes spread together
+    apart = lookups_and_reduce_s(inputs, 0.0)  # each pass spread alone: no slower
+    assert 0 < apart <= both * (1 + 1e-12)
+    long = 10 * both  # an all-reduce longer than every lookup takes the backward's place
+    forward = lookups_and_reduce_s(inputs, long) - long
+    assert 0 < forward < apart
+    nested = replace(inputs, schedule=Schedule.nested, micro_batches=4)
+    assert lookups_and_reduce_s(nested, long) == pytest.approx(long)
+    assert lookups_and_reduce_s(nested, 0.0) == pytest.approx(both)
