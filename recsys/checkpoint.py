@@ -15,11 +15,22 @@ was saved under (`sharding.plan_shards.plan_layout` rows), and for split tables 
 each split feature's hot ids (which row of the hot table each id is) and its number of cold
 row parts. A resumed run takes the split from there rather than counting ids again (another
 world size reads other first batches), and `recsys.export` merges the parts back with it.
+
+A checkpoint is written whole or not at all: every rank writes into `.step_<k>.partial`,
+then rank 0 writes `manifest.json` last (each file's size and SHA-256, the step and the
+run's identity) and renames the directory into place, replacing an older `step_<k>` only
+once the new one is complete. A `step_*` directory is a checkpoint only with its manifest;
+`verified_checkpoint` (what resume, evaluate and export call before loading) checks every
+file against it, and when the newest checkpoint of a directory is corrupt says so and names
+the newest good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +45,11 @@ from sharding.errors import UserError
 STEP_PREFIX = "step_"
 RUN_FILE = "run.json"
 SPLIT_FILE = "split.npz"  # per split feature: "<feature>" hot ids, "<feature>.parts" cold parts
+MANIFEST_FILE = (
+    "manifest.json"  # written last: {"step", "run_id", "files": {name: {bytes, sha256}}}
+)
+PARTIAL_SUFFIX = ".partial"  # `.step_<k>.partial`: a checkpoint being written
+REPLACED_SUFFIX = ".replaced"  # `.step_<k>.replaced`: the one it replaces, until it is in place
 
 
 Split = tuple[dict[str, np.ndarray], dict[str, int]]  # hot ids, cold parts; by feature
@@ -47,22 +63,160 @@ class CheckpointMismatchError(UserError, ValueError):
     """A checkpoint that this run's model or plan cannot resume; the message names why."""
 
 
+class CheckpointCorruptError(UserError, ValueError):
+    """A checkpoint whose files do not match its manifest, or that has none."""
+
+
 def checkpoint_path(root: str | Path, step: int) -> Path:
     return Path(root) / f"{STEP_PREFIX}{step:08d}"
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """A checkpoint directory, complete or not (a manifest, or DCP's .metadata)."""
+    return (path / MANIFEST_FILE).exists() or (path / ".metadata").exists()
+
+
+def _candidates(root: Path) -> list[Path]:
+    """`root`'s `step_*` checkpoint directories, newest first."""
+    return sorted((p for p in root.glob(f"{STEP_PREFIX}*") if _is_checkpoint(p)), reverse=True)
+
+
 def latest_checkpoint(path: str | Path) -> Path:
-    """`path` itself if it is a checkpoint, else its newest `step_*` child."""
+    """`path` itself if it is a checkpoint, else its newest `step_*` child with a manifest
+    (files unread: `verified_checkpoint` checks them)."""
     path = Path(path)
-    if (path / ".metadata").exists():
+    if _is_checkpoint(path):
         return path
-    steps = sorted(p for p in path.glob(f"{STEP_PREFIX}*") if (p / ".metadata").exists())
+    steps = [p for p in _candidates(path) if (p / MANIFEST_FILE).exists()]
     if not steps:
         raise CheckpointNotFoundError(
-            f"no checkpoint at '{path}': expected a DCP checkpoint directory (with .metadata) "
+            f"no checkpoint at '{path}': expected a checkpoint directory (with {MANIFEST_FILE}) "
             f"or a directory of {STEP_PREFIX}* checkpoints; check trainer.resume_from"
         )
-    return steps[-1]
+    return steps[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(path: str | Path, step: int, run_id: str) -> None:
+    """`path/manifest.json`: every other file of the checkpoint with its size and SHA-256,
+    the step and the run's identity; written (and synced) after everything it lists."""
+    path = Path(path)
+    files = {}
+    for f in sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST_FILE):
+        files[f.name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    manifest = {"format": 1, "step": step, "run_id": run_id, "files": files}
+    tmp = path / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    _fsync(tmp)
+    tmp.rename(path / MANIFEST_FILE)
+    _fsync(path)
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A checkpoint's manifest; CheckpointCorruptError if it is missing or unreadable."""
+    f = Path(path) / MANIFEST_FILE
+    if not f.exists():
+        raise CheckpointCorruptError(
+            f"checkpoint '{path}' has no {MANIFEST_FILE}: it was cut short while being written, "
+            f"or an older version wrote it"
+        )
+    try:
+        manifest = json.loads(f.read_text())
+        manifest["files"].items()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointCorruptError(f"'{f}' is not a checkpoint manifest (corrupt)") from None
+    return manifest
+
+
+def _first_fault(path: Path) -> str | None:
+    """What is wrong with the checkpoint at `path` (a file missing, cut or changed), or None."""
+    try:
+        manifest = read_manifest(path)
+    except CheckpointCorruptError as e:
+        return str(e)
+    for name, want in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            return f"'{f}' is missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"'{f}' has {size:,} bytes, its manifest says {want['bytes']:,}"
+        if _sha256(f) != want["sha256"]:
+            return f"'{f}' does not match its SHA-256 in {MANIFEST_FILE} (corrupted on disk)"
+    return None
+
+
+def newest_good_checkpoint(root: str | Path) -> Path | None:
+    """The newest `step_*` checkpoint of `root` whose files match its manifest, or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    return next((p for p in _candidates(root) if _first_fault(p) is None), None)
+
+
+def verified_checkpoint(path: str | Path, key: str = "trainer.resume_from") -> Path:
+    """The checkpoint `path` names (itself, or the newest `step_*` in it), its files checked
+    against its manifest; CheckpointCorruptError naming the fault and the newest good
+    checkpoint (`key` is what the user sets to load it), which is never taken silently."""
+    path = Path(path)
+    ckpt = path if _is_checkpoint(path) else None
+    root = path.parent if ckpt is not None else path
+    if ckpt is None:
+        found = _candidates(path)
+        if not found:
+            raise CheckpointNotFoundError(
+                f"no checkpoint at '{path}': expected a checkpoint directory (with "
+                f"{MANIFEST_FILE}) or a directory of {STEP_PREFIX}* checkpoints; check {key}"
+            )
+        ckpt = found[0]
+    fault = _first_fault(ckpt)
+    if fault is None:
+        return ckpt
+    good = newest_good_checkpoint(root)
+    fix = (
+        f"the newest good checkpoint is '{good}': load it with {key}={good}"
+        if good
+        else f"no good checkpoint is left in '{root}'"
+    )
+    raise CheckpointCorruptError(f"checkpoint '{ckpt}' cannot be trusted: {fault}; {fix}")
+
+
+def checkpoint_run_id(path: str | Path) -> str | None:
+    """The identity of the run that wrote the checkpoint at `path` (its manifest's)."""
+    try:
+        return read_manifest(latest_checkpoint(path)).get("run_id")
+    except (CheckpointCorruptError, CheckpointNotFoundError):
+        return None
+
+
+def remove_partial(root: str | Path) -> None:
+    """Checkpoints cut short while being written (a rank or the disk failed) go; one set
+    aside for its replacement (`_replace`) that never came goes back under its name."""
+    root = Path(root)
+    for partial in sorted(root.glob(f".{STEP_PREFIX}*")) if root.is_dir() else ():
+        if partial.name.endswith(PARTIAL_SUFFIX):
+            shutil.rmtree(partial, ignore_errors=True)
+        elif partial.name.endswith(REPLACED_SUFFIX):
+            final = root / partial.name[1 : -len(REPLACED_SUFFIX)]
+            if final.exists():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.rename(final)
 
 
 def checkpoint_step(path: str | Path) -> int | None:
@@ -81,6 +235,11 @@ def _state(model: torch.nn.Module, optimizer: KeyedOptimizer, step: int) -> dict
     }
 
 
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()  # within the process group's timeout (trainer.dist_timeout_s)
+
+
 def save_checkpoint(
     root: str | Path,
     model: torch.nn.Module,
@@ -88,21 +247,45 @@ def save_checkpoint(
     step: int,
     run: dict | None = None,
     split: Split | None = None,
+    run_id: str = "",
 ) -> Path:
-    """Collective: every rank writes its shards to `root/step_<step>`; rank 0 also writes
-    `run` (`{"model": ..., "dataset": ..., "plan_layout": [...]}`) as run.json and `split`
-    (the split tables' hot ids and cold parts) as split.npz."""
-    path = checkpoint_path(root, step)
-    dcp.save(_state(model, optimizer, step), checkpoint_id=str(path))
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    """Collective: every rank writes its shards into `root/.step_<step>.partial`; rank 0 also
+    writes `run` (`{"model": ..., "dataset": ..., "plan_layout": [...]}`) as run.json,
+    `split` (the split tables' hot ids and cold parts) as split.npz and, last, the manifest
+    naming `run_id`, then renames the directory to `root/step_<step>` (module docstring).
+    Returns that path once every rank has it."""
+    final = checkpoint_path(root, step)
+    tmp = final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
+    first = not dist.is_initialized() or dist.get_rank() == 0
+    if first:  # what a killed writer left under this name goes first
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    dcp.save(_state(model, optimizer, step), checkpoint_id=str(tmp))  # .metadata: every rank's
+    if first:
         if run is not None:
-            (path / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+            (tmp / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
         if split is not None:
             hot_ids, parts = split
             arrays = {f: np.asarray(ids, dtype=np.int64) for f, ids in hot_ids.items()}
             arrays |= {f"{f}.parts": np.asarray(k, dtype=np.int64) for f, k in parts.items()}
-            np.savez(path / SPLIT_FILE, **arrays)
-    return path
+            np.savez(tmp / SPLIT_FILE, **arrays)
+        write_manifest(tmp, step, run_id)
+        _replace(tmp, final)
+    _barrier()
+    return final
+
+
+def _replace(new: Path, final: Path) -> None:
+    """`new` renamed to `final`; an older `final` is set aside first and removed only after,
+    so a crash between leaves no half of either under the name."""
+    old = final.with_name(f".{final.name}{REPLACED_SUFFIX}")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    new.rename(final)
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def saved_split(path: str | Path) -> Split | None:
@@ -120,7 +303,22 @@ def saved_split(path: str | Path) -> Split | None:
 def saved_run(path: str | Path) -> dict | None:
     """The run.json of a checkpoint (or the newest in a directory); None if it has none."""
     f = latest_checkpoint(path) / RUN_FILE
-    return json.loads(f.read_text()) if f.exists() else None
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except ValueError as e:
+        raise CheckpointCorruptError(
+            f"'{f}' is not valid JSON ({e}): the checkpoint is corrupt"
+        ) from None
+
+
+def no_model_message(path: str | Path) -> str:
+    """Why a checkpoint without run.json is refused (by resume, evaluate and export alike)."""
+    return (
+        f"checkpoint '{path}' has no {RUN_FILE} naming its model: resume, evaluate and "
+        f"export read checkpoints that recsys.train saved (it writes one with each)"
+    )
 
 
 def first_model_difference(saved: dict, model: dict) -> str | None:

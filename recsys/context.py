@@ -19,6 +19,7 @@ class RunContext:
     cfg: TrainConfig
     inputs: PlanInputs  # what the planners read; TorchRec's planner runs on them in the ranks
     plan: Plan | None = None  # ours (hybrid, greedy_size, round_robin); None: TorchRec plans
+    run_id: str = ""  # this run's identity in its checkpoints (a resumed run keeps its own)
 
     @property
     def ranks(self) -> list[RankDevice]:

@@ -44,7 +44,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from recsys import CONF_DIR
-from recsys.checkpoint import checkpoint_step, latest_checkpoint, saved_run, saved_split
+from recsys.checkpoint import (
+    checkpoint_step,
+    no_model_message,
+    saved_run,
+    saved_split,
+    verified_checkpoint,
+)
 from recsys.config import ModelConfig, TableDtype
 from recsys.data.atomic import atomic_dir, check_not_input, run_cli
 from recsys.data.multi_hot import SCHEMA_FILE, variable_bags
@@ -153,11 +159,10 @@ def _prepare_settings(dataset: dict | None) -> dict | None:
 
 def export_checkpoint(checkpoint: str | Path, output: str | Path, overwrite: bool = False) -> dict:
     """Write `output`/model.pt and export.json (module docstring); returns export.json."""
-    path = latest_checkpoint(checkpoint)
+    path = verified_checkpoint(checkpoint, key="checkpoint")
     run = saved_run(path)
     if run is None or "model" not in run:
-        raise ExportError(f"checkpoint '{path}' has no run.json naming its model: export reads "
-                          f"checkpoints that recsys.train saved")  # fmt: skip
+        raise ExportError(no_model_message(path))
     trained = model_config_of(run["model"])
     cfg = model_config_of({**run["model"], "table_dtype": TableDtype.fp32.value})
     tensors = _checkpoint_tensors(path)

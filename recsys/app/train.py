@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -233,12 +234,34 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
         check_tables_fit(tcfg, group_inputs(inputs, tcfg.trainer.sharding_group_size))
     run_dir = Path(run_dir or os.getcwd())
     preflight.check_outputs(tcfg, run_dir)
-    if launch.launched_externally() and launch.external_rank_and_world()[0] != 0:
-        lock = contextlib.nullcontext()  # rank 0 holds the run directory for the job
-    else:
-        lock = preflight.RunDirLock(run_dir, resuming=bool(tcfg.trainer.resume_from))
-    with lock:
-        return _train_in(tcfg, inputs, run_dir, emulate)
+    run_id = _run_id(tcfg)
+    with contextlib.ExitStack() as held:
+        if not launch.launched_externally() or launch.external_rank_and_world()[0] == 0:
+            # rank 0 holds the run directory and the checkpoint directory for the job
+            held.enter_context(preflight.RunDirLock(run_dir, bool(tcfg.trainer.resume_from)))
+            if _saves_checkpoints(tcfg):
+                held.enter_context(
+                    preflight.CheckpointDirLock(_checkpoint_root(tcfg, run_dir), run_id, run_dir)
+                )
+        return _train_in(tcfg, inputs, run_dir, emulate, run_id)
+
+
+def _run_id(tcfg: TrainConfig) -> str:
+    """This run's identity in its checkpoints: a resumed run keeps its checkpoint's."""
+    from recsys.checkpoint import checkpoint_run_id
+
+    resumed = checkpoint_run_id(tcfg.trainer.resume_from) if tcfg.trainer.resume_from else None
+    return resumed or uuid.uuid4().hex[:16]
+
+
+def _saves_checkpoints(tcfg: TrainConfig) -> bool:
+    t = tcfg.trainer
+    training = Mode(t.mode) == Mode.train and not t.dry_run
+    return training and bool(t.save_checkpoint or t.checkpoint_every)
+
+
+def _checkpoint_root(tcfg: TrainConfig, run_dir: Path) -> Path:
+    return Path(tcfg.trainer.checkpoint_dir or run_dir / "checkpoints")
 
 
 def _settled(tcfg: TrainConfig) -> TrainConfig:
@@ -248,7 +271,7 @@ def _settled(tcfg: TrainConfig) -> TrainConfig:
     check_train_config(tcfg)
     validate_model_config(tcfg.model)
     if tcfg.trainer.resume_from:
-        _check_resume(tcfg)
+        tcfg = _check_resume(tcfg)
     resolve_hotness(tcfg.dataset.hotness, len(tcfg.model.num_embeddings_per_feature))
     if tcfg.trainer.plan and tcfg.planner.name == PlannerName.torchrec:
         # a saved plan of ours trains in place of any planner; the run is named by the
@@ -262,13 +285,25 @@ def _settled(tcfg: TrainConfig) -> TrainConfig:
     return tcfg
 
 
-def _check_resume(tcfg: TrainConfig) -> None:
-    """The checkpoint to resume holds this model and is before trainer.max_steps."""
-    from recsys.checkpoint import checkpoint_step, first_model_difference, saved_run
+def _check_resume(tcfg: TrainConfig) -> TrainConfig:
+    """The checkpoint to resume, its files checked against its manifest, holds this model
+    and is before trainer.max_steps; `trainer.resume_from` names it alone from here on (the
+    ranks load it without reading every file again)."""
+    from recsys.checkpoint import (
+        checkpoint_step,
+        first_model_difference,
+        no_model_message,
+        saved_run,
+        verified_checkpoint,
+    )
 
+    ckpt = str(verified_checkpoint(tcfg.trainer.resume_from))
+    tcfg = replace(tcfg, trainer=replace(tcfg.trainer, resume_from=ckpt))
     saved = saved_run(tcfg.trainer.resume_from)
+    if saved is None or "model" not in saved:
+        raise TrainConfigError(f"trainer.resume_from: {no_model_message(ckpt)}")
     now = json.loads(json.dumps(asdict(tcfg.model)))
-    differs = saved and first_model_difference(saved["model"], now)
+    differs = first_model_difference(saved["model"], now)
     if differs:
         raise TrainConfigError(
             f"trainer.resume_from: the checkpoint holds another model ({differs}); resume "
@@ -283,6 +318,7 @@ def _check_resume(tcfg: TrainConfig) -> None:
             f"trainer.max_steps, or evaluate it: python -m recsys.evaluate "
             f"trainer.resume_from={tcfg.trainer.resume_from}"
         )
+    return tcfg
 
 
 def _check_gpus(cluster: str, ranks: list) -> None:
@@ -358,7 +394,9 @@ def _check_launch(tcfg: TrainConfig, inputs: PlanInputs) -> None:
             )
 
 
-def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: bool) -> dict:
+def _train_in(
+    tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: bool, run_id: str
+) -> dict:
     """`train` once the config is checked and the run directory is this run's."""
     from recsys.trainer.outputs import write_summary
 
@@ -373,34 +411,70 @@ def _train_in(tcfg: TrainConfig, inputs: PlanInputs, run_dir: Path, emulate: boo
         trainer = replace(tcfg.trainer, sharding_group_size=plan.sharding_group_size)
         tcfg = replace(tcfg, trainer=trainer)
         check_train_config(tcfg)
-    ctx = RunContext(tcfg, inputs, plan)
+    ctx = RunContext(tcfg, inputs, plan, run_id)
     world = len(ctx.ranks)
     if not tcfg.trainer.dry_run:
         preflight.check_data(tcfg, world, rank_shares(ctx.plan, world) if ours else None)
-    writer = True
+    writer = not launch.launched_externally() or launch.external_rank_and_world()[0] == 0
     if tcfg.trainer.dry_run:
         summary = plan_only(ctx, run_dir)
-    elif launch.launched_externally():
-        summary = rank_main(ctx, str(run_dir))
-        launch.shutdown_distributed(clean=True)
-        writer = summary["rank"] == 0
-    elif emulate:
-        summary = _train_emulated(ctx, run_dir)
     else:
-        job = launch.spawn_ranks(
-            rank_main,
-            world,
-            args=(ctx, str(run_dir)),
-            timeout_s=tcfg.trainer.job_timeout_s,
-            grace_s=tcfg.trainer.dist_timeout_s + 10,
-        )
-        summary = launch.raise_on_failure(job, f"training ({world} ranks)", run_dir / "train.log")[
-            0
-        ]
+        try:
+            summary = _launch(ctx, run_dir, emulate)
+        except Exception as e:  # kept: what the run had, and the cause in one line
+            if writer:
+                _keep_failed_run(tcfg, run_dir, e, run_id)
+            raise
     summary["run_dir"] = str(run_dir)
     if writer:
         log.info("summary written to %s", write_summary(run_dir, summary))
     return summary
+
+
+def _launch(ctx: RunContext, run_dir: Path, emulate: bool) -> dict:
+    """Start the ranks (locally, emulated, or this process under torchrun / Slurm) and
+    return rank 0's results (this rank's under torchrun)."""
+    tcfg = ctx.cfg.trainer
+    if launch.launched_externally():
+        summary = rank_main(ctx, str(run_dir))
+        launch.shutdown_distributed(clean=True)
+        return summary
+    if emulate:
+        return _train_emulated(ctx, run_dir)
+    world = len(ctx.ranks)
+    job = launch.spawn_ranks(
+        rank_main,
+        world,
+        args=(ctx, str(run_dir)),
+        timeout_s=tcfg.job_timeout_s,
+        grace_s=tcfg.dist_timeout_s + 10,
+    )
+    return launch.raise_on_failure(job, f"training ({world} ranks)", run_dir / "train.log")[0]
+
+
+def _keep_failed_run(tcfg: TrainConfig, run_dir: Path, error: Exception, run_id: str) -> None:
+    """A run that failed once its ranks started keeps a summary naming the cause, the last
+    checked step and the newest good checkpoint (`outputs.write_failed`); the error's
+    message gains a line saying so."""
+    from recsys.trainer.outputs import write_failed
+
+    text = str(error).strip()
+    cause = getattr(error, "first_failure", None) or (
+        text.splitlines()[-1] if text else type(error).__name__
+    )
+    try:
+        path = write_failed(run_dir, _checkpoint_root(tcfg, run_dir), cause, run_id)
+    except Exception as e:  # noqa: BLE001 - the run's own error is the one to report
+        kept = f"no summary could be written ({e})"
+    else:
+        summary = json.loads(path.read_text())
+        last = summary["last_checkpoint"]
+        step = summary["last_good_step"]
+        kept = f"kept {path} ({f'losses checked to step {step}' if step else 'no step done'}); " + (
+            f"last good checkpoint: {last}" if last else "no checkpoint"
+        )
+    if error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n  {kept}", *error.args[1:])
 
 
 def _train_emulated(ctx: RunContext, run_dir: Path) -> dict:
@@ -454,6 +528,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+EVALUATION_NOT_VALID = 3  # the exit status of a run whose held-out figures are undefined
 FAILED_JOBS: list[str] = []  # the run directories of a sweep's failed jobs, in this process
 
 
@@ -516,14 +591,20 @@ def _main(cfg: DictConfig) -> float | None:
             f"{summary['eval_samples']:,} samples | checkpoint step {summary['checkpoint_step']} "
             f"on {summary['world_size']} ranks\n{where}"
         )
-        return summary["eval_auc"]
-    print(
-        f"eval AUC {_fmt(summary['eval_auc'], '.4f')} | eval log loss "
-        f"{_fmt(summary['eval_logloss'], '.4f')} | NE {_fmt(summary['eval_ne'], '.4f')} | "
-        f"train loss {_fmt(summary['train_loss'], '.4f')} "
-        f"| {_fmt(summary['samples_per_s'], ',.0f')} samples/s on {summary['world_size']} ranks "
-        f"({summary['pipeline']})\n{where}"
-    )
+    else:
+        print(
+            f"eval AUC {_fmt(summary['eval_auc'], '.4f')} | eval log loss "
+            f"{_fmt(summary['eval_logloss'], '.4f')} | NE {_fmt(summary['eval_ne'], '.4f')} | "
+            f"train loss {_fmt(summary['train_loss'], '.4f')} "
+            f"| {_fmt(summary['samples_per_s'], ',.0f')} samples/s on {summary['world_size']} "
+            f"ranks ({summary['pipeline']})\n{where}"
+        )
+    if summary.get("eval_undefined"):  # the run finished; its evaluation is not a result
+        print(f"error: the evaluation is not valid: {summary['eval_undefined']}", file=sys.stderr)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            FAILED_JOBS.append(str(summary["run_dir"]))
+            return None
+        sys.exit(EVALUATION_NOT_VALID)
     return summary["eval_auc"]  # a sweeper's objective
 
 

@@ -41,11 +41,12 @@ from recsys.trainer.build import (
     rehearse_node,
 )
 from recsys.trainer.outputs import (
+    LOSSES_FILE,
+    LossFile,
     Scalars,
     per_step_stats,
     versions,
     write_interrupted,
-    write_losses,
 )
 
 log = logging.getLogger(__name__)
@@ -157,18 +158,13 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     watch = LossWatch(start, world)
     try:
         with interruptible():  # Ctrl-C or SIGTERM: rank 0 writes what the run has so far
-            return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device)
+            return _train_loop(cfg, run_dir, job, start, watch, ckpt_root, device, ctx.run_id)
     except BaseException:  # noqa: B036 - only to record a stop; re-raised
         if interrupts.received():  # a second stop signal (Ctrl-C reaches a rank from the
             interrupts.ignore_further()  # terminal and from its launcher) must not cut in
         if rank == 0 and interrupts.received():
             write_interrupted(
-                Path(run_dir),
-                ckpt_root,
-                start,
-                len(watch.losses),
-                watch.reduced,
-                interrupts.received(),
+                Path(run_dir), ckpt_root, start, len(watch.losses), interrupts.received()
             )
         raise
 
@@ -231,8 +227,16 @@ def _evaluate_checkpoint(cfg: TrainConfig, job: Training, step: int, device) -> 
     }
 
 
-def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch: LossWatch,
-                ckpt_root: Path, device: torch.device) -> dict:  # fmt: skip
+def _train_loop(
+    cfg: TrainConfig,
+    run_dir: str,
+    job: Training,
+    start: int,
+    watch: LossWatch,
+    ckpt_root: Path,
+    device: torch.device,
+    run_id: str,
+) -> dict:
     """`run_rank`'s steps, evaluations, checkpoints and results."""
     tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
     # beside each checkpoint: what it is (recsys.export reads it) and how its tables split
@@ -241,7 +245,10 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     split = (job.remap.hot_ids, job.remap.cold_parts) if job.remap is not None else None
 
     tensorboard = tensorboard_installed() if tcfg.tensorboard is None else tcfg.tensorboard
-    scalars = Scalars(Path(run_dir), job.rank == 0 and tensorboard, sum(job.shares), start)
+    loss_file = LossFile(Path(run_dir) / LOSSES_FILE, start) if job.rank == 0 else None
+    scalars = Scalars(
+        Path(run_dir), job.rank == 0 and tensorboard, sum(job.shares), start, loss_file
+    )
 
     def between_steps(done: int) -> None:  # evaluations and checkpoints inside the run
         if tcfg.eval_every and done % tcfg.eval_every == 0 and done != tcfg.max_steps:
@@ -249,7 +256,7 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
             scalars.evaluation(evals[-1], done)
         if tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0 and done != tcfg.max_steps:
             watch.check()  # never checkpoint a diverged model
-            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run, split)
+            save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run, split, run_id)
 
     evals: list[dict] = []
     trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
@@ -259,7 +266,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
-            save_checkpoint(ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run, split)
+            save_checkpoint(
+                ckpt_root, model, job.optimizer, tcfg.max_steps, saved_run, split, run_id
+            )
         )
     final = held_out_metrics(cfg, job, device)
     scalars.evaluation(final, tcfg.max_steps)
@@ -313,10 +322,9 @@ def _train_loop(cfg: TrainConfig, run_dir: str, job: Training, start: int, watch
         "checkpoint": saved,
         "trace": trace.written,  # this rank's torch.profiler trace (trainer.profile_steps)
         "step_losses": step_losses.tolist(),
+        "run_id": run_id,
         "versions": versions(),
     }
-    if job.rank == 0:
-        write_losses(Path(run_dir) / "train_losses.csv", start, result["step_losses"])
     return result
 
 
