@@ -63,6 +63,10 @@ class CheckpointMismatchError(UserError, ValueError):
     """A checkpoint that this run's model or plan cannot resume; the message names why."""
 
 
+class CheckpointWriteError(UserError, OSError):
+    """A checkpoint could not be written (a full disk, above all); nothing of it is kept."""
+
+
 class CheckpointCorruptError(UserError, ValueError):
     """A checkpoint whose files do not match its manifest, or that has none."""
 
@@ -261,17 +265,23 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    dcp.save(_state(model, optimizer, step), checkpoint_id=str(tmp))  # .metadata: every rank's
-    if first:
-        if run is not None:
-            (tmp / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
-        if split is not None:
-            hot_ids, parts = split
-            arrays = {f: np.asarray(ids, dtype=np.int64) for f, ids in hot_ids.items()}
-            arrays |= {f"{f}.parts": np.asarray(k, dtype=np.int64) for f, k in parts.items()}
-            np.savez(tmp / SPLIT_FILE, **arrays)
-        write_manifest(tmp, step, run_id)
-        _replace(tmp, final)
+    try:
+        dcp.save(_state(model, optimizer, step), checkpoint_id=str(tmp))  # .metadata: every rank's
+        if first:
+            if run is not None:
+                (tmp / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+            if split is not None:
+                hot_ids, parts = split
+                arrays = {f: np.asarray(ids, dtype=np.int64) for f, ids in hot_ids.items()}
+                arrays |= {f"{f}.parts": np.asarray(k, dtype=np.int64) for f, k in parts.items()}
+                np.savez(tmp / SPLIT_FILE, **arrays)
+            write_manifest(tmp, step, run_id)
+            _replace(tmp, final)
+    except (Exception, CheckpointException) as e:  # the latter derives from BaseException
+        text = str(e)
+        full = any(s in text for s in ("No space left on device", "[Errno 28]"))
+        why = "No space left on device [Errno 28]" if full else (text.strip() or repr(e))
+        raise CheckpointWriteError(f"writing checkpoint '{final}' failed: {why[:300]}") from e
     _barrier()
     return final
 

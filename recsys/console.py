@@ -8,6 +8,7 @@ when a rank dies inside a collective, the reason is in the run's log, not lost o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -29,16 +30,32 @@ class _Tee(io.TextIOBase):
 
     def __init__(self, stream: IO[str], log: IO[str]) -> None:
         self.stream, self.log = stream, log
+        self.broken = False  # the log could not be written: the console goes on alone
 
     def write(self, text: str) -> int:
         n = self.stream.write(text)
         if "\r" not in text:
-            self.log.write(text)
+            self._to_log(lambda: self.log.write(text))
         return n
 
     def flush(self) -> None:
         self.stream.flush()
-        self.log.flush()
+        self._to_log(self.log.flush)
+
+    def _to_log(self, op: Callable[[], object]) -> None:
+        """A failing log write (a full disk) never hides what the console shows, nor fails
+        the command: said once, then the console alone."""
+        if self.broken:
+            return
+        try:
+            op()
+        except (OSError, ValueError) as e:  # ValueError: the log was closed
+            self.broken = True
+            why = e.strerror if isinstance(e, OSError) else str(e)
+            self.stream.write(
+                f"(cannot write the log {getattr(self.log, 'name', '')}: {why}; "
+                f"the output goes on here only)\n"
+            )
 
     def isatty(self) -> bool:
         return self.stream.isatty()
@@ -76,7 +93,8 @@ def tee_to_log(path: Path | None = None) -> Iterator[None]:
     finally:
         sys.stdout, sys.stderr = old
         os.environ.pop(LOG_ENV, None)
-        log.close()
+        with contextlib.suppress(OSError):  # a full disk: said once already by _Tee
+            log.close()
 
 
 def rank_output_to_log() -> None:

@@ -481,6 +481,21 @@ def known_fix(error_line: str) -> str | None:
     return None
 
 
+# A root cause that the last line of a traceback hides: a write that failed for want of disk
+# (torch's zip writer then says "unexpected pos 704 vs 598"; DCP wraps it again)
+_DISK_FULL = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
+
+
+def cause_line(text: str) -> str:
+    """The line of a rank's error that names its cause: the outermost line that mentions a
+    full disk (it says what was being written), else the last line."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    full = next((line for line in reversed(lines) if any(d in line for d in _DISK_FULL)), None)
+    if full is not None:
+        return f"disk full (ENOSPC): {full} [free space there, or write elsewhere]"
+    return lines[-1] if lines else "no message"
+
+
 def first_cause(errors: dict[int, str]) -> int:
     """The rank whose failure most likely started it: the first seen that is not a
     consequence of another's (a lost peer or a collective timeout). A rank killed outright
@@ -488,8 +503,7 @@ def first_cause(errors: dict[int, str]) -> int:
     seen first."""
     consequences = KNOWN_FAILURES[0][1], KNOWN_FAILURES[1][1]
     for r, text in errors.items():
-        lines = text.strip().splitlines()
-        if lines and known_fix(lines[-1]) not in consequences:
+        if text.strip() and known_fix(cause_line(text)) not in consequences:
             return r
     return next(iter(errors))
 
@@ -537,23 +551,23 @@ def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = No
     lines = [f"{what} failed on {len(launch.errors)} of {len(launch.exitcodes)} ranks:"]
     same: dict[str, list[int]] = {}  # one line per distinct error, naming its ranks
     for r in launch.errors:
-        lines_r = launch.errors[r].strip().splitlines()
-        same.setdefault(lines_r[-1] if lines_r else "no message", []).append(r)
+        same.setdefault(cause_line(launch.errors[r]), []).append(r)
     for last, ranks in same.items():
         fix = known_fix(last)
         who = (f"rank {ranks[0]} (exit code {launch.exitcodes[ranks[0]]})" if len(ranks) == 1
                else f"ranks {', '.join(map(str, ranks))} (the same error)")  # fmt: skip
         lines.append(f"  {who}: {last[:400]}" + (f" [{fix}]" if fix else ""))
     first = first_cause(launch.errors)
-    if log_file is None:
-        lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
-    else:
+    try:
+        if log_file is None:
+            raise OSError("no log file")
         with open(log_file, "a") as f:
             for r, text in launch.errors.items():
                 f.write(f"\n===== {what}: rank {r} (exit code {launch.exitcodes[r]}) =====\n")
                 f.write(text.rstrip() + "\n")
         lines.append(f"  every rank's traceback: {log_file} (first failure: rank {first})")
+    except OSError:  # no log, or it cannot be written (a full disk): the traceback here
+        lines.append(f"First failure, rank {first}:\n{launch.errors[first]}")
     error = RankFailedError("\n".join(lines))
-    cause = launch.errors[first].strip().splitlines()
-    error.first_failure = f"rank {first}: {cause[-1][:300] if cause else 'no message'}"
+    error.first_failure = f"rank {first}: {cause_line(launch.errors[first])[:300]}"
     raise error

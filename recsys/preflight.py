@@ -132,7 +132,7 @@ class CheckpointDirLock(_Flock):
                 f"directory {owner.get('run_dir', 'unknown')}); {fix}"
             )
         remove_partial(path)
-        if owner is None:
+        if owner is None:  # no checkpoint yet: this run's from now on
             owner_file = path / OWNER_FILE
             owner_file.write_text(json.dumps({"run_id": run_id, "run_dir": str(run_dir)}) + "\n")
 
@@ -142,13 +142,12 @@ OWNER_FILE = "owner.json"  # in a checkpoint directory: {"run_id", "run_dir"} of
 
 def _checkpoint_owner(path: Path) -> dict | None:
     """Who the checkpoints in `path` belong to: its owner.json, else the newest checkpoint's
-    manifest (a directory of checkpoints written without one), else None (no checkpoint)."""
+    manifest (checkpoints written without a claim); None where it holds no checkpoint."""
+    if not any(path.glob(f"{STEP_PREFIX}*")):
+        return None
     try:
         return json.loads((path / OWNER_FILE).read_text())
     except FileNotFoundError:
-        pass
+        return {"run_id": checkpoint_run_id(path), "run_dir": "unknown"}
     except ValueError:
         return {"run_dir": f"unknown: '{path / OWNER_FILE}' is corrupt"}
-    if not any(path.glob(f"{STEP_PREFIX}*")):
-        return None
-    return {"run_id": checkpoint_run_id(path), "run_dir": "unknown"}

@@ -3,10 +3,15 @@ child process that sees Ctrl-C, the machine's ceiling for chunked sends, an inpu
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from benchmarks import netns
 from recsys.data.criteo_tsv import LineRules, parse_lines
@@ -58,3 +63,23 @@ def sendable(chunk_bytes: int, chunks: int = 16) -> float:
     any rate tested: the ceiling of what a shaped link can show under the current load."""
     with netns.veth_link("40gbit", tag="cap", burst="4mb") as link:
         return netns.chunked_rate(link, chunk_bytes, 0.005, chunks)
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: str = "256k") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `where` (root only; the test skips elsewhere, saying
+    why): a disk that fills up. Unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("a disk-full test mounts a small tmpfs: needs root")
+    where.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

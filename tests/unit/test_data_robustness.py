@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import input_file, parse, random_rows, row, tsv
+from support import input_file, parse, random_rows, row, small_disk, tsv
 
 from recsys.data.atomic import OutputDirError, atomic_dir
 from recsys.data.criteo_binary import CriteoBinary, CriteoDataError
@@ -294,3 +294,43 @@ def test_the_log1p_transform_is_the_dlrm_references(tmp_path: Path) -> None:
     expected = np.log(np.float32([0, 0, 1, 0, 1000] + [3] * 8) + 1, dtype=np.float32)
     assert np.array_equal(_dense_of(out)[0], expected)
     assert summary["dense"]["transform"] == "log1p" and summary["files"][0]["dense_shift"] is None
+
+
+def test_two_writers_of_one_output_cannot_both_succeed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with atomic_dir(out) as first:
+        (first / "a.npy").write_bytes(b"first")
+        with pytest.raises(
+            OutputDirError,
+            match=rf"output '{out}' is being written by another "
+            rf"command \(pid {os.getpid()}\); wait for it, or name another "
+            r"output",
+        ):
+            with atomic_dir(out, overwrite=True):
+                pass
+    assert _listing(out) == {"a.npy": b"first"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock file left
+
+
+def test_an_output_that_appeared_meanwhile_is_not_replaced(tmp_path: Path) -> None:
+    """A writer that took no lock (another tool) filled the output while this one wrote."""
+    out = tmp_path / "out"
+    with pytest.raises(OutputDirError, match="appeared while this command wrote it"):
+        with atomic_dir(out) as tmp:
+            (tmp / "mine.npy").write_bytes(b"mine")
+            out.mkdir()
+            (out / "theirs.npy").write_bytes(b"theirs")
+    assert _listing(out) == {"theirs.npy": b"theirs"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_prepare_on_a_full_disk_is_one_line_and_keeps_nothing(tmp_path: Path) -> None:
+    src = input_file(tmp_path, "train.txt", tsv(*random_rows(3000))).parent
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        with pytest.raises(OutputDirError) as e:
+            _prepare(src, disk / "bin")
+        assert str(e.value) == (
+            f"disk full writing output '{disk / 'bin'}' (No space left on device): nothing was "
+            f"kept; free space there or name an output on another disk"
+        )
+        assert list(disk.iterdir()) == []  # the partial output is gone: the space is free

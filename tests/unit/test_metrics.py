@@ -49,15 +49,25 @@ def test_one_class_leaves_auc_and_ne_undefined_and_says_why() -> None:
 
 
 def test_a_nan_prediction_leaves_every_figure_undefined() -> None:
-    out = evaluate(_Scores(), _batches([float("nan"), 1.0, float("nan"), -1.0], [1, 0, 1, 0]),
-                   torch.device("cpu"))  # fmt: skip
+    out = evaluate(
+        _Scores(),
+        _batches([float("nan"), 1.0, float("nan"), -1.0], [1, 0, 1, 0]),
+        torch.device("cpu"),
+    )
     assert (out["eval_auc"], out["eval_logloss"], out["eval_ne"]) == (None, None, None)
     assert out["eval_undefined"].startswith("2 of 4 predictions are NaN or infinite")
 
 
 def test_summary_json_never_holds_nan(tmp_path: Path) -> None:
-    write_summary(tmp_path, {"eval_auc": None, "train_loss": float("nan"),
-                             "cpu": [1.0, float("inf")], "step_losses": [float("nan")]})  # fmt: skip
+    write_summary(
+        tmp_path,
+        {
+            "eval_auc": None,
+            "train_loss": float("nan"),
+            "cpu": [1.0, float("inf")],
+            "step_losses": [float("nan")],
+        },
+    )
     text = (tmp_path / "summary.json").read_text()
     assert json.loads(text) == {"eval_auc": None, "train_loss": None, "cpu": [1.0, None]}
     assert "NaN" not in text and "Infinity" not in text
