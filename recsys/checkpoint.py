@@ -281,6 +281,7 @@ def save_checkpoint(
         text = str(e)
         full = any(s in text for s in ("No space left on device", "[Errno 28]"))
         why = "No space left on device [Errno 28]" if full else (text.strip() or repr(e))
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing of it is kept: a full disk is freed
         raise CheckpointWriteError(f"writing checkpoint '{final}' failed: {why[:300]}") from e
     _barrier()
     return final

@@ -67,6 +67,9 @@ class DatasetConfig(SyntheticConfig):
     holdout_fraction: float = 1 / 7  # one-file datasets: rows held out for val + test
     shuffle_chunk_batches: int = 16  # train batches are shuffled in chunks of this many
     make: str | None = None  # the command that makes the files at {path}, said when missing
+    # prepared files: every row's label, dense features and ids checked before ranks start
+    # (one read of the data); false skips it for data checked before
+    check_values: bool = True
 
 
 class Arch(str, Enum):

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 from recsys.checkpoint import STEP_PREFIX, checkpoint_run_id, remove_partial
 from recsys.config import DataKind, TrainConfig, TrainConfigError
+from recsys.data.criteo_binary import CriteoBinary
+from recsys.data.prepared import check_values
 from recsys.data.source import build_source
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".run.lock"
 
@@ -22,10 +27,21 @@ LOCK_NAME = ".run.lock"
 def check_data(cfg: TrainConfig, world: int, shares: list[int] | None) -> None:
     """Open the dataset as the ranks will (`shares`: each rank's batch, None for equal):
     a missing or raw-text `dataset.path`, incomplete or unreadable files, hotness files,
-    and splits smaller than one batch are refused here, naming the file."""
+    splits smaller than one batch, and values no model can train on (`check_values`) are
+    refused here, naming the file."""
     if DataKind(cfg.dataset.kind) == DataKind.synthetic:
         return  # generated in memory: nothing to open
-    build_source(cfg.dataset, cfg.model, cfg.trainer.batch_size, world, batch_per_rank=shares)
+    source = build_source(
+        cfg.dataset, cfg.model, cfg.trainer.batch_size, world, batch_per_rank=shares
+    )
+    if cfg.dataset.check_values and isinstance(source, CriteoBinary):
+        tables = cfg.model.num_embeddings_per_feature
+        beyond = check_values(Path(cfg.dataset.path), source.names, tables)
+        if beyond:
+            log.info(
+                "dataset: ids at or past their table's size are taken modulo it (%s)",
+                ", ".join(f"{f}: ids up to {top:,}" for f, top in beyond.items()),
+            )
 
 
 def check_writable(path: Path, key: str) -> None:

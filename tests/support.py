@@ -12,8 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torchrec.optim.keyed import KeyedOptimizerWrapper
 
 from benchmarks import netns
+from recsys.checkpoint import save_checkpoint
 from recsys.data.criteo_tsv import LineRules, parse_lines
 
 
@@ -83,3 +86,27 @@ def small_disk(where: Path, size: str = "256k") -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, KeyedOptimizerWrapper]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(64, 8)
+    params = dict(model.named_parameters())
+    return model, KeyedOptimizerWrapper(params, lambda p: torch.optim.Adagrad(p, lr=0.1))
+
+
+def save_small_checkpoint(root: Path, step: int, seed: int = 0, run_id: str = "run-a") -> Path:
+    """A checkpoint of a small linear model, as the trainer writes one (no process group)."""
+    import warnings
+
+    model, opt = _model_and_optimizer(seed)
+    run = {"model": {"name": "tiny"}, "dataset": {}, "plan_layout": []}
+    with warnings.catch_warnings():  # DCP's "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        return save_checkpoint(root, model, opt, step, run=run, run_id=run_id)
+
+
+def flip_bytes(path: Path, at: int = 100, n: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    data[at : at + n] = bytes(b ^ 0xFF for b in data[at : at + n])
+    path.write_bytes(bytes(data))

@@ -92,3 +92,51 @@ def model_advice(root: Path) -> str:
     if override.exists():
         return f"pass $(cat {override}) (the shapes its converter wrote there)"
     return "set model.dense_in_features and model.num_embeddings_per_feature (one per column)"
+
+
+CHECK_ROWS = 1 << 20  # rows read at a time by check_values
+
+
+def check_values(root: Path, names: list[str], tables: list[int]) -> dict[str, int]:
+    """Every row of the prepared files `names` in `root`, read once in chunks: labels 0 or
+    1, dense features finite, ids not negative. Refused naming the file, the row and the
+    fix. Ids at or past a table's size are taken modulo it (the Criteo convention, as
+    TorchRec's loader does): returned per feature that has such ids, its largest id, for
+    the run to say so."""
+    beyond: dict[str, int] = {}
+    for name in names:
+        labels, dense, sparse = (
+            open_npy(root / f"{name}_{k}.npy") for k in ("labels", "dense", "sparse")
+        )
+        for lo in range(0, len(labels), CHECK_ROWS):
+            hi = lo + CHECK_ROWS
+            lab = np.asarray(labels[lo:hi]).reshape(len(labels[lo:hi]), -1)[:, 0]
+            bad = np.flatnonzero((lab != 0) & (lab != 1))
+            if len(bad):
+                row = lo + int(bad[0])
+                raise CriteoDataError(
+                    f"'{root / name}_labels.npy' row {row:,}: label {lab[bad[0]]}, not 0 or 1 "
+                    f"({len(bad):,} such rows in rows {lo:,}-{min(hi, len(labels)) - 1:,}); "
+                    f"labels are clicks: convert the data again (recsys.data.tabular takes "
+                    f"label_threshold=<value> for a numeric label)"
+                )
+            d = np.asarray(dense[lo:hi])
+            if d.dtype.kind == "f" and not np.isfinite(d).all():
+                row, col = (int(x[0]) for x in np.nonzero(~np.isfinite(d)))
+                raise CriteoDataError(
+                    f"'{root / name}_dense.npy' row {lo + row:,}: dense feature {col} is "
+                    f"{d[row, col]}: the model would predict NaN; fix or drop such rows and "
+                    f"prepare the data again"
+                )
+            ids = np.asarray(sparse[lo:hi])
+            if ids.size and ids.min() < 0:
+                row, col = (int(x[0]) for x in np.nonzero(ids < 0))
+                raise CriteoDataError(
+                    f"'{root / name}_sparse.npy' row {lo + row:,}: categorical feature {col} "
+                    f"has id {ids[row, col]}; ids are row numbers >= 0: prepare the data again"
+                )
+            if ids.size:
+                top = ids.max(axis=0)
+                for t in np.flatnonzero(top >= np.asarray(tables)):
+                    beyond[f"cat_{t}"] = max(beyond.get(f"cat_{t}", 0), int(top[t]))
+    return beyond

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import CRITEO, REPO, compose_config
+from support import flip_bytes, save_small_checkpoint
 
-from recsys.app.train import train
+from recsys.app.train import to_typed, train
 from recsys.config import ModelConfigError, TrainConfigError
 from recsys.data.multi_hot import HotnessError
 from recsys.data.prepared import CriteoDataError
@@ -123,3 +124,73 @@ def test_a_run_directory_is_one_runs(tmp_path: Path, no_ranks) -> None:
         train(compose_config(["debug=tiny", "planner=hybrid"]), run)
     assert json.loads((run / "summary.json").read_text()) == {"eval_auc": 0.7}
     assert not (run / "plan.json").exists()  # refused before planning wrote anything
+
+
+@pytest.mark.parametrize(
+    "array, row, value, message",
+    [
+        ("labels", 5, 7, r"train_labels.npy' row 5: label 7, not 0 or 1 .*label_threshold"),
+        ("labels", 9, -3, r"train_labels.npy' row 9: label -3, not 0 or 1"),
+        ("sparse", 11, -5, r"train_sparse.npy' row 11: categorical feature 2 has id -5; ids are "),
+        ("dense", 13, float("nan"), r"train_dense.npy' row 13: dense feature 2 is nan: the model "),
+    ],
+)
+def test_labels_and_ids_no_model_can_train_on_are_refused_by_file_and_row(
+    criteo, tmp_path: Path, no_ranks, array, row, value, message
+) -> None:
+    import numpy as np
+
+    broken = _copy(criteo[1], tmp_path / "bin")
+    values = np.load(broken / f"train_{array}.npy")
+    if array == "dense":
+        values = values.astype(np.float32)
+    values[row, 0 if array == "labels" else 2] = value
+    np.save(broken / f"train_{array}.npy", values)
+    with pytest.raises(CriteoDataError, match=message):
+        train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run")
+
+
+def test_ids_past_a_table_are_taken_modulo_it_and_said(criteo, tmp_path, no_ranks, caplog):
+    import numpy as np
+
+    from recsys.preflight import check_data
+
+    broken = _copy(criteo[1], tmp_path / "bin")
+    ids = np.load(broken / "train_sparse.npy").astype(np.int64)
+    ids[3, 1] = 2**62
+    np.save(broken / "train_sparse.npy", ids)
+    cfg = to_typed(compose_config(CRITEO + [f"dataset.path={broken}"]))
+    with caplog.at_level("INFO"):
+        check_data(cfg, 2, None)
+    assert f"cat_1: ids up to {2**62:,}" in caplog.text and "taken modulo" in caplog.text
+
+
+def test_another_runs_checkpoint_dir_is_refused_before_any_rank(tmp_path: Path, no_ranks) -> None:
+    ckpts = tmp_path / "theirs"
+    save_small_checkpoint(ckpts, 3, run_id="their-run")
+    cfg = ["debug=tiny", "trainer.save_checkpoint=true", f"trainer.checkpoint_dir={ckpts}"]
+    with pytest.raises(
+        TrainConfigError,
+        match=rf"trainer.checkpoint_dir '{ckpts}' holds the "
+        r"checkpoints of another run \(run directory unknown\); give this run its "
+        rf"own trainer.checkpoint_dir, or resume that run with "
+        rf"trainer.resume_from={ckpts}",
+    ):
+        train(compose_config(cfg), tmp_path / "run")
+    assert sorted(p.name for p in ckpts.iterdir()) == [".run.lock", "step_00000003"]
+
+
+def test_a_corrupt_checkpoint_is_refused_by_evaluate_and_export(tmp_path, no_ranks) -> None:
+    from recsys.checkpoint import CheckpointCorruptError
+    from recsys.export import export_checkpoint
+
+    good = save_small_checkpoint(tmp_path / "ckpts", 3)
+    bad = save_small_checkpoint(tmp_path / "ckpts", 6, seed=1)
+    flip_bytes(bad / "__0_0.distcp")
+    said = rf"checkpoint '{bad}' cannot be trusted: '.*__0_0.distcp' does not match its SHA-256"
+    cfg = ["debug=tiny", "trainer.mode=evaluate", f"trainer.resume_from={tmp_path / 'ckpts'}"]
+    with pytest.raises(CheckpointCorruptError, match=rf"{said}.*trainer.resume_from={good}$"):
+        train(compose_config(cfg), tmp_path / "eval")
+    with pytest.raises(CheckpointCorruptError, match=rf"{said}.* load it with checkpoint={good}$"):
+        export_checkpoint(tmp_path / "ckpts", tmp_path / "export")
+    assert not (tmp_path / "export").exists()
