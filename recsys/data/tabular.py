@@ -86,7 +86,9 @@ class TabularConfig:
     min_count: int = 1  # vocab: values seen fewer times share row 0
     hash_buckets: int = 1 << 20  # hash: rows per table
     sort_by: str | None = None  # rows in this column's order before the split (a time)
-    separator: str | None = None  # csv/tsv field separator; default "," (.csv) or tab (.tsv)
+    # csv/tsv field separator: one character, or tab (or \t), comma, semicolon, space, pipe;
+    # default "," (.csv) or tab (.tsv)
+    separator: str | None = None
     vocab_from: str | None = None  # a converted dir or an export: its schema and vocabularies
     skip_bad_rows: bool = False
     overwrite: bool = False
@@ -227,6 +229,32 @@ def check_schema(cfg: TabularConfig) -> None:
         raise TabularError("min_count must be >= 1 and hash_buckets >= 2")
     if cfg.multi_valued and not cfg.value_separator:
         raise TabularError("value_separator is empty: multi_valued columns need one")
+    field_separator(cfg.separator)
+
+
+# what `separator=` may also say: a shell passes a tab as the two characters \t
+SEPARATOR_NAMES = {
+    "tab": "\t",
+    "\\t": "\t",
+    "comma": ",",
+    "semicolon": ";",
+    "space": " ",
+    "pipe": "|",
+}
+
+
+def field_separator(given: str | None) -> str | None:
+    """The CSV field separator `separator=` names: one character, or tab, \\t, comma,
+    semicolon, space or pipe; None: by the file's suffix."""
+    if given is None:
+        return None
+    sep = SEPARATOR_NAMES.get(given, given)
+    if len(sep) != 1:
+        raise TabularError(
+            f"separator={given!r}: give one character, or one of "
+            f"{', '.join(SEPARATOR_NAMES)} (e.g. separator=tab)"
+        )
+    return sep
 
 
 def _from_saved(cfg: TabularConfig) -> tuple[TabularConfig, list[Vocabulary] | None]:
@@ -291,6 +319,17 @@ def _bad_rows(path: Path, table, cfg: TabularConfig) -> tuple[np.ndarray, list[s
     return bad, reasons
 
 
+def _numeric_label(column) -> bool:
+    """Every value of the label column a number, some neither 0 nor 1 (a rating)."""
+    import pyarrow.compute as pc
+
+    text = pc.utf8_trim_whitespace(_text(column))
+    if not pc.all(pc.match_substring_regex(text, _NUMBER)).as_py():
+        return False
+    values = _numbers(column)
+    return bool(((values != 0) & (values != 1)).any())
+
+
 def _pa_strings(values: list[str]):
     import pyarrow as pa
 
@@ -319,10 +358,16 @@ def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary
                   out: Path, name: str) -> dict:  # fmt: skip
     """Write one file's arrays; returns its summary entry."""
     bad, reasons = _bad_rows(path, table, cfg)
-    if bad.any() and (not cfg.skip_bad_rows or bad.all()):
+    numeric_label = _numeric_label(table.column(cfg.label)) and cfg.label_threshold is None
+    if bad.any() and (not cfg.skip_bad_rows or bad.all() or numeric_label):
         more = f" ({int(bad.sum()):,} bad rows in all)" if bad.sum() > 1 else ""
         fix = ("fix the data, or pass skip_bad_rows=true to skip and count such rows"
                if not bad.all() else "every row is bad: check the schema's columns")  # fmt: skip
+        if numeric_label:  # a rating or a count: skipping rows would keep one class
+            fix = (
+                f"the label column {cfg.label!r} holds numbers other than 0 and 1: pass "
+                f"label_threshold=<value> to count a click where the label is >= it"
+            )
         raise TabularError(f"{reasons[0]}{more}; {fix}")
     if bad.any():
         table = table.filter(_pa_bools(~bad))
@@ -331,8 +376,10 @@ def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary
     n = table.num_rows
     label = _numbers(table.column(cfg.label))
     labels = (label >= cfg.label_threshold) if cfg.label_threshold is not None else label
+    # no dense column: one constant 0 column, since the models take at least one
+    # (model_override says model.dense_in_features=1)
     dense = np.stack([_numbers(table.column(c)) for c in cfg.dense], 1) if cfg.dense else (
-        np.zeros((n, 0)))  # fmt: skip
+        np.zeros((n, 1)))  # fmt: skip
     if DenseTransform(cfg.dense_transform) == DenseTransform.log1p:
         dense = np.log1p(np.maximum(dense, 0))
     first, bags = [], []
@@ -356,6 +403,7 @@ def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary
     if cfg.multi_valued:
         np.savez(out / f"{name}{MULTI_HOT_SUFFIX}", **{str(t): b for t, b in enumerate(bags)})
     return {"name": name, "path": str(path), "rows": n, "bad_lines": int(bad.sum()),
+            "clicks": int(labels.sum()),
             "longest_bag": [int(b.shape[1]) for b in bags]}  # fmt: skip
 
 
@@ -363,6 +411,19 @@ def _pa_bools(mask: np.ndarray):
     import pyarrow as pa
 
     return pa.array(mask, type=pa.bool_())
+
+
+def _check_two_classes(results: list[dict]) -> None:
+    """Skipping bad rows must not leave labels of one class: the rows skipped were then most
+    likely the other class, in a form the schema does not read."""
+    rows, clicks = sum(r["rows"] for r in results), sum(r["clicks"] for r in results)
+    skipped = sum(r["bad_lines"] for r in results)
+    if skipped and clicks in (0, rows):
+        raise TabularError(
+            f"skip_bad_rows=true skipped {skipped:,} rows and left {rows:,} whose labels are "
+            f"all {int(clicks > 0)}: no model can learn from one class. Check the label column "
+            f"(label_threshold=<value> for a numeric one) before skipping rows"
+        )
 
 
 def convert_tabular(cfg: TabularConfig, run_dir: Path | None = None) -> dict:
@@ -378,7 +439,7 @@ def convert_tabular(cfg: TabularConfig, run_dir: Path | None = None) -> dict:
     bar = Progress(len(files) * 2, desc="tabular", unit="pass", enabled=cfg.progress)
     tables = []
     for p in files:
-        tables.append(read_table(p, needed, cfg.separator))
+        tables.append(read_table(p, needed, field_separator(cfg.separator)))
         bar.update(1)
     if vocabs is None and Categories(cfg.categories) == Categories.vocab:
         vocabs = _count(tables, cfg)
@@ -389,6 +450,7 @@ def convert_tabular(cfg: TabularConfig, run_dir: Path | None = None) -> dict:
             results.append(convert_table(p, t, cfg, vocabs, out, name))
             bar.update(1)
         bar.close()
+        _check_two_classes(results)
         if vocabs:
             (out / VOCAB_DIR).mkdir()
             for t, v in enumerate(vocabs):

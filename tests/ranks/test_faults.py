@@ -75,3 +75,36 @@ def test_a_one_class_validation_split_is_undefined_not_zero(criteo, tmp_path: Pa
     summary = json.loads((run / "summary.json").read_text())  # strict JSON
     assert summary["eval_auc"] is None and summary["eval_ne"] is None
     assert summary["eval_logloss"] > 0 and summary["eval_undefined"].startswith(f"all {held}")
+
+
+def test_your_own_data_without_dense_columns_trains(tmp_path: Path) -> None:
+    from recsys.data.tabular import TabularConfig, convert_tabular
+
+    rng = np.random.default_rng(0)
+    rows = ["click,site,app,device"] + [
+        f"{int(rng.random() < 0.3)},s{rng.integers(20)},a{rng.integers(30)},d{rng.integers(5)}"
+        for _ in range(600)
+    ]
+    (tmp_path / "avazu.csv").write_text("\n".join(rows) + "\n")
+    summary = convert_tabular(
+        TabularConfig(
+            input=str(tmp_path / "avazu.csv"),
+            output=str(tmp_path / "data"),
+            label="click",
+            categorical=["site", "app", "device"],
+            progress=False,
+        )
+    )  # no dense column
+    proc = run_command(
+        "recsys.train",
+        "debug=tiny",
+        "dataset=prepared",
+        f"dataset.path={tmp_path / 'data'}",
+        *summary["model_override"].split(),
+        "trainer.batch_size=32",
+        "dataset.eval_batches=1",
+        "trainer.max_steps=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2

@@ -4,6 +4,7 @@ the loader (variable bags), and NE as TorchRec defines it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,65 @@ def test_the_movielens_preset_brings_its_model_to_every_command(config: str) -> 
         cfg = compose(config_name=config, overrides=["dataset=movielens100k"])
     assert list(cfg.model.num_embeddings_per_feature) == [944, 1683, 3, 22, 796, 20]
     assert cfg.model.dense_in_features == 2 and cfg.dataset.name == "movielens100k"
+
+
+def test_a_schema_without_dense_columns_converts_to_what_its_override_says(tmp_path) -> None:
+    """Avazu's natural schema: categorical columns only. One constant dense column stands in,
+    as model_override's model.dense_in_features=1 says (tests/ranks/test_faults.py trains it)."""
+    (tmp_path / "logs.csv").write_text(LOG)
+    summary = convert_tabular(_cfg(tmp_path, dense=[]))
+    dense = np.load(tmp_path / "out" / "logs_dense.npy")
+    assert dense.shape == (5, 1) and not dense.any()
+    assert summary["model_override"].startswith("model.dense_in_features=1 ")
+
+
+def test_a_numeric_label_names_label_threshold_and_skipping_never_leaves_one_class(
+    tmp_path: Path,
+) -> None:
+    ratings = "rating,user,item\n5,alice,i1\n1,bob,i2\n4,carol,i1\n"
+    (tmp_path / "logs.csv").write_text(ratings)
+    cfg = _cfg(tmp_path, label="rating", dense=[], multi_valued=[], sort_by=None)
+    message = (
+        r"row 1: label column 'rating' is '5', not 0 or 1 \(2 bad rows in all\); the "
+        r"label column 'rating' holds numbers other than 0 and 1: pass "
+        r"label_threshold=<value> to count a click where the label is >= it"
+    )
+    for skip in (False, True):  # skipping would keep none, or one class: refused alike
+        with pytest.raises(TabularError, match=message):
+            convert_tabular(replace(cfg, skip_bad_rows=skip))
+    summary = convert_tabular(replace(cfg, label_threshold=4))
+    assert summary["rows"] == 3 and summary["files"][0]["clicks"] == 2
+    # skipping text labels that were the other class: refused, nothing written
+    (tmp_path / "logs.csv").write_text("clicked,user,item\n1,a,i1\nno,b,i2\n1,c,i1\nno,d,i3\n")
+    with pytest.raises(
+        TabularError,
+        match=r"skip_bad_rows=true skipped 2 rows and left 2 whose "
+        r"labels are all 1: no model can learn from one class",
+    ):
+        convert_tabular(
+            _cfg(
+                tmp_path,
+                output=str(tmp_path / "o2"),
+                dense=[],
+                multi_valued=[],
+                sort_by=None,
+                skip_bad_rows=True,
+            )
+        )
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("given", ["tab", "\\t", "\t"])
+def test_a_tab_separator_can_be_named(tmp_path: Path, given: str) -> None:
+    (tmp_path / "logs.csv").write_text(LOG.replace(",", "\t"))
+    assert convert_tabular(_cfg(tmp_path, separator=given))["rows"] == 5
+
+
+def test_a_separator_of_several_characters_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "logs.csv").write_text(LOG)
+    with pytest.raises(
+        TabularError,
+        match=r"separator='::': give one character, or one of tab, "
+        r"\\t, comma, semicolon, space, pipe \(e.g. separator=tab\)",
+    ):
+        convert_tabular(_cfg(tmp_path, separator="::"))
