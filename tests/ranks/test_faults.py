@@ -101,7 +101,7 @@ def test_your_own_data_without_dense_columns_trains(tmp_path: Path) -> None:
         "dataset=prepared",
         f"dataset.path={tmp_path / 'data'}",
         *summary["model_override"].split(),
-        "trainer.batch_size=32",
+        "trainer.batch_size=16",
         "dataset.eval_batches=1",
         "trainer.max_steps=2",
         f"hydra.run.dir={tmp_path / 'run'}",
