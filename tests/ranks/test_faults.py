@@ -4,6 +4,7 @@ full disk during a run, a validation split that leaves its figures undefined."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def test_a_full_disk_fails_the_run_in_one_line_and_keeps_what_it_had(tmp_path: P
             proc.stderr
         )
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["failed"].startswith("rank 0: disk full (ENOSPC)")
+        assert re.match(r"rank [01]: disk full \(ENOSPC\)", summary["failed"]), summary  # either
         assert summary["last_good_step"] == 2 and summary["last_checkpoint"] is None
         lines = (run / "train_losses.csv").read_text().split()
         assert lines[0] == "step,loss" and [ln.split(",")[0] for ln in lines[1:]] == ["1", "2"]
