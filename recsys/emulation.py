@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recsys import reaper
 from sharding.cluster import cfs_period_us, resolve_cluster
 from sharding.errors import UserError
 from sharding.types import ClusterSpec, RankDevice
@@ -241,7 +242,7 @@ def capped_cgroup(share: float, period_us: int) -> Iterator[Path]:
     try:
         yield path
     finally:
-        _kill_and_remove(path)
+        reaper.remove_cgroup(path)
 
 
 def _enable_cpu_v2(path: Path) -> None:
@@ -280,59 +281,44 @@ def setup(emu: Emulation) -> None:
                 _make_cgroup(emu.rank_cgroup(r.rank), r.share, period, version)
 
 
-def _kill_and_remove(cgroup: Path) -> None:
-    """Kill what still runs in `cgroup` and its children, then remove them bottom-up."""
-    if not cgroup.exists():
-        return
-    for child in sorted((p for p in cgroup.iterdir() if p.is_dir()), reverse=True):
-        _kill_and_remove(child)
-    deadline = time.monotonic() + 10
-    while True:
-        pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-        _kill(pids)
-        try:
-            cgroup.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise EmulationError(f"could not remove cgroup {cgroup} (pids {pids})") from None
-            time.sleep(0.05)
-
-
-def _namespaces(prefix: str) -> list[str]:
-    """Network namespaces whose name starts with `prefix`."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(prefix)]
-
-
-def _kill(pids: list[str] | list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def teardown(emu: Emulation) -> list[str]:
     """Remove every namespace and cgroup of `emu` (whatever part of it exists; killing
-    what still runs there); returns what it removed."""
-    removed = _namespaces(f"rx-{emu.tag}-")
-    for ns in removed:
-        _kill(subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                             timeout=30).stdout.split())  # fmt: skip
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-    if emu.cgroup.exists():
-        _kill_and_remove(emu.cgroup)
-        removed.append(str(emu.cgroup))
-    return removed
+    what still runs there; another emulation's, even one whose tag begins with this one's,
+    is left alone); returns what it removed."""
+    try:
+        return reaper.remove_emulation(emu.tag, emu.cgroup)
+    except RuntimeError as e:
+        raise EmulationError(str(e)) from None
 
 
 def leftovers(prefix: str) -> list[str]:
     """Namespaces and cgroups of every emulation whose tag starts with `prefix` that exist
     now (for tests: a run's tag is `<cluster>-<pid>`)."""
     cgroups = _cpu_root().glob(f"recsys-{prefix}*")
-    return _namespaces(f"rx-{prefix}") + [str(p) for p in cgroups]
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(f"rx-{prefix}")] + [str(p) for p in cgroups]
+
+
+def dead_runs(name: str) -> list[str]:
+    """Tags `<name>-<pid>` of emulated runs of the preset `name` whose launcher no longer
+    runs but whose namespaces or cgroups are still here (it was killed outright)."""
+    tags = {
+        m[1]
+        for x in leftovers(f"{name}-")
+        if (m := re.search(rf"(?:rx-|recsys-)({re.escape(name)}-(\d+))(?:-|$)", x))
+    }
+    return sorted(t for t in tags if not _alive(int(t.rsplit("-", 1)[1])))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _raise_on_sigterm(signum: int, frame: Any) -> None:
@@ -361,6 +347,7 @@ def emulated(spec: ClusterSpec, tag: str | None = None) -> Iterator[Emulation]:
     if why:
         raise EmulationError(why)
     emu = Emulation(spec, tuple(ranks), tag or f"{spec.name}-{os.getpid()}")
+    reaper.guard().watch_emulation(emu.tag, emu.cgroup)  # removed if this process is killed
     with sigterm_exits():
         try:
             teardown(emu)  # what a killed run with this tag left
@@ -413,7 +400,8 @@ up:   make the emulated cluster CLUSTER (a conf/cluster preset with emulation.en
       leave it up; prints each node's namespace, address and a torchrun command for it.
 exec: run COMMAND inside node NODE's namespace and cpu cgroup (the node's ranks' shares
       together), e.g. one torchrun node.
-down: remove it (kills what still runs inside)."""
+down: remove it (kills what still runs inside), and what runs of CLUSTER left whose
+      launcher was killed outright; a live run's emulation is left alone."""
 
 
 def main(argv: list[str]) -> int:
@@ -425,8 +413,10 @@ def main(argv: list[str]) -> int:
     action, name = argv[0], argv[1]
     try:
         emu = _cli_emulation(name)
-        if action == "down":
+        if action == "down":  # the one `up` made, and runs of it whose launcher is dead
             removed = teardown(emu)
+            for tag in dead_runs(name):
+                removed += teardown(Emulation(emu.spec, emu.ranks, tag))
             print(f"removed {len(removed)}: {', '.join(removed) or 'nothing was up'}")
             return 0
         why = refuse_reason(emu.spec, list(emu.ranks))

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from recsys import reaper
 from recsys.interrupts import die_when_closed, die_with_parent, ignore_further, signum
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -227,6 +228,7 @@ def serve_forks_from_here() -> bool:
             return False
         resource_tracker.ensure_running()  # before the fork: the ranks share this one
         address = connection.arbitrary_address("AF_UNIX")
+        reaper.guard().watch_dir(os.path.dirname(address))  # gone even if this is killed
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(address)
             os.chmod(address, 0o600)

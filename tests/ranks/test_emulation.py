@@ -157,6 +157,80 @@ def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> N
 
 @pytest.mark.slow
 @needs_root
+def test_a_launcher_killed_outright_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL: nothing of the launcher runs, yet its guard removes the namespaces, the
+    cgroup tree and multiprocessing's socket directory (recsys/reaper.py)."""
+    args = [*_train_args(tmp_path, 100_000), "cluster=emu_2node", "debug=tiny",
+            "trainer.progress_bar=true"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    tag = f"emu_2node-{proc.pid}"
+    log = tmp_path / "train.log"
+    deadline = time.monotonic() + 120
+    while len(emulation.leftovers(tag)) < 4 or not (log.exists() and " step " in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    sockets = [Path(p).parent for p in _listeners([proc.pid, *_children(proc.pid)])]
+    assert sockets and all(p.exists() for p in sockets)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while (emulation.leftovers(tag) or any(p.exists() for p in sockets)) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert emulation.leftovers(tag) == [] and not any(p.exists() for p in sockets)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _listeners(pids: list[int]) -> list[str]:
+    """The unix sockets under the temp directory (the fork server's) that `pids` hold."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    paths = []
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 8 and parts[6] in inodes and "pymp-" in parts[7]:
+            paths.append(parts[7])
+    return paths
+
+
+@needs_root
+def test_down_removes_a_dead_runs_emulation_and_leaves_a_live_one(tmp_path: Path) -> None:
+    spec = cluster_of("emu_2node")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dead = emulation.Emulation(spec, tuple(emulation.resolve_cluster(spec)), f"emu_2node-{gone}")
+    emulation.setup(dead)  # what a launcher killed before its guard ran would leave
+    try:
+        with emulation.emulated(spec, tag=f"emu_2node-{os.getpid()}") as live:
+            down = subprocess.run([sys.executable, "-m", "recsys.emulation", "down", "emu_2node"],
+                                  cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert down.returncode == 0, down.stderr
+            assert emulation.leftovers(dead.tag) == []
+            assert len(emulation.leftovers(live.tag)) == 4  # 3 namespaces + the cgroup tree
+    finally:
+        emulation.teardown(dead)
+
+
+@pytest.mark.slow
+@needs_root
 def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> None:
     """The multi-node path a real cluster uses: one torchrun node per namespace, c10d
     rendezvous across the link, 2 nodes x 1 rank, 5 steps."""
