@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import plots
 from benchmarks.calibrate import measured_ms
-from benchmarks.common import environment, finish, results_dir_for, start
+from benchmarks.common import benchmark_command, environment, finish, results_dir_for, start
 from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
@@ -157,6 +157,7 @@ ConfigStore.instance().store(name="base_bench_batch_split", node=BatchSplitBench
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_batch_split")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: BatchSplitBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("batch_split", typed.cluster)

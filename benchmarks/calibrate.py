@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import netns
 from benchmarks.comm_probe import probe
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from recsys import CONF_DIR
 from recsys.host_memory import retain_freed_memory
 from recsys.launch import raise_on_failure, spawn_ranks
@@ -926,6 +926,7 @@ ConfigStore.instance().store(name="base_calibrate", node=CalibrateConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="calibrate")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: CalibrateConfig = start(cfg)
     result = run(typed, Path(HydraConfig.get().runtime.output_dir))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from recsys.console import command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +99,21 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def benchmark_command(main: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A benchmark's Hydra main (under `@hydra.main`) as a command's body: a user's error is
+    one line and exit 1, Ctrl-C or SIGTERM one line and exit 130 / 143, not a traceback
+    (`recsys.console.command`)."""
+
+    @functools.wraps(main)
+    def body(cfg: Any) -> Any:
+        with command(
+            lambda: "the benchmark stopped; what it saved so far is in its run directory (outputs/)"
+        ):
+            return main(cfg)
+
+    return body
 
 
 def start(cfg: Any) -> Any:

@@ -20,7 +20,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from recsys import CONF_DIR
 from recsys.data.convert import ConvertOptions, convert
 from recsys.data.synthetic_files import SynthConfig, synthesize
@@ -123,6 +123,7 @@ ConfigStore.instance().store(name="base_bench_data", node=DataBenchConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_data")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     warnings.filterwarnings("ignore", message=".*non-writable tensors.*")  # TorchRec's reader
     typed: DataBenchConfig = start(cfg)

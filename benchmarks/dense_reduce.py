@@ -21,7 +21,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from recsys import CONF_DIR
 from recsys.config import register_configs
 
@@ -119,6 +119,7 @@ ConfigStore.instance().store(name="base_bench_dense_reduce", node=DenseReduceBen
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_dense_reduce")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: DenseReduceBenchConfig = start(cfg)
     result = run(typed)

@@ -22,7 +22,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from recsys import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +116,7 @@ ConfigStore.instance().store(name="base_bench_emulation_fidelity", node=Fidelity
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_emulation_fidelity")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: FidelityConfig = start(cfg)
     result = run(typed)

@@ -25,7 +25,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from benchmarks.planner_grid import CELLS_FILE, TIE, workload_for
 from benchmarks.planners import PlannerBenchConfig
 from recsys import CONF_DIR
@@ -135,6 +135,7 @@ ConfigStore.instance().store(name="base_bench_grid_recheck", node=RecheckConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_grid_recheck")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     from recsys.config import register_configs
 

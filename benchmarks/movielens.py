@@ -20,7 +20,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from recsys import CONF_DIR
 from recsys.config import register_configs
 
@@ -125,6 +125,7 @@ ConfigStore.instance().store(name="base_bench_movielens", node=MovieLensBenchCon
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_movielens")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: MovieLensBenchConfig = start(cfg)
     result = run(typed)

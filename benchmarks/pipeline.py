@@ -31,6 +31,7 @@ from benchmarks import netns, plots
 from benchmarks.calibrate import measured_ms, predict_ms, refresh_calibration
 from benchmarks.common import (
     BenchTrainer,
+    benchmark_command,
     emulated_preset,
     environment,
     finish,
@@ -558,6 +559,7 @@ ConfigStore.instance().store(name="base_bench_pipeline", node=PipelineBenchConfi
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_pipeline")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: PipelineBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("pipeline", typed.cluster)

@@ -29,6 +29,7 @@ from benchmarks import netns, plots
 from benchmarks.calibrate import measured_ms, refresh_calibration
 from benchmarks.common import (
     BenchTrainer,
+    benchmark_command,
     emulated_preset,
     environment,
     finish,
@@ -168,6 +169,7 @@ ConfigStore.instance().store(name="base_bench_plan_train", node=PlanTrainBenchCo
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_plan_train")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: PlanTrainBenchConfig = start(cfg)
     typed.results_dir = typed.results_dir or results_dir_for("plan_train", typed.cluster)

@@ -25,7 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from benchmarks import plots
-from benchmarks.common import environment, finish, output_dirs, start
+from benchmarks.common import benchmark_command, environment, finish, output_dirs, start
 from benchmarks.planner_grid import (
     PROFILE_FILE,
     GridConfig,
@@ -283,6 +283,7 @@ ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_planners")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: PlannerBenchConfig = start(cfg)
     dirs = output_dirs(typed)

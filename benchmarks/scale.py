@@ -34,7 +34,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, parse_label, start
+from benchmarks.common import benchmark_command, environment, finish, parse_label, start
 from recsys import CONF_DIR
 
 if TYPE_CHECKING:  # the library loads lazily: `--help` and config errors stay fast
@@ -507,6 +507,7 @@ ConfigStore.instance().store(name="base_bench_scale", node=ScaleConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_scale")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     from benchmarks.common import output_dirs
     from recsys.config import register_configs

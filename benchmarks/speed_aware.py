@@ -14,7 +14,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, planner_overrides, start
+from benchmarks.common import benchmark_command, environment, finish, planner_overrides, start
 from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.types import ClusterSpec
@@ -79,6 +79,7 @@ ConfigStore.instance().store(name="base_bench_speed_aware", node=SpeedAwareBench
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_speed_aware")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     typed: SpeedAwareBenchConfig = start(cfg)
     result = run(typed)

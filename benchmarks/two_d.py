@@ -23,7 +23,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from benchmarks.common import environment, finish, start
+from benchmarks.common import benchmark_command, environment, finish, start
 from benchmarks.scale import RESULTS, ScaleConfig
 from pipelines.types import TWO_D_PIPELINES
 from recsys import CONF_DIR
@@ -123,6 +123,7 @@ ConfigStore.instance().store(name="base_bench_two_d", node=TwoDConfig)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench_two_d")
+@benchmark_command
 def main(cfg: DictConfig) -> None:
     from recsys.config import register_configs
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +203,29 @@ def test_the_table_names_the_pipelines_it_could_not_run_and_why() -> None:
     assert "Not run: pec (TrainPipelinePEC trains ShardedPECEmbeddingCollection" in text
     assert "prefetch_sparse_dist (" in text and "| fused_sparse_dist |" in text
     assert "Row-wise plan (planner=torchrec" in text
+
+
+def test_every_benchmark_stopped_by_ctrl_c_says_so_in_one_line(capsys) -> None:
+    """Each benchmark's main runs as a command's body (benchmarks.common.benchmark_command)."""
+    import re
+
+    from benchmarks.common import benchmark_command
+
+    @benchmark_command
+    def main(cfg) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        main(None)
+    assert e.value.code == 130
+    assert capsys.readouterr().err == (
+        "interrupted (SIGINT): the benchmark stopped; what it saved so far is in its run "
+        "directory (outputs/)\n"
+    )
+    mains = [
+        p
+        for p in (Path(__file__).parents[2] / "benchmarks").glob("*.py")
+        if "@hydra.main" in p.read_text()
+    ]
+    for p in mains:
+        assert re.search(r"@hydra\.main\([^\n]*\)\n@benchmark_command\n", p.read_text()), p
