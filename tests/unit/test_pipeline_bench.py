@@ -225,7 +225,7 @@ def test_every_benchmark_stopped_by_ctrl_c_says_so_in_one_line(capsys) -> None:
     mains = [
         p
         for p in (Path(__file__).parents[2] / "benchmarks").glob("*.py")
-        if "@hydra.main" in p.read_text()
+        if re.search(r"^@hydra\.main", p.read_text(), re.M)
     ]
     for p in mains:
         assert re.search(r"@hydra\.main\([^\n]*\)\n@benchmark_command\n", p.read_text()), p
