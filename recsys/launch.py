@@ -415,7 +415,7 @@ def _silent_exit(code: int) -> str:
     why = {
         -signal.SIGABRT: "a native abort, e.g. NCCL's watchdog ending a collective that timed "
         "out (trainer.dist_timeout_s) or a failed check in gloo or FBGEMM",
-        -signal.SIGKILL: "killed outright, e.g. by the kernel's OOM killer (a smaller "
+        -signal.SIGKILL: "killed by SIGKILL, e.g. by the kernel's OOM killer (a smaller "
         "trainer.batch_size or model) or by a user",
         -signal.SIGSEGV: "a crash in native code",
     }.get(code, "a native abort")

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,15 +96,21 @@ def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, KeyedOptimizerWrap
     return model, KeyedOptimizerWrapper(params, lambda p: torch.optim.Adagrad(p, lr=0.1))
 
 
-def save_small_checkpoint(root: Path, step: int, seed: int = 0, run_id: str = "run-a") -> Path:
-    """A checkpoint of a small linear model, as the trainer writes one (no process group)."""
-    import warnings
-
+def save_small_checkpoint(
+    root: Path,
+    step: int,
+    seed: int = 0,
+    run_id: str = "run-a",
+    model_config: dict | None = None,
+    run_file: bool = True,
+) -> Path:
+    """A checkpoint of a small linear model, as the trainer writes one (no process group);
+    its run.json names `model_config` (none without `run_file`)."""
     model, opt = _model_and_optimizer(seed)
-    run = {"model": {"name": "tiny"}, "dataset": {}, "plan_layout": []}
+    run = {"model": model_config or {"name": "tiny"}, "dataset": {}, "plan_layout": []}
     with warnings.catch_warnings():  # DCP's "assuming the intent is to save in a single process"
         warnings.simplefilter("ignore", UserWarning)
-        return save_checkpoint(root, model, opt, step, run=run, run_id=run_id)
+        return save_checkpoint(root, model, opt, step, run=run if run_file else None, run_id=run_id)
 
 
 def flip_bytes(path: Path, at: int = 100, n: int = 64) -> None:

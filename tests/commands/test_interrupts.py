@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO
 from support import sigint_default
 
+from recsys.checkpoint import verified_checkpoint
 from recsys.data.synthetic_files import SynthConfig, synthesize
 
 pytestmark = pytest.mark.slow
@@ -31,6 +32,13 @@ def _children(pid: int) -> list[int]:
         except OSError:
             pass
     return out + [d for c in out for d in _children(c)]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[1])
+    except OSError:
+        return None
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -96,7 +104,9 @@ def test_training_stops_every_rank_keeps_the_summary_so_far(tmp_path: Path, sig,
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] == name and summary["steps_done"] >= 20
     assert Path(summary["last_checkpoint"]).name.startswith("step_")
-    assert all((p / ".metadata").exists() for p in (run / "checkpoints").iterdir())
+    whole = sorted((run / "checkpoints").glob("step_*"))  # verified: every file as written
+    assert whole and all(verified_checkpoint(p) == p for p in whole)
+    assert not list((run / "checkpoints").glob(".step_*"))  # nothing half-written left
     losses = (run / "train_losses.csv").read_text().split()[1:]
     assert len(losses) >= 20 and losses[0].startswith("1,")
 
@@ -108,6 +118,25 @@ def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
     proc.kill()  # SIGKILL: nothing of the launcher runs
     proc.communicate(timeout=30)
     assert _gone_within(ranks, 10), _alive(ranks)
+
+
+def test_a_killed_rank_fails_the_run_naming_it_and_keeps_what_it_had(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = _train(run, "trainer.dist_timeout_s=20")
+    direct = [p for p in _children(proc.pid) if _parent(p) == proc.pid]
+    ranks = [p for p in _children(proc.pid) if _parent(p) in direct]  # the fork server's
+    assert ranks, _children(proc.pid)
+    os.kill(ranks[-1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "killed by SIGKILL" in err and "first failure: rank" in err, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert "SIGKILL" in summary["failed"], summary
+    assert Path(summary["last_checkpoint"]).name >= "step_00000020"
+    assert verified_checkpoint(summary["last_checkpoint"])
+    assert summary["last_good_step"] >= 20 and not list((run / "checkpoints").glob(".step_*"))
+    rows = (run / "train_losses.csv").read_text().split()[1:]
+    assert len(rows) == summary["last_good_step"]
 
 
 def test_sigterm_to_prepare_removes_the_partial_output_and_its_workers(tmp_path: Path) -> None:

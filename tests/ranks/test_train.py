@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -374,9 +375,17 @@ def test_semi_sync_trains_torchrec_s_plan_without_replicated_tables(tmp_path: Pa
 
 
 def test_nan_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
+    """...and keeps what it had: a summary naming the step, the losses checked before it."""
     cfg = compose_config(TINY + ["trainer.dense_optimizer=sgd", "trainer.lr=1e30"])
-    with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+"):
+    with pytest.raises(RankFailedError, match=r"train loss is (nan|inf) at step \d+") as e:
         train(cfg, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())  # strict JSON
+    bad = int(re.search(r"train loss is (?:nan|inf) at step (\d+)", summary["failed"])[1])
+    assert f"kept {tmp_path / 'summary.json'}" in str(e.value)
+    rows = (tmp_path / "train_losses.csv").read_text().split()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, len(rows) + 1))
+    assert all(math.isfinite(float(r.split(",")[1])) for r in rows) and len(rows) < bad
+    assert summary["last_good_step"] == (len(rows) or None)
 
 
 def test_a_rank_that_dies_fails_the_others_in_bounded_time(tmp_path: Path) -> None:

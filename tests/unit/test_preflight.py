@@ -194,3 +194,21 @@ def test_a_corrupt_checkpoint_is_refused_by_evaluate_and_export(tmp_path, no_ran
     with pytest.raises(CheckpointCorruptError, match=rf"{said}.* load it with checkpoint={good}$"):
         export_checkpoint(tmp_path / "ckpts", tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+def test_a_checkpoint_without_run_json_is_refused_alike_everywhere(tmp_path, no_ranks) -> None:
+    from recsys.export import ExportError, export_checkpoint
+
+    ckpt = save_small_checkpoint(tmp_path / "ckpts", 3, run_file=False)
+    said = (
+        f"checkpoint '{ckpt}' has no run.json naming its model: resume, evaluate and "
+        f"export read checkpoints that recsys.train saved (it writes one with each)"
+    )
+    for mode in ("train", "evaluate"):
+        cfg = ["debug=tiny", f"trainer.mode={mode}", f"trainer.resume_from={ckpt}"]
+        with pytest.raises(TrainConfigError) as e:
+            train(compose_config(cfg), tmp_path / mode)
+        assert str(e.value) == f"trainer.resume_from: {said}"
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(ckpt, tmp_path / "export")
+    assert str(e.value) == said

@@ -4,11 +4,14 @@ process."""
 from __future__ import annotations
 
 import io
+import json
 import os
+from dataclasses import asdict
 
 import pytest
 from conftest import CALIBRATION_2026_12_04, REPO
 from omegaconf import OmegaConf
+from support import save_small_checkpoint
 
 from recsys.app.train import train
 from recsys.config import TrainConfigError, check_train_config, register_configs
@@ -39,10 +42,9 @@ def test_bad_trainer_values_are_refused_naming_the_key(typed_cfg, override, mess
 
 
 def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tmp_path) -> None:
-    ckpt = tmp_path / "checkpoints" / "step_00000010"
-    ckpt.mkdir(parents=True)
-    (ckpt / ".metadata").write_bytes(b"")
     cfg = typed_cfg([f"trainer.resume_from={tmp_path / 'checkpoints'}", "trainer.max_steps=5"])
+    model = json.loads(json.dumps(asdict(cfg.model)))
+    save_small_checkpoint(tmp_path / "checkpoints", 10, model_config=model)
     with pytest.raises(TrainConfigError, match="checkpoint is at step 10, at or past "
                        "trainer.max_steps=5"):  # fmt: skip
         train(cfg, tmp_path / "run")
