@@ -123,11 +123,14 @@ def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
 def test_a_killed_rank_fails_the_run_naming_it_and_keeps_what_it_had(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = _train(run, "trainer.dist_timeout_s=20")
-    direct = [p for p in _children(proc.pid) if _parent(p) == proc.pid]
-    ranks = [p for p in _children(proc.pid) if _parent(p) in direct]  # the fork server's
-    assert ranks, _children(proc.pid)
-    os.kill(ranks[-1], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    try:
+        direct = [p for p in _children(proc.pid) if _parent(p) == proc.pid]
+        ranks = [p for p in _children(proc.pid) if _parent(p) in direct]  # the fork server's
+        assert ranks, _children(proc.pid)
+        os.kill(ranks[-1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # whatever failed above: no run left training
     assert proc.returncode == 1, err[-3000:]
     assert "killed by SIGKILL" in err and "first failure: rank" in err, err[-3000:]
     summary = json.loads((run / "summary.json").read_text())
