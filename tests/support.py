@@ -117,3 +117,14 @@ def flip_bytes(path: Path, at: int = 100, n: int = 64) -> None:
     data = bytearray(path.read_bytes())
     data[at : at + n] = bytes(b ^ 0xFF for b in data[at : at + n])
     path.write_bytes(bytes(data))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (a command's ranks are its fork server's children)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out + [d for c in out for d in descendants(c)]

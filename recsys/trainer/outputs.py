@@ -17,37 +17,30 @@ def write_interrupted(
     run_dir: Path, ckpt_root: Path, start: int, steps_done: int, signal_name: str
 ) -> None:
     """Rank 0, stopped by Ctrl-C or SIGTERM after `steps_done` steps from `start`: a summary
-    saying where the run stopped (the losses checked so far are in train_losses.csv
-    already); half-written checkpoints go."""
-    remove_partial(ckpt_root)
-    last = newest_good_checkpoint(ckpt_root)
-    losses = read_losses(run_dir / LOSSES_FILE)
-    summary = {
-        "interrupted": signal_name,
-        "start_step": start,
-        "steps_done": start + steps_done,
-        "last_checkpoint": str(last) if last else None,
-        "train_loss": losses[-1][1] if losses else None,
-    }
-    write_summary(run_dir, summary)
+    saying where the run stopped (`_kept`)."""
+    summary = {"interrupted": signal_name, "start_step": start, "steps_done": start + steps_done}
+    write_summary(run_dir, summary | _kept(run_dir, ckpt_root))
 
 
 def write_failed(run_dir: Path, ckpt_root: Path, cause: str, run_id: str) -> Path:
     """The parent, after a run failed once its ranks started (a rank died, hung, ran out of
-    disk, or the loss diverged): a summary naming the cause, the last step whose loss was
-    checked and the newest good checkpoint; half-written checkpoints go. The losses so far
-    are in train_losses.csv, written as they were checked."""
+    disk, or the loss diverged): a summary naming the cause (`_kept`)."""
+    summary = {"failed": cause, "run_id": run_id}
+    return write_summary(run_dir, summary | _kept(run_dir, ckpt_root))
+
+
+def _kept(run_dir: Path, ckpt_root: Path) -> dict:
+    """What a stopped run keeps: half-written checkpoints go; the newest good checkpoint,
+    and the last step whose loss was checked (the losses are in train_losses.csv, written
+    as they were checked)."""
     remove_partial(ckpt_root)
     last = newest_good_checkpoint(ckpt_root)
     losses = read_losses(run_dir / LOSSES_FILE)
-    summary = {
-        "failed": cause,
+    return {
         "last_good_step": losses[-1][0] if losses else None,
         "last_checkpoint": str(last) if last else None,
         "train_loss": losses[-1][1] if losses else None,
-        "run_id": run_id,
     }
-    return write_summary(run_dir, summary)
 
 
 def per_step_stats(stats: dict | None) -> dict | None:

@@ -15,23 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from support import sigint_default
+from support import descendants, sigint_default
 
 from recsys.checkpoint import verified_checkpoint
 from recsys.data.synthetic_files import SynthConfig, synthesize
 
 pytestmark = pytest.mark.slow
-
-
-def _children(pid: int) -> list[int]:
-    """Every process below `pid`: the ranks are the fork server's children (recsys.launch)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out + [d for c in out for d in _children(c)]
 
 
 def _parent(pid: int) -> int | None:
@@ -85,7 +74,7 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
 def test_training_stops_every_rank_keeps_the_summary_so_far(tmp_path: Path, sig, code) -> None:
     run = tmp_path / "run"
     proc = _train(run)
-    ranks = _children(proc.pid)
+    ranks = descendants(proc.pid)
     assert len(_alive(ranks)) >= 3, ranks  # the ranks, the fork server (and its helper)
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)  # Ctrl-C: the terminal signals the whole process group
@@ -113,7 +102,7 @@ def test_training_stops_every_rank_keeps_the_summary_so_far(tmp_path: Path, sig,
 
 def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path) -> None:
     proc = _train(tmp_path / "run")
-    ranks = _children(proc.pid)
+    ranks = descendants(proc.pid)
     assert _alive(ranks)
     proc.kill()  # SIGKILL: nothing of the launcher runs
     proc.communicate(timeout=30)
@@ -124,9 +113,9 @@ def test_a_killed_rank_fails_the_run_naming_it_and_keeps_what_it_had(tmp_path: P
     run = tmp_path / "run"
     proc = _train(run, "trainer.dist_timeout_s=20")
     try:
-        direct = [p for p in _children(proc.pid) if _parent(p) == proc.pid]
-        ranks = [p for p in _children(proc.pid) if _parent(p) in direct]  # the fork server's
-        assert ranks, _children(proc.pid)
+        direct = [p for p in descendants(proc.pid) if _parent(p) == proc.pid]
+        ranks = [p for p in descendants(proc.pid) if _parent(p) in direct]  # the fork server's
+        assert ranks, descendants(proc.pid)
         os.kill(ranks[-1], signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -148,7 +137,7 @@ def test_sigterm_to_prepare_removes_the_partial_output_and_its_workers(tmp_path:
     proc = _start(["recsys.data.prepare", f"input={src}", f"output={tmp_path / 'bin'}",
                    "workers=2", "chunk_mb=1", f"hydra.run.dir={tmp_path / 'run'}"],
                   lambda: bool(list(tmp_path.glob(".bin.partial-*/*"))))  # fmt: skip
-    workers = _children(proc.pid)
+    workers = descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-2000:]

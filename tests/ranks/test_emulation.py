@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, cluster_of
-from support import sendable, sigint_default
+from support import descendants, sendable, sigint_default
 
 from benchmarks import netns
 from recsys import emulation
@@ -170,7 +170,7 @@ def test_a_launcher_killed_outright_leaves_nothing_behind(tmp_path: Path) -> Non
     while len(emulation.leftovers(tag)) < 4 or not (log.exists() and " step " in log.read_text()):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
-    sockets = [Path(p).parent for p in _listeners([proc.pid, *_children(proc.pid)])]
+    sockets = [Path(p).parent for p in _listeners([proc.pid, *descendants(proc.pid)])]
     assert sockets and all(p.exists() for p in sockets)
     proc.kill()
     proc.wait(timeout=30)
@@ -180,16 +180,6 @@ def test_a_launcher_killed_outright_leaves_nothing_behind(tmp_path: Path) -> Non
     ):
         time.sleep(0.2)
     assert emulation.leftovers(tag) == [] and not any(p.exists() for p in sockets)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def _listeners(pids: list[int]) -> list[str]:

@@ -67,7 +67,9 @@ def test_a_replacement_set_aside_comes_back_if_the_new_one_never_arrived(tmp_pat
     assert verified_checkpoint(tmp_path) == good
 
 
-@pytest.mark.parametrize("fault", ["flipped", "truncated", "missing", "no manifest", "bad json"])
+@pytest.mark.parametrize(
+    "fault", ["flipped", "truncated", "missing", "no manifest", "bad json", "run.json cut"]
+)
 def test_a_corrupt_newest_checkpoint_is_refused_naming_the_newest_good_one(tmp_path, fault):
     good = save_small_checkpoint(tmp_path, 3)
     bad = save_small_checkpoint(tmp_path, 6, seed=1)
@@ -85,9 +87,13 @@ def test_a_corrupt_newest_checkpoint_is_refused_naming_the_newest_good_one(tmp_p
         (bad / "manifest.json").unlink()
         (bad / ".metadata").touch()  # a write cut before its manifest, or an older version
         why = "has no manifest.json"
-    else:
+    elif fault == "bad json":
         (bad / "manifest.json").write_text("{not json")
         why = "is not a checkpoint manifest"
+    else:  # it was a JSONDecodeError traceback without the file's name
+        run = bad / "run.json"
+        run.write_bytes(run.read_bytes()[:20])
+        why = f"'{run}' has 20 bytes, its manifest says"
     with pytest.raises(CheckpointCorruptError) as e:
         verified_checkpoint(tmp_path)
     message = str(e.value)
