@@ -304,6 +304,12 @@ def _fit_comm(raw: dict, world: int = 2, nodes: list[int] | None = None) -> dict
     rank's share of its node's link), so `sent` counts the bytes the rank with most peers
     on other nodes sends across (size (W - its node's ranks)/W)."""
     sizes = raw["sizes_bytes"]
+    if world == 1:  # one rank: nothing crosses; a collective costs its fixed time alone
+        return {
+            "alltoall": _no_exchange(raw["alltoall_s"], raw.get("alltoall_cpu_s")),
+            "allreduce": _no_exchange(raw["allreduce_s"], None),
+            "raw": raw,
+        }
     sent = [s * (world - 1) / world for s in sizes]
     across = sent
     if nodes is not None and len(set(nodes)) > 1:
@@ -322,6 +328,20 @@ def _fit_comm(raw: dict, world: int = 2, nodes: list[int] | None = None) -> dict
             "cpu_s_per_byte": cpu,
         },  # fmt: skip
         "raw": raw,
+    }
+
+
+# the bandwidth of a link nothing crosses (one rank): never used by a price, since no byte
+# is sent; finite, so that it stays JSON
+UNUSED_BYTES_PER_S = 1e15
+
+
+def _no_exchange(wall_s: list[float], cpu_s: list[float] | None) -> dict:
+    """A one-rank collective: its median time as the latency, no bandwidth to fit."""
+    return {
+        "latency_s": float(np.median(wall_s)),
+        "bytes_per_s": UNUSED_BYTES_PER_S,
+        "cpu_s_per_byte": 0.0,
     }
 
 

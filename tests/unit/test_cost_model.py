@@ -288,6 +288,25 @@ def test_fits_recover_known_lines() -> None:
     assert _fit_comm(raw4, 4)["alltoall"]["bytes_per_s"] == pytest.approx(1.5e9)
 
 
+def test_a_one_rank_layout_calibrates_its_link_as_its_fixed_time() -> None:
+    """One rank (a one-node, one-device layout): nothing crosses, so there is no bandwidth
+    to fit (the fit died in numpy's SVD); the collectives cost their measured fixed time."""
+    import json
+
+    sizes = [16_384, 1_048_576, 8_388_608]
+    raw = {
+        "sizes_bytes": sizes,
+        "alltoall_s": [3e-4, 2e-4, 2.5e-4],
+        "allreduce_s": [1e-4, 1.5e-4, 1.2e-4],
+        "alltoall_cpu_s": [1e-5] * 3,
+    }
+    fit = _fit_comm(raw, 1, [0])
+    assert fit["alltoall"]["latency_s"] == pytest.approx(2.5e-4)
+    assert fit["allreduce"]["latency_s"] == pytest.approx(1.2e-4)
+    assert fit["alltoall"]["cpu_s_per_byte"] == 0.0
+    json.dumps(fit, allow_nan=False)  # a calibration file holds it as it is
+
+
 def test_calibration_file_loads_and_scales_by_rank_speed() -> None:
     cal = load_calibration()
     assert cal.device.emb_read_bytes_per_s > 0 and cal.device.dense_flops_per_s > 0
