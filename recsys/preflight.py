@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from recsys.checkpoint import STEP_PREFIX, checkpoint_run_id, remove_partial
@@ -22,6 +23,7 @@ from recsys.data.source import build_source
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".run.lock"
+OWNER_FILE = "owner.json"  # in a checkpoint directory: {"run_id", "run_dir"} of its run
 
 
 def check_data(cfg: TrainConfig, world: int, shares: list[int] | None) -> None:
@@ -68,7 +70,7 @@ class _Flock:
     """An advisory flock on `path` (released when the process ends, even by SIGKILL), the
     holder's pid written in it; `busy(pid)` is the error when another live process holds it."""
 
-    def __init__(self, path: Path, busy) -> None:
+    def __init__(self, path: Path, busy: Callable[[str], Exception]) -> None:
         self.path = path
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -151,9 +153,6 @@ class CheckpointDirLock(_Flock):
         if owner is None:  # no checkpoint yet: this run's from now on
             owner_file = path / OWNER_FILE
             owner_file.write_text(json.dumps({"run_id": run_id, "run_dir": str(run_dir)}) + "\n")
-
-
-OWNER_FILE = "owner.json"  # in a checkpoint directory: {"run_id", "run_dir"} of its run
 
 
 def _checkpoint_owner(path: Path) -> dict | None:

@@ -28,6 +28,14 @@ from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.app import CONF_DIR
 from recsys.app.planning import SavedPlanError, load_plan, make_plan, plan_inputs, plan_json
+from recsys.checkpoint import (
+    checkpoint_run_id,
+    checkpoint_step,
+    first_model_difference,
+    no_model_message,
+    saved_run,
+    verified_checkpoint,
+)
 from recsys.config import (
     DenseAllreduce,
     Mode,
@@ -248,8 +256,6 @@ def train(cfg: DictConfig | TrainConfig, run_dir: str | Path | None = None) -> d
 
 def _run_id(tcfg: TrainConfig) -> str:
     """This run's identity in its checkpoints: a resumed run keeps its checkpoint's."""
-    from recsys.checkpoint import checkpoint_run_id
-
     resumed = checkpoint_run_id(tcfg.trainer.resume_from) if tcfg.trainer.resume_from else None
     return resumed or uuid.uuid4().hex[:16]
 
@@ -289,14 +295,6 @@ def _check_resume(tcfg: TrainConfig) -> TrainConfig:
     """The checkpoint to resume, its files checked against its manifest, holds this model
     and is before trainer.max_steps; `trainer.resume_from` names it alone from here on (the
     ranks load it without reading every file again)."""
-    from recsys.checkpoint import (
-        checkpoint_step,
-        first_model_difference,
-        no_model_message,
-        saved_run,
-        verified_checkpoint,
-    )
-
     ckpt = str(verified_checkpoint(tcfg.trainer.resume_from))
     tcfg = replace(tcfg, trainer=replace(tcfg.trainer, resume_from=ckpt))
     saved = saved_run(tcfg.trainer.resume_from)
