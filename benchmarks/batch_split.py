@@ -55,8 +55,10 @@ def split_with(batch: list[int], speeds: list[float], shift: float) -> list[int]
     fast = [r for r, s in enumerate(speeds) if s == max(speeds)]
     slow = [r for r in range(len(batch)) if r not in fast]
     if not slow:
-        raise ValueError("every rank is as fast as the fastest: no batch split to move "
-                         "(use a cluster whose ranks differ in speed)")  # fmt: skip
+        raise ValueError(
+            "every rank is as fast as the fastest: no batch split to move "
+            "(use a cluster whose ranks differ in speed)"
+        )
     out = list(batch)
     moved = 0
     for r in slow:
@@ -88,8 +90,13 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     except ValueError as e:
         raise SystemExit(f"benchmarks.batch_split cluster={cfg.cluster.name}: {e}") from None
     rows: dict[str, dict] = {}
-    common = [*where, f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
-              "dataset.eval_batches=1", "trainer.warmup_steps=5"]  # fmt: skip
+    common = [
+        *where,
+        f"trainer.max_steps={cfg.steps}",
+        "trainer.progress_bar=false",
+        "dataset.eval_batches=1",
+        "trainer.warmup_steps=5",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         runs: dict[str, list[str]] = {}
         if cfg.baseline:  # its own plan, as TorchRec's planner makes it in the ranks
@@ -110,8 +117,10 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
             runs[name] = [*common, "planner=hybrid", f"trainer.plan={path}"]
         for rep in range(cfg.repeats):  # interleaved
             for name, overrides in runs.items():
-                summary = train(hydra.compose(config_name="config", overrides=overrides),
-                                Path(tmp) / f"run{list(runs).index(name)}_{rep}")  # fmt: skip
+                summary = train(
+                    hydra.compose(config_name="config", overrides=overrides),
+                    Path(tmp) / f"run{list(runs).index(name)}_{rep}",
+                )
                 rows[name].setdefault("runs", []).append(measured_ms(summary))
                 print(
                     f"run {rep + 1}/{cfg.repeats} {name} {rows[name]['batch_per_rank']}: "
@@ -124,31 +133,43 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     ours = rows[OURS]
     best_measured = min((n for n in splits), key=lambda n: rows[n]["measured_ms"])
     best_predicted = min((n for n in splits), key=lambda n: rows[n]["predicted_ms"])
-    return {"rows": [{"split": name, **row} for name, row in rows.items()],
-            "best_measured": best_measured, "best_predicted": best_predicted,
-            "best_vs_hybrids": ours["measured_ms"] / rows[best_measured]["measured_ms"],
-            "median_abs_error": statistics.median(abs(r["error"]) for r in rows.values()),
-            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
-            "environment": environment()}  # fmt: skip
+    return {
+        "rows": [{"split": name, **row} for name, row in rows.items()],
+        "best_measured": best_measured,
+        "best_predicted": best_predicted,
+        "best_vs_hybrids": ours["measured_ms"] / rows[best_measured]["measured_ms"],
+        "median_abs_error": statistics.median(abs(r["error"]) for r in rows.values()),
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
 
 
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
     ours = next(x["measured_ms"] for x in r["rows"] if x["split"] == OURS)
-    lines = [f"# Hybrid's plan at several batch splits on {c['cluster']['name']} ({env['date']}, "
-             f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
-             f"{c['steps']} steps, {c['repeats']} interleaved runs each, their median)", "",
-             "| split | batch per rank | predicted ms | measured ms (each run) | error | "
-             "hybrid's split / this |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Hybrid's plan at several batch splits on {c['cluster']['name']} ({env['date']}, "
+        f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
+        f"{c['steps']} steps, {c['repeats']} interleaved runs each, their median)",
+        "",
+        "| split | batch per rank | predicted ms | measured ms (each run) | error | "
+        "hybrid's split / this |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in r["rows"]:
         each = ", ".join(f"{v:.1f}" for v in x["runs"])
-        lines.append(f"| {x['split']} | {x['batch_per_rank']} | {x['predicted_ms']:.1f} | "
-                     f"{x['measured_ms']:.1f} ({each}) | {100 * x['error']:+.0f}% | "
-                     f"{ours / x['measured_ms']:.2f}x |")  # fmt: skip
-    lines += ["", f"Fastest measured: {r['best_measured']}; fastest predicted: "
-              f"{r['best_predicted']}; hybrid's split steps {r['best_vs_hybrids']:.2f}x the "
-              f"fastest measured one's time. Median absolute error "
-              f"{100 * r['median_abs_error']:.1f}%."]  # fmt: skip
+        lines.append(
+            f"| {x['split']} | {x['batch_per_rank']} | {x['predicted_ms']:.1f} | "
+            f"{x['measured_ms']:.1f} ({each}) | {100 * x['error']:+.0f}% | "
+            f"{ours / x['measured_ms']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Fastest measured: {r['best_measured']}; fastest predicted: "
+        f"{r['best_predicted']}; hybrid's split steps {r['best_vs_hybrids']:.2f}x the "
+        f"fastest measured one's time. Median absolute error "
+        f"{100 * r['median_abs_error']:.1f}%.",
+    ]
     return "\n".join(lines)
 
 

@@ -103,38 +103,77 @@ class CalibrateConfig:
         default_factory=lambda: [
             Setting("dlrm_small b1024 loopback plain", ["trainer.batch_size=1024"]),
             Setting("dlrm_small b4096 loopback plain", ["trainer.batch_size=4096"]),
-            Setting("dcnv2_small b2048 loopback sparse_dist",
-                    ["model=dcnv2_small", "pipeline=sparse_dist", "trainer.batch_size=2048"]),
-            Setting("dlrm dim64 b2048 loopback plain", ["model.embedding_dim=64",
-                    "model.dense_arch_layer_sizes=[64,64]", "trainer.batch_size=2048"]),
+            Setting(
+                "dcnv2_small b2048 loopback sparse_dist",
+                ["model=dcnv2_small", "pipeline=sparse_dist", "trainer.batch_size=2048"],
+            ),
+            Setting(
+                "dlrm dim64 b2048 loopback plain",
+                [
+                    "model.embedding_dim=64",
+                    "model.dense_arch_layer_sizes=[64,64]",
+                    "trainer.batch_size=2048",
+                ],
+            ),
             Setting("dlrm_small b2048 veth plain", ["trainer.batch_size=2048"], "veth"),
-            Setting("dlrm dim64 b4096 veth plain", ["model.embedding_dim=64",
-                    "model.dense_arch_layer_sizes=[64,64]", "trainer.batch_size=4096"], "veth"),
-            Setting("dlrm_small b1024 emu_mixed4 plain",
-                    ["cluster=emu_mixed4", "trainer.batch_size=1024"], "emulated"),
-            Setting("dcnv2_small b1024 emu_mixed4 sparse_dist", ["cluster=emu_mixed4",
-                    "model=dcnv2_small", "pipeline=sparse_dist", "trainer.batch_size=1024"],
-                    "emulated"),
-            Setting("dlrm_small b2048 emu_mixed3 plain",
-                    ["cluster=emu_mixed3", "trainer.batch_size=2048"], "emulated"),
+            Setting(
+                "dlrm dim64 b4096 veth plain",
+                [
+                    "model.embedding_dim=64",
+                    "model.dense_arch_layer_sizes=[64,64]",
+                    "trainer.batch_size=4096",
+                ],
+                "veth",
+            ),
+            Setting(
+                "dlrm_small b1024 emu_mixed4 plain",
+                ["cluster=emu_mixed4", "trainer.batch_size=1024"],
+                "emulated",
+            ),
+            Setting(
+                "dcnv2_small b1024 emu_mixed4 sparse_dist",
+                [
+                    "cluster=emu_mixed4",
+                    "model=dcnv2_small",
+                    "pipeline=sparse_dist",
+                    "trainer.batch_size=1024",
+                ],
+                "emulated",
+            ),
+            Setting(
+                "dlrm_small b2048 emu_mixed3 plain",
+                ["cluster=emu_mixed3", "trainer.batch_size=2048"],
+                "emulated",
+            ),
             # hybrid's plans there: split tables, hot rows, a speed-aware batch split
-            Setting("dlrm_small b2048 emu_mixed4 plain hybrid",
-                    ["cluster=emu_mixed4", "trainer.batch_size=2048", "planner=hybrid"],
-                    "emulated"),
-            Setting("dlrm_small b2048 emu_mixed3 plain hybrid",
-                    ["cluster=emu_mixed3", "trainer.batch_size=2048", "planner=hybrid"],
-                    "emulated"),
+            Setting(
+                "dlrm_small b2048 emu_mixed4 plain hybrid",
+                ["cluster=emu_mixed4", "trainer.batch_size=2048", "planner=hybrid"],
+                "emulated",
+            ),
+            Setting(
+                "dlrm_small b2048 emu_mixed3 plain hybrid",
+                ["cluster=emu_mixed3", "trainer.batch_size=2048", "planner=hybrid"],
+                "emulated",
+            ),
             # the nested pipeline's schedule, across a veth link and on both mixed clusters
-            Setting("dlrm_small b2048 veth nested4",
-                    ["trainer.batch_size=2048", "pipeline=nested"], "veth"),
-            Setting("dlrm_small b1024 emu_mixed4 nested4",
-                    ["cluster=emu_mixed4", "trainer.batch_size=1024", "pipeline=nested"],
-                    "emulated"),
-            Setting("dlrm_small b2048 emu_mixed3 nested4",
-                    ["cluster=emu_mixed3", "trainer.batch_size=2048", "pipeline=nested"],
-                    "emulated"),
+            Setting(
+                "dlrm_small b2048 veth nested4",
+                ["trainer.batch_size=2048", "pipeline=nested"],
+                "veth",
+            ),
+            Setting(
+                "dlrm_small b1024 emu_mixed4 nested4",
+                ["cluster=emu_mixed4", "trainer.batch_size=1024", "pipeline=nested"],
+                "emulated",
+            ),
+            Setting(
+                "dlrm_small b2048 emu_mixed3 nested4",
+                ["cluster=emu_mixed3", "trainer.batch_size=2048", "pipeline=nested"],
+                "emulated",
+            ),
         ]
-    )  # fmt: skip
+    )
     # emulated clusters (root): each share's device constants, measured in its cgroup, and
     # the links between each cluster's ranks; settings with link "emulated" validate them
     emulated: list[str] = field(default_factory=lambda: ["emu_mixed4", "emu_mixed3", "emu_2node"])
@@ -178,8 +217,12 @@ def fit_line_robust(x: list[float], y: list[float]) -> tuple[float, float]:
     """Theil-Sen y = a + b x: b the median of the slopes between every two points at
     different x, a the median of y - b x (clipped at 0). One point off the line by any
     amount moves it less than least squares would: a busy host's odd run."""
-    pairs = [(y[j] - y[i]) / (x[j] - x[i])
-             for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]  # fmt: skip
+    pairs = [
+        (y[j] - y[i]) / (x[j] - x[i])
+        for i in range(len(x))
+        for j in range(i + 1, len(x))
+        if x[j] != x[i]
+    ]
     if not pairs:
         raise ValueError(f"a line needs points at two different x at least, got x={x}")
     b = float(statistics.median(pairs))
@@ -211,14 +254,26 @@ def measure_embedding(repeats: int = 15, window_s: float = 0.0) -> dict:
 
     rng = np.random.default_rng(0)
     points = []
-    for tables, rows, dim, batch in [(8, 20000, 16, 1024), (8, 20000, 16, 4096),
-                                     (26, 20000, 16, 2048), (8, 20000, 64, 2048),
-                                     (26, 20000, 64, 4096)]:  # fmt: skip
+    for tables, rows, dim, batch in [
+        (8, 20000, 16, 1024),
+        (8, 20000, 16, 4096),
+        (26, 20000, 16, 2048),
+        (8, 20000, 64, 2048),
+        (26, 20000, 64, 4096),
+    ]:
         ids = torch.from_numpy(power_law_ranks(rng.random(tables * batch), rows, 1.1))
         fwd, fwd_bwd = tbe_steps(tables, rows, dim, ids)
         f, fb = _median_time(fwd, repeats, window_s), _median_time(fwd_bwd, repeats, window_s)
-        points.append({"tables": tables, "dim": dim, "batch": batch,
-                       "bytes": tables * batch * dim * 4, "fwd_s": f, "fwd_bwd_s": fb})  # fmt: skip
+        points.append(
+            {
+                "tables": tables,
+                "dim": dim,
+                "batch": batch,
+                "bytes": tables * batch * dim * 4,
+                "fwd_s": f,
+                "fwd_bwd_s": fb,
+            }
+        )
     return {"points": points, **fit_embedding(points)}
 
 
@@ -243,9 +298,14 @@ def measure_dense(repeats: int = 7, window_s: float = 0.0) -> dict:
 
     points = []
     features = 26
-    for dim, batch, top in [(16, 1024, [64, 32, 1]), (16, 4096, [64, 32, 1]),
-                            (64, 2048, [64, 32, 1]), (32, 2048, [256, 128, 1]),
-                            (16, 2048, [512, 256, 1]), (64, 1024, [512, 256, 1])]:  # fmt: skip
+    for dim, batch, top in [
+        (16, 1024, [64, 32, 1]),
+        (16, 4096, [64, 32, 1]),
+        (64, 2048, [64, 32, 1]),
+        (32, 2048, [256, 128, 1]),
+        (16, 2048, [512, 256, 1]),
+        (64, 1024, [512, 256, 1]),
+    ]:
         bottom = DenseArch(13, [64, dim])
         inter = InteractionArch(features)
         over = OverArch(dim + features * (features + 1) // 2, top)
@@ -255,14 +315,24 @@ def measure_dense(repeats: int = 7, window_s: float = 0.0) -> dict:
             over(inter(bottom(x), emb)).sum().backward()
 
         params = sum(p.numel() for m in (bottom, over) for p in m.parameters())
-        points.append({"dim": dim, "batch": batch, "top": top, "mlp_flops": 6 * params * batch,
-                       "interaction_flops": batch * dot_interaction_flops(features + 1, dim),
-                       "s": _median_time(step, repeats, window_s)})  # fmt: skip
+        points.append(
+            {
+                "dim": dim,
+                "batch": batch,
+                "top": top,
+                "mlp_flops": 6 * params * batch,
+                "interaction_flops": batch * dot_interaction_flops(features + 1, dim),
+                "s": _median_time(step, repeats, window_s),
+            }
+        )
     # t = fixed + mlp_flops / mlp_rate + interaction_flops / interaction_rate
     a = np.array([[1.0, p["mlp_flops"], p["interaction_flops"]] for p in points])
     (_, per_mlp, per_inter), *_ = np.linalg.lstsq(a, np.array([p["s"] for p in points]), rcond=None)
-    return {"points": points, "dense_flops_per_s": 1.0 / per_mlp,
-            "interaction_flops_per_s": 1.0 / per_inter}  # fmt: skip
+    return {
+        "points": points,
+        "dense_flops_per_s": 1.0 / per_mlp,
+        "interaction_flops_per_s": 1.0 / per_inter,
+    }
 
 
 def measure_input(repeats: int = 15, window_s: float = 0.0) -> dict:
@@ -271,8 +341,9 @@ def measure_input(repeats: int = 15, window_s: float = 0.0) -> dict:
 
     points = []
     for batch in (256, 1024, 4096):
-        src = SyntheticCriteo(SyntheticConfig(), [20000] * 26, [f"cat_{i}" for i in range(26)],
-                              13, batch)  # fmt: skip
+        src = SyntheticCriteo(
+            SyntheticConfig(), [20000] * 26, [f"cat_{i}" for i in range(26)], 13, batch
+        )
         counter = iter(range(10**9))
         t = _median_time(lambda s=src, c=counter: s.batch("train", next(c), 0), repeats, window_s)
         points.append({"batch": batch, "s": t})
@@ -290,9 +361,11 @@ def measure_compute(repeats: int | None = None, window_s: float = 0.0) -> dict:
     root = logging.getLogger()
     root.setLevel(logging.WARNING)  # FBGEMM logs every TBE it makes at INFO
     r = {} if repeats is None else {"repeats": repeats}
-    return {"embedding": measure_embedding(**r, window_s=window_s),
-            "dense": measure_dense(**r, window_s=window_s),
-            "input": measure_input(**r, window_s=window_s)}  # fmt: skip
+    return {
+        "embedding": measure_embedding(**r, window_s=window_s),
+        "dense": measure_dense(**r, window_s=window_s),
+        "input": measure_input(**r, window_s=window_s),
+    }
 
 
 def _fit_comm(raw: dict, world: int = 2, nodes: list[int] | None = None) -> dict:
@@ -326,7 +399,7 @@ def _fit_comm(raw: dict, world: int = 2, nodes: list[int] | None = None) -> dict
             "latency_s": ar_fixed / (2 * (world - 1)),
             "bytes_per_s": 1.0 / ar_per_b,
             "cpu_s_per_byte": cpu,
-        },  # fmt: skip
+        },
         "raw": raw,
     }
 
@@ -363,8 +436,13 @@ def _compose(overrides: list[str]) -> DictConfig:
 WARMUP_STEPS = 10  # untimed steps at the start of every calibration and validation run
 
 
-def _train(overrides: list[str], cfg: CalibrateConfig, run_dir: Path,
-           link: netns.VethLink | None, step_ms: float | None = None) -> dict:  # fmt: skip
+def _train(
+    overrides: list[str],
+    cfg: CalibrateConfig,
+    run_dir: Path,
+    link: netns.VethLink | None,
+    step_ms: float | None = None,
+) -> dict:
     """Train `cfg.train_steps` steps in `run_dir`; if the timed ones lasted less than
     `cfg.timed_s`, train again there with enough of them, the first run (which measured the
     step) kept beside it as `<run_dir>_short`. With `step_ms` known, once, long enough."""
@@ -380,11 +458,17 @@ def _train(overrides: list[str], cfg: CalibrateConfig, run_dir: Path,
     return _train_steps(overrides, needed, run_dir, link)
 
 
-def _train_steps(overrides: list[str], steps: int, run_dir: Path,
-                 link: netns.VethLink | None) -> dict:  # fmt: skip
-    args = [f"trainer.max_steps={steps}", "trainer.progress_bar=false",
-            f"trainer.warmup_steps={WARMUP_STEPS}", "trainer.threads_per_rank=1",
-            "dataset.eval_batches=1", *overrides]  # fmt: skip
+def _train_steps(
+    overrides: list[str], steps: int, run_dir: Path, link: netns.VethLink | None
+) -> dict:
+    args = [
+        f"trainer.max_steps={steps}",
+        "trainer.progress_bar=false",
+        f"trainer.warmup_steps={WARMUP_STEPS}",
+        "trainer.threads_per_rank=1",
+        "dataset.eval_batches=1",
+        *overrides,
+    ]
     if link is None:
         from recsys.app.train import train
 
@@ -431,11 +515,20 @@ def measure_split(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     free = without_split_work(cal)
 
     def config(batch: int, sequence: bool):
-        return to_typed(_compose([
-            "planner=hybrid", f"planner.cold_only_exchange={sequence}",
-            f"trainer.batch_size={batch}", f"trainer.max_steps={cfg.train_steps}",
-            "trainer.progress_bar=false", f"trainer.warmup_steps={WARMUP_STEPS}",
-            "trainer.threads_per_rank=1", "dataset.eval_batches=1"]))  # fmt: skip
+        return to_typed(
+            _compose(
+                [
+                    "planner=hybrid",
+                    f"planner.cold_only_exchange={sequence}",
+                    f"trainer.batch_size={batch}",
+                    f"trainer.max_steps={cfg.train_steps}",
+                    "trainer.progress_bar=false",
+                    f"trainer.warmup_steps={WARMUP_STEPS}",
+                    "trainer.threads_per_rank=1",
+                    "dataset.eval_batches=1",
+                ]
+            )
+        )
 
     def predicted_ms(plan, typed, **unit: float) -> float:
         at = replace(free, device=replace(free.device, **unit))
@@ -453,10 +546,15 @@ def measure_split(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
             f: (predicted_ms(plan, typed, **{f: 1.0}) - base) / 1000
             for f in ("split_s_per_table", "split_s_per_lookup", "sequence_s_per_lookup")
         }
-        return {"batch": batch, "sequence": sequence, "measured_ms": measured_ms(summary),
-                "predicted_ms": base, "tables": counts["split_s_per_table"],
-                "lookups": counts["split_s_per_lookup"],
-                "sequence_lookups": counts["sequence_s_per_lookup"]}  # fmt: skip
+        return {
+            "batch": batch,
+            "sequence": sequence,
+            "measured_ms": measured_ms(summary),
+            "predicted_ms": base,
+            "tables": counts["split_s_per_table"],
+            "lookups": counts["split_s_per_lookup"],
+            "sequence_lookups": counts["sequence_s_per_lookup"],
+        }
 
     runs: list[dict] = []
     for batch in cfg.split_batches:
@@ -470,14 +568,22 @@ def measure_split(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
         runs += [run(batch, True, plan), run(batch, False, plan)]  # the same plan
     seq, pooled = runs[0::2], runs[1::2]
     residual_s = [(r["measured_ms"] - r["predicted_ms"]) / 1000 for r in pooled]
-    per_table, per_lookup = fit_nonneg([[r["tables"] for r in pooled],
-                                        [r["lookups"] for r in pooled]], residual_s)  # fmt: skip
-    extra_s = [(s["measured_ms"] - s["predicted_ms"] - p["measured_ms"] + p["predicted_ms"]) / 1000
-               for s, p in zip(seq, pooled, strict=True)]  # fmt: skip
+    per_table, per_lookup = fit_nonneg(
+        [[r["tables"] for r in pooled], [r["lookups"] for r in pooled]], residual_s
+    )
+    extra_s = [
+        (s["measured_ms"] - s["predicted_ms"] - p["measured_ms"] + p["predicted_ms"]) / 1000
+        for s, p in zip(seq, pooled, strict=True)
+    ]
     fixed, per_seq = fit_nonneg([[1.0] * len(seq), [r["sequence_lookups"] for r in seq]], extra_s)
-    return {"runs": runs, "link": link, "split_s_per_table": per_table,
-            "split_s_per_lookup": per_lookup, "sequence_s_fixed": fixed,
-            "sequence_s_per_lookup": per_seq}  # fmt: skip
+    return {
+        "runs": runs,
+        "link": link,
+        "split_s_per_table": per_table,
+        "split_s_per_lookup": per_lookup,
+        "sequence_s_fixed": fixed,
+        "sequence_s_per_lookup": per_seq,
+    }
 
 
 def pooled_exchange(plan):
@@ -539,8 +645,11 @@ def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> 
             job = emulation.run_ranks(emu, measure_compute, (3, cfg.share_window_s), 1800)
             per_rank = raise_on_failure(job, f"compute probe on {name}")
             comm = emulation.run_ranks(emu, probe, (cfg.comm_sizes,), 900)
-            links[name] = _fit_comm(raise_on_failure(comm, f"gloo probe on {name}")[0],
-                                    len(emu.ranks), [r.node for r in emu.ranks])  # fmt: skip
+            links[name] = _fit_comm(
+                raise_on_failure(comm, f"gloo probe on {name}")[0],
+                len(emu.ranks),
+                [r.node for r in emu.ranks],
+            )
         at: dict[str, list[int]] = {}  # each share's ranks (`share_key`)
         for i, r in enumerate(emu.ranks):
             at.setdefault(share_key(r.share, name), []).append(i)
@@ -551,8 +660,11 @@ def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> 
         ahead.links[name] = _network_cost(links[name])
         save_calibration(ahead, run_dir / f"{name}_shares.json")
         micro = measure_micro_batch_cpu(cfg, name, run_dir, run_dir / f"{name}_shares.json")
-        raw[name] = {"shares": [r.share for r in emu.ranks], "compute": per_rank,
-                     "micro_batch": micro}  # fmt: skip
+        raw[name] = {
+            "shares": [r.share for r in emu.ranks],
+            "compute": per_rank,
+            "micro_batch": micro,
+        }
         if not micro["runs"]:
             continue
         for key, ranks in at.items():
@@ -583,18 +695,26 @@ def measure_micro_batch_cpu(
     quota-bound rank is its CPU."""
     runs, per_batch = [], []
     for batch in cfg.emulated_micro_batch_batches:
-        base = [f"cluster={cluster}", f"trainer.batch_size={batch}",
-                f"planner.calibration={calibration}"]  # fmt: skip
+        base = [
+            f"cluster={cluster}",
+            f"trainer.batch_size={batch}",
+            f"planner.calibration={calibration}",
+        ]
         trained = _nested_runs(cfg, base, run_dir, f"{cluster}_b{batch}_")
-        at = [{"batch": batch, "micro_batches": n, "measured_ms": measured_ms(summary),
-               "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"]}
-              for n, _, _, summary in trained]  # fmt: skip
+        at = [
+            {
+                "batch": batch,
+                "micro_batches": n,
+                "measured_ms": measured_ms(summary),
+                "cpu_ms_per_step_by_rank": summary["cpu_ms_per_step_by_rank"],
+            }
+            for n, _, _, summary in trained
+        ]
         runs += at
         if len(at) < 2 or at[-1]["micro_batches"] == at[0]["micro_batches"]:
             continue
         first, last = at[0], at[-1]
-        pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"],
-                    strict=True)  # fmt: skip
+        pairs = zip(first["cpu_ms_per_step_by_rank"], last["cpu_ms_per_step_by_rank"], strict=True)
         per_batch.append([_per_micro_batch_s(first, last, a, b) for a, b in pairs])
     if not per_batch:
         return {"runs": [], "cpu_s_by_rank": []}
@@ -602,8 +722,9 @@ def measure_micro_batch_cpu(
     return {"runs": runs, "cpu_s_by_rank": mean}
 
 
-def _nested_runs(cfg: CalibrateConfig, base: list[str], run_dir: Path,
-                 prefix: str = "") -> list[tuple[int, list[str], Path, dict]]:  # fmt: skip
+def _nested_runs(
+    cfg: CalibrateConfig, base: list[str], run_dir: Path, prefix: str = ""
+) -> list[tuple[int, list[str], Path, dict]]:
     """The nested pipeline trained with `base` overrides at each of `micro_batch_runs`, in
     `run_dir`/micro_batch_runs/<prefix>n<N>: (N, its overrides, its directory, its summary)."""
     out = []
@@ -642,20 +763,27 @@ def measure_core(cfg: CalibrateConfig, run_dir: Path, link: netns.VethLink | Non
     runs, fixed_s, per_sample_s = measure_overhead(
         cfg, run_dir, load_calibration(run_dir / "no_overhead.json")
     )
-    cal.device = replace(cal.device, step_overhead_s=fixed_s,
-                         sample_overhead_s=max(0.0, per_sample_s))  # fmt: skip
-    print("measuring the nested pipeline's per-micro-batch work (two training runs) ...",
-          flush=True)  # fmt: skip
+    cal.device = replace(
+        cal.device, step_overhead_s=fixed_s, sample_overhead_s=max(0.0, per_sample_s)
+    )
+    print(
+        "measuring the nested pipeline's per-micro-batch work (two training runs) ...", flush=True
+    )
     micro = measure_micro_batch(cfg, run_dir, cal)
     cal.device = replace(cal.device, micro_batch_overhead_s=micro["per_micro_batch_s"])
     print("measuring split tables' CPU work (four hybrid runs) ...", flush=True)
     split = measure_split(cfg, run_dir, cal)
     cal.device = replace(cal.device, **{k: split[k] for k in SPLIT_WORK_FIELDS if k in split})
     emb, dense, inp = (both[0][k] for k in ("embedding", "dense", "input"))
-    cal.measured = {"embedding": emb, "dense": dense, "input": inp,
-                    "links": {k: v["raw"] for k, v in links.items()},
-                    "overhead_runs": runs, "micro_batch": micro,
-                    "split": split}  # fmt: skip
+    cal.measured = {
+        "embedding": emb,
+        "dense": dense,
+        "input": inp,
+        "links": {k: v["raw"] for k, v in links.items()},
+        "overhead_runs": runs,
+        "micro_batch": micro,
+        "split": split,
+    }
     return cal
 
 
@@ -665,8 +793,11 @@ def measure_overhead(cfg: CalibrateConfig, run_dir: Path, bare) -> tuple[list[di
     again), each batch's median step less its prediction under `bare` (the constants without
     overheads), a line through them by Theil-Sen. Returns (runs, fixed s, s per sample)."""
     repeats = max(1, cfg.calibration_repeats)
-    print(f"measuring the per-step overhead ({len(cfg.calibration_runs)} batch sizes, "
-          f"{repeats}x each) ...", flush=True)  # fmt: skip
+    print(
+        f"measuring the per-step overhead ({len(cfg.calibration_runs)} batch sizes, "
+        f"{repeats}x each) ...",
+        flush=True,
+    )
     trained: dict[int, list[float]] = {}
     predicted: dict[int, float] = {}
     for r in range(repeats):  # every batch once, then all again (as long as the first ran)
@@ -679,9 +810,15 @@ def measure_overhead(cfg: CalibrateConfig, run_dir: Path, bare) -> tuple[list[di
             )
             if not r:  # one plan per batch: the repeats are priced alike
                 predicted[batch] = predict_ms(overrides, d, "loopback", bare)
-    runs = [{"batch": b, "measured_ms": float(statistics.median(trained[b])),
-             "measured_runs_ms": trained[b], "predicted_without_overhead_ms": predicted[b]}
-            for b in cfg.calibration_runs]  # fmt: skip
+    runs = [
+        {
+            "batch": b,
+            "measured_ms": float(statistics.median(trained[b])),
+            "measured_runs_ms": trained[b],
+            "predicted_without_overhead_ms": predicted[b],
+        }
+        for b in cfg.calibration_runs
+    ]
     residual = [(r["measured_ms"] - r["predicted_without_overhead_ms"]) / 1000 for r in runs]
     fixed_s, per_sample_s = fit_line_robust(list(cfg.calibration_runs), residual)
     return runs, fixed_s, per_sample_s
@@ -692,9 +829,14 @@ def measure_micro_batch(cfg: CalibrateConfig, run_dir: Path, cal) -> dict:
     loopback: each run measured less its prediction without the per-micro-batch work, the
     difference over the micro-batches added (`DeviceCost.micro_batch_overhead_s`)."""
     trained = _nested_runs(cfg, [f"trainer.batch_size={cfg.micro_batch_batch}"], run_dir)
-    runs = [{"micro_batches": n, "measured_ms": measured_ms(summary),
-             "predicted_without_it_ms": predict_ms(overrides, d, "loopback", cal)}
-            for n, overrides, d, summary in trained]  # fmt: skip
+    runs = [
+        {
+            "micro_batches": n,
+            "measured_ms": measured_ms(summary),
+            "predicted_without_it_ms": predict_ms(overrides, d, "loopback", cal),
+        }
+        for n, overrides, d, summary in trained
+    ]
     first, last = runs[0], runs[-1]
     residual = [r["measured_ms"] - r["predicted_without_it_ms"] for r in (first, last)]
     return {"runs": runs, "per_micro_batch_s": _per_micro_batch_s(first, last, *residual)}
@@ -709,9 +851,11 @@ def refreshed(cal, probe: dict):
     beside a fresh probe of the same cores."""
     fresh = _device_cost(probe)
     # rates, and the one time the probe measures (input per sample): today's over the saved
-    ratio = {k: getattr(fresh, k) / getattr(cal.device, k)
-             for k in (*RATE_FIELDS, "input_s_per_sample")
-             if getattr(cal.device, k) and getattr(fresh, k)}  # fmt: skip
+    ratio = {
+        k: getattr(fresh, k) / getattr(cal.device, k)
+        for k in (*RATE_FIELDS, "input_s_per_sample")
+        if getattr(cal.device, k) and getattr(fresh, k)
+    }
     # the framework's CPU work per step, sample and cold lookup: as the core's speed moved
     slower = 1 / ratio.get("dense_flops_per_s", 1.0)
     ratio |= dict.fromkeys(OVERHEAD_FIELDS, slower)
@@ -719,10 +863,10 @@ def refreshed(cal, probe: dict):
     def scaled(d):
         return replace(d, **{k: getattr(d, k) * r for k, r in ratio.items()})
 
-    out = replace(cal, device=scaled(cal.device),
-                  shares={k: scaled(v) for k, v in cal.shares.items()})  # fmt: skip
-    out.measured = {**cal.measured, "refreshed": {"vs_saved": ratio,
-                                                  "environment": environment()}}  # fmt: skip
+    out = replace(
+        cal, device=scaled(cal.device), shares={k: scaled(v) for k, v in cal.shares.items()}
+    )
+    out.measured = {**cal.measured, "refreshed": {"vs_saved": ratio, "environment": environment()}}
     return out
 
 
@@ -734,8 +878,9 @@ def refresh_calibration():
     return refreshed(load_calibration(), probe[0])
 
 
-def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None,
-             why_not: str | None) -> list[dict]:  # fmt: skip
+def validate(
+    cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | None, why_not: str | None
+) -> list[dict]:
     """Each setting trained for real `validation_repeats` times (every setting once, then
     all again: a host's slow half hour lands on all of them, not on one), its plan made with
     this run's constants (`run_dir`'s local_cpu.json: a cluster measured here but not saved
@@ -763,17 +908,25 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
             run = {}
             if meter:
                 print(f"the cores' speed meter (batch {cfg.meter_batch}) ...", flush=True)
-                now = _train([f"trainer.batch_size={cfg.meter_batch}"], cfg,
-                             run_dir / "meter" / name, None, step_ms=meter)  # fmt: skip
+                now = _train(
+                    [f"trainer.batch_size={cfg.meter_batch}"],
+                    cfg,
+                    run_dir / "meter" / name,
+                    None,
+                    step_ms=meter,
+                )
                 run["cores_speed"] = meter / measured_ms(now)
             print(f"validating: {s.name} (run {r + 1} of {repeats}) ...", flush=True)
             d = run_dir / "validation" / name
             own = f"planner.calibration={run_dir / 'local_cpu.json'}"
             first = runs[s.name][0]["measured_ms"] if r else None  # long enough, once
-            summary = _train([*s.overrides, own], cfg, d, link if s.link == "veth" else None,
-                             step_ms=first)  # fmt: skip
-            run |= {"predicted_ms": predict_ms(s.overrides, d, link_name, cal),
-                    "measured_ms": measured_ms(summary)}  # fmt: skip
+            summary = _train(
+                [*s.overrides, own], cfg, d, link if s.link == "veth" else None, step_ms=first
+            )
+            run |= {
+                "predicted_ms": predict_ms(s.overrides, d, link_name, cal),
+                "measured_ms": measured_ms(summary),
+            }
             if meter:
                 at = cores_at_speed(cal, run["cores_speed"])
                 run["predicted_beside_ms"] = predict_ms(s.overrides, d, link_name, at)
@@ -793,8 +946,11 @@ def validate(cfg: CalibrateConfig, cal, run_dir: Path, link: netns.VethLink | No
         }
         if meter:
             beside = med["predicted_beside_ms"]
-            entry |= {"cores_speed": med["cores_speed"], "predicted_beside_ms": beside,
-                      "rel_error_beside": (beside - meas) / meas}  # fmt: skip
+            entry |= {
+                "cores_speed": med["cores_speed"],
+                "predicted_beside_ms": beside,
+                "rel_error_beside": (beside - meas) / meas,
+            }
         validation.append(entry)
     return validation
 
@@ -803,8 +959,11 @@ def cores_at_speed(cal, speed: float):
     """`cal` on cores `speed` times as fast as when it was measured: every CPU rate times
     `speed` and every CPU time over it, on one core and on each emulated share alike (a
     share is a fraction of the same cores); the links as measured."""
-    return replace(cal, device=at_speed(cal.device, speed),
-                   shares={k: at_speed(v, speed) for k, v in cal.shares.items()})  # fmt: skip
+    return replace(
+        cal,
+        device=at_speed(cal.device, speed),
+        shares={k: at_speed(v, speed) for k, v in cal.shares.items()},
+    )
 
 
 def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
@@ -853,7 +1012,7 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
             },
             "shares": {k: v.__dict__ for k, v in cal.shares.items()},
             "speed_vs_one_core": (cal.measured.get("emulated") or {}).get("speed_vs_one_core", {}),
-        },  # fmt: skip
+        },
         "validation": validation,
         "median_abs_error": statistics.median(errors) if errors else None,
         "worst_setting": worst and worst["setting"],
@@ -898,29 +1057,39 @@ def table(r: dict) -> str:
             c = link[op]
             cpu = c.get("cpu_s_per_byte", 0.0)  # the rank's CPU per byte sent or received
             cpu_text = f", CPU {cpu * 1e9:.2f} ns/B" if op == "alltoall" and cpu else ""
-            lines.append(f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
-                         f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |")  # fmt: skip
+            lines.append(
+                f"| {name} {op} | {c['latency_s'] * 1e6:.0f} us + "
+                f"{c['bytes_per_s'] / 1e6:.0f} MB/s{cpu_text} |"
+            )
     for key, ratio in r["constants"].get("speed_vs_one_core", {}).items():
         c, (cluster, _, share) = r["constants"]["shares"][key], key.rpartition("/")
-        lines.append(f"| {cluster or 'emulated'} rank at share {share} (its cgroup) | "
-                     f"{ratio:.2f}x one core: "
-                     f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
-                     f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense, "
-                     f"{c.get('micro_batch_overhead_s', 0.0) * 1e3:.1f} ms a micro-batch "
-                     "(its CPU on the cluster at the quota) |")  # fmt: skip
+        lines.append(
+            f"| {cluster or 'emulated'} rank at share {share} (its cgroup) | "
+            f"{ratio:.2f}x one core: "
+            f"{c['emb_read_bytes_per_s'] / 1e9:.2f} GB/s embedding, "
+            f"{c['dense_flops_per_s'] / 1e9:.1f} GFLOP/s dense, "
+            f"{c.get('micro_batch_overhead_s', 0.0) * 1e3:.1f} ms a micro-batch "
+            "(its CPU on the cluster at the quota) |"
+        )
     metered = any("rel_error_beside" in v for v in r["validation"])
     repeated = any(len(v.get("measured_runs_ms", [])) > 1 for v in r["validation"])
-    lines += ["", "| setting | predicted ms/step | measured ms/step | error |"
-              + (" cores' speed beside | predicted at it | error |" if metered else "")
-              + (" each run's ms/step |" if repeated else ""),
-              "|---|---|---|---|" + ("---|---|---|" if metered else "")
-              + ("---|" if repeated else "")]  # fmt: skip
+    lines += [
+        "",
+        "| setting | predicted ms/step | measured ms/step | error |"
+        + (" cores' speed beside | predicted at it | error |" if metered else "")
+        + (" each run's ms/step |" if repeated else ""),
+        "|---|---|---|---|" + ("---|---|---|" if metered else "") + ("---|" if repeated else ""),
+    ]
     for v in r["validation"]:
-        row = (f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
-               f"{v['rel_error']:+.0%} |")  # fmt: skip
+        row = (
+            f"| {v['setting']} | {v['predicted_ms']:.1f} | {v['measured_ms']:.1f} | "
+            f"{v['rel_error']:+.0%} |"
+        )
         if "rel_error_beside" in v:
-            row += (f" {v['cores_speed']:.2f}x | {v['predicted_beside_ms']:.1f} | "
-                    f"{v['rel_error_beside']:+.0%} |")  # fmt: skip
+            row += (
+                f" {v['cores_speed']:.2f}x | {v['predicted_beside_ms']:.1f} | "
+                f"{v['rel_error_beside']:+.0%} |"
+            )
         if repeated:
             row += " " + " / ".join(f"{x:.1f}" for x in v.get("measured_runs_ms", [])) + " |"
         lines.append(row)
@@ -958,8 +1127,11 @@ def publishing(cfg: CalibrateConfig, result: dict) -> CalibrateConfig:
     cluster measured alone, `settings=[]`) the constants are saved (`run`), but the published
     results, whose point is the validation, are kept."""
     if cfg.save and not result["validation"]:
-        print(f"nothing was validated: the constants are saved, the published results in "
-              f"{cfg.results_dir} are kept", flush=True)  # fmt: skip
+        print(
+            f"nothing was validated: the constants are saved, the published results in "
+            f"{cfg.results_dir} are kept",
+            flush=True,
+        )
         return replace(cfg, save=False)
     return cfg
 

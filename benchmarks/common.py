@@ -54,9 +54,11 @@ def parse_label(label: str, allowed: tuple[str, ...] = NESTED_OPTIONS) -> Pipeli
     wrong = set(options) - set(allowed) or {"dedup", "dedup_fwd"} <= set(options)
     if (n is None and options) or (n is not None and (not n.isdigit() or wrong)):
         forms = "".join(f"[+{o}]" for o in allowed if o != "dedup_fwd")
-        raise ValueError(f"'{label}': only nested<N> takes options: nested<N>{forms} "
-                         f"(+dedup_fwd for +dedup: unique rows forward only, gradients "
-                         f"pooled), e.g. nested4+dedup")  # fmt: skip
+        raise ValueError(
+            f"'{label}': only nested<N> takes options: nested<N>{forms} "
+            f"(+dedup_fwd for +dedup: unique rows forward only, gradients "
+            f"pooled), e.g. nested4+dedup"
+        )
     if n is None:
         return PipelineLabel(name)
     return PipelineLabel("nested", int(n), frozenset(options))
@@ -178,8 +180,10 @@ def planner_overrides(label: str) -> list[str]:
     if variant.startswith("2d") and variant[2:].isdigit():
         return [f"planner={name}", f"trainer.sharding_group_size={int(variant[2:])}"]
     if variant:
-        raise ValueError(f"unknown planner variant '{label}'; use <planner>, hybrid+pooled or "
-                         f"<planner>+2d<G> (2D groups of G ranks)")  # fmt: skip
+        raise ValueError(
+            f"unknown planner variant '{label}'; use <planner>, hybrid+pooled or "
+            f"<planner>+2d<G> (2D groups of G ranks)"
+        )
     return [f"planner={name}"]
 
 
@@ -206,8 +210,13 @@ def train_emulated(
 
     from recsys.app.train import train
 
-    args = [f"cluster={cluster}", *overrides, f"trainer.max_steps={steps}",
-            "trainer.progress_bar=false", "dataset.eval_batches=1",
-            "trainer.warmup_steps=5"]  # fmt: skip
+    args = [
+        f"cluster={cluster}",
+        *overrides,
+        f"trainer.max_steps={steps}",
+        "trainer.progress_bar=false",
+        "dataset.eval_batches=1",
+        "trainer.warmup_steps=5",
+    ]
     summary = train(hydra.compose(config_name="config", overrides=args), run_dir)
     return summary["link_bytes"], summary

@@ -56,8 +56,9 @@ def run(cfg: DataBenchConfig) -> dict:
         for w in cfg.workers:
             out = work / f"bin_{w}"
             start = time.perf_counter()
-            convert(work / "tsv", out, ConvertOptions(workers=w, chunk_mb=cfg.chunk_mb,
-                                                      progress=False))  # fmt: skip
+            convert(
+                work / "tsv", out, ConvertOptions(workers=w, chunk_mb=cfg.chunk_mb, progress=False)
+            )
             prepare[w] = text_mb / (time.perf_counter() - start)
         # imported here: prepare's spawned workers import this module, which stays torch-free
         # so that they start as `python -m recsys.data.prepare`'s do
@@ -76,9 +77,15 @@ def run(cfg: DataBenchConfig) -> dict:
         for _ in range(cfg.epochs):  # interleaved, so both see the same machine state
             loader["ours"].append(_time_loader(ours.batches("train", 0, n, 0), cfg.batch_size)[0])
             pipe = InMemoryBinaryCriteoIterDataPipe(
-                "train", *paths, batch_size=cfg.batch_size, rank=0, world_size=1,
-                mmap_mode=True, hashes=rows, drop_last=True,
-            )  # fmt: skip
+                "train",
+                *paths,
+                batch_size=cfg.batch_size,
+                rank=0,
+                world_size=1,
+                mmap_mode=True,
+                hashes=rows,
+                drop_last=True,
+            )
             loader["torchrec"].append(_time_loader(iter(pipe), cfg.batch_size)[0])
         best = {k: max(v) for k, v in loader.items()}
         return {

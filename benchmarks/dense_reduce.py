@@ -31,8 +31,15 @@ BASELINE = "ddp_buckets"
 
 @dataclass
 class DenseReduceBenchConfig:
-    reductions: list[str] = field(default_factory=lambda: [
-        "ddp_buckets", "buckets", "per_tensor", "ddp_buckets@glibc", "buckets@glibc"])  # fmt: skip
+    reductions: list[str] = field(
+        default_factory=lambda: [
+            "ddp_buckets",
+            "buckets",
+            "per_tensor",
+            "ddp_buckets@glibc",
+            "buckets@glibc",
+        ]
+    )
     pipelines: list[str] = field(default_factory=lambda: ["plain", "sparse_dist"])
     models: list[str] = field(default_factory=lambda: ["dlrm_small", "dcnv2_small"])
     cluster: str = "local_cpu2_pinned"
@@ -60,13 +67,22 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
             for model, pipeline, reduction in order:
                 name = f"{model}/{pipeline}/{reduction}"
                 mode, _, malloc = reduction.partition("@")
-                overrides = [f"model={model}", f"pipeline={pipeline}", f"cluster={cfg.cluster}",
-                             f"trainer.dense_allreduce={mode}", *cfg.overrides,
-                             f"trainer.retain_host_memory={not malloc}",
-                             f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
-                             "trainer.warmup_steps=5", "dataset.eval_batches=1"]  # fmt: skip
-                s = train(hydra.compose(config_name="config", overrides=overrides),
-                          Path(tmp) / f"{name.replace('/', '_')}_{rep}")  # fmt: skip
+                overrides = [
+                    f"model={model}",
+                    f"pipeline={pipeline}",
+                    f"cluster={cfg.cluster}",
+                    f"trainer.dense_allreduce={mode}",
+                    *cfg.overrides,
+                    f"trainer.retain_host_memory={not malloc}",
+                    f"trainer.max_steps={cfg.steps}",
+                    "trainer.progress_bar=false",
+                    "trainer.warmup_steps=5",
+                    "dataset.eval_batches=1",
+                ]
+                s = train(
+                    hydra.compose(config_name="config", overrides=overrides),
+                    Path(tmp) / f"{name.replace('/', '_')}_{rep}",
+                )
                 runs[name].append(s["samples_per_s"])
                 faults[name].append(s["host_page_faults_per_step"])
                 losses[name] = s["step_losses"]
@@ -76,36 +92,49 @@ def run(cfg: DenseReduceBenchConfig) -> dict:
     base = lambda k: k.rsplit("/", 1)[0] + "/" + BASELINE  # noqa: E731
     vs = {k: v / best[base(k)] for k, v in best.items() if BASELINE in cfg.reductions}
     vs_median = {k: v / median[base(k)] for k, v in median.items() if BASELINE in cfg.reductions}
-    same = {k: losses[k] == losses[k.rsplit("/", 1)[0] + "/" + BASELINE] for k in losses
-            if BASELINE in cfg.reductions}  # fmt: skip
-    return {"runs": runs, "best_samples_per_s": best, "vs_ddp_buckets": vs,
-            "median_vs_ddp_buckets": vs_median, "page_faults_per_step": faults,
-            "median_page_faults_per_step": {k: statistics.median(v) for k, v in faults.items()},
-            "losses_equal_ddp_buckets": same,
-            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
-            "environment": environment()}  # fmt: skip
+    same = {
+        k: losses[k] == losses[k.rsplit("/", 1)[0] + "/" + BASELINE]
+        for k in losses
+        if BASELINE in cfg.reductions
+    }
+    return {
+        "runs": runs,
+        "best_samples_per_s": best,
+        "vs_ddp_buckets": vs,
+        "median_vs_ddp_buckets": vs_median,
+        "page_faults_per_step": faults,
+        "median_page_faults_per_step": {k: statistics.median(v) for k, v in faults.items()},
+        "losses_equal_ddp_buckets": same,
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
 
 
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
-    lines = [f"# Dense reduction on 2 ranks over loopback ({c.get('cluster', 'local_cpu2')}, "
-             f"{env['date']}, torch {env['torch']}, "
-             f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
-             f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})", "",
-             "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | median vs "
-             "ddp_buckets' median | rank 0's page faults / step (median) | losses equal "
-             "ddp_buckets' |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Dense reduction on 2 ranks over loopback ({c.get('cluster', 'local_cpu2')}, "
+        f"{env['date']}, torch {env['torch']}, "
+        f"torchrec {env['torchrec']}, fbgemm-gpu {env['fbgemm_gpu']}; "
+        f"{' '.join(c['overrides'])}, {c['steps']} steps, best of {c['repeats']})",
+        "",
+        "| model | pipeline | dense_allreduce | samples/s | vs ddp_buckets | median vs "
+        "ddp_buckets' median | rank 0's page faults / step (median) | losses equal "
+        "ddp_buckets' |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for k, v in r["best_samples_per_s"].items():
         model, pipeline, reduction = k.split("/")
         ratio = r["vs_ddp_buckets"].get(k)
         mid = r.get("median_vs_ddp_buckets", {}).get(k)
         same = r["losses_equal_ddp_buckets"].get(k)
-        lines.append(f"| {model} | {pipeline} | {reduction} | {v:,.0f} | "
-                     f"{'-' if ratio is None else f'{ratio:.3f}x'} | "
-                     f"{'-' if mid is None else f'{mid:.3f}x'} | "
-                     f"{_median_faults(r, k)} | "
-                     f"{'-' if same is None else ('yes' if same else 'no')} |")  # fmt: skip
+        lines.append(
+            f"| {model} | {pipeline} | {reduction} | {v:,.0f} | "
+            f"{'-' if ratio is None else f'{ratio:.3f}x'} | "
+            f"{'-' if mid is None else f'{mid:.3f}x'} | "
+            f"{_median_faults(r, k)} | "
+            f"{'-' if same is None else ('yes' if same else 'no')} |"
+        )
     return "\n".join(lines)
 
 

@@ -86,8 +86,9 @@ def source_tables(text: str) -> list[list[str]]:
 
 def _numbers(row: str) -> list[float]:
     cells = [c.strip() for c in row.strip().strip("|").split("|")]
-    return [float(NUMBER.search(c).group().replace(",", "")) for c in cells
-            if NUMERIC_CELL.match(c)]  # fmt: skip
+    return [
+        float(NUMBER.search(c).group().replace(",", "")) for c in cells if NUMERIC_CELL.match(c)
+    ]
 
 
 def _source_of(table: str, tables: list[list[str]]) -> list[str]:

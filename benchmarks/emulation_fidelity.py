@@ -76,8 +76,11 @@ def loop_s(share: float, period_us: int, compute_s: float, wait_s: float, iterat
         out = subprocess.run(
             [sys.executable, "-c", _LOOP, str(compute_s), str(wait_s), str(iterations)],
             preexec_fn=lambda: procs.write_text(str(os.getpid())),
-            capture_output=True, text=True, check=True, timeout=600,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
         return float(out.stdout)
 
 
@@ -88,27 +91,47 @@ def run(cfg: FidelityConfig) -> dict:
         for asked in cfg.periods_us:
             period = period_for(cfg.share, asked)
             ms = 1e3 * loop_s(cfg.share, period, compute_ms / 1e3, wait_ms / 1e3, cfg.iterations)
-            rows.append({"compute_ms": compute_ms, "wait_ms": wait_ms, "period_us": period,
-                         "default_period": asked == 0, "measured_ms": ms,
-                         "slow_core_ms": slow, "whole_core_ms": compute_ms + wait_ms,
-                         "vs_slow_core": ms / slow})  # fmt: skip
-            print(f"{compute_ms:g} ms + {wait_ms:g} ms at {period / 1e3:g} ms periods: "
-                  f"{ms:.1f} ms ({ms / slow:.2f}x a slow core's)", flush=True)  # fmt: skip
-    return {"rows": rows, "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
-            "environment": environment()}  # fmt: skip
+            rows.append(
+                {
+                    "compute_ms": compute_ms,
+                    "wait_ms": wait_ms,
+                    "period_us": period,
+                    "default_period": asked == 0,
+                    "measured_ms": ms,
+                    "slow_core_ms": slow,
+                    "whole_core_ms": compute_ms + wait_ms,
+                    "vs_slow_core": ms / slow,
+                }
+            )
+            print(
+                f"{compute_ms:g} ms + {wait_ms:g} ms at {period / 1e3:g} ms periods: "
+                f"{ms:.1f} ms ({ms / slow:.2f}x a slow core's)",
+                flush=True,
+            )
+    return {
+        "rows": rows,
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
 
 
 def table(r: dict) -> str:
     c, env = r["config"], r["environment"]
-    lines = [f"# A CFS quota of {c['share']} of a core against a core slowed to {c['share']} "
-             f"({env['date']}, {env['cpus']} CPUs, kernel {os.uname().release})", "",
-             "| compute + wait per iteration | CFS period | measured ms | slow core ms "
-             "| whole core ms | measured / slow core |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# A CFS quota of {c['share']} of a core against a core slowed to {c['share']} "
+        f"({env['date']}, {env['cpus']} CPUs, kernel {os.uname().release})",
+        "",
+        "| compute + wait per iteration | CFS period | measured ms | slow core ms "
+        "| whole core ms | measured / slow core |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in r["rows"]:
         default = " (default)" if x["default_period"] else ""
-        lines.append(f"| {x['compute_ms']:g} + {x['wait_ms']:g} ms | {x['period_us'] / 1e3:g} ms"
-                     f"{default} | {x['measured_ms']:.1f} | {x['slow_core_ms']:.1f} | "
-                     f"{x['whole_core_ms']:.1f} | {x['vs_slow_core']:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {x['compute_ms']:g} + {x['wait_ms']:g} ms | {x['period_us'] / 1e3:g} ms"
+            f"{default} | {x['measured_ms']:.1f} | {x['slow_core_ms']:.1f} | "
+            f"{x['whole_core_ms']:.1f} | {x['vs_slow_core']:.2f}x |"
+        )
     return "\n".join(lines)
 
 

@@ -88,9 +88,19 @@ class Sizes:
     repeats: int = 10
 
 
-QUICK = Sizes(dims=(16, 32), poolings=(1, 8), rows=(10_000,), emb_batch=512,
-              dense_batches=(64,), train_batch=64, copy_mb=4, host_rows=20_000,
-              seq_lookups=(2048, 8192), link_bytes=(1 << 12, 1 << 16), repeats=3)  # fmt: skip
+QUICK = Sizes(
+    dims=(16, 32),
+    poolings=(1, 8),
+    rows=(10_000,),
+    emb_batch=512,
+    dense_batches=(64,),
+    train_batch=64,
+    copy_mb=4,
+    host_rows=20_000,
+    seq_lookups=(2048, 8192),
+    link_bytes=(1 << 12, 1 << 16),
+    repeats=3,
+)
 
 
 class Timer:
@@ -167,12 +177,21 @@ def _tables(sizes: Sizes, device: torch.device, timer: Timer) -> Iterator[tuple[
             _empty_cache(device)
 
 
-def _case(rows: int, dim: int, pooling: int, ids: str, batch: int, fwd_ms: float,
-          bwd_ms: float) -> dict:  # fmt: skip
+def _case(
+    rows: int, dim: int, pooling: int, ids: str, batch: int, fwd_ms: float, bwd_ms: float
+) -> dict:
     read = batch * pooling * dim * FLOAT_BYTES  # rows read by the forward
-    return {"rows": rows, "dim": dim, "pooling": pooling, "ids": ids, "batch": batch,
-            "forward_ms": fwd_ms, "backward_ms": bwd_ms, "bwd_over_fwd": bwd_ms / fwd_ms,
-            "forward_bytes_per_s": read / (fwd_ms / 1e3)}  # fmt: skip
+    return {
+        "rows": rows,
+        "dim": dim,
+        "pooling": pooling,
+        "ids": ids,
+        "batch": batch,
+        "forward_ms": fwd_ms,
+        "backward_ms": bwd_ms,
+        "bwd_over_fwd": bwd_ms / fwd_ms,
+        "forward_bytes_per_s": read / (fwd_ms / 1e3),
+    }
 
 
 def embedding(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
@@ -205,13 +224,19 @@ def tbe(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
     except Exception:  # noqa: BLE001 - not installed, or built for another CUDA: say so
         return []
     gpu = device.type == "cuda"
-    where = (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if gpu else (
-        EmbeddingLocation.HOST, ComputeDevice.CPU)  # fmt: skip
+    where = (
+        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA)
+        if gpu
+        else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    )
     out, gen = [], torch.Generator().manual_seed(0)
     for rows, dim in _tables(sizes, device, timer):
         kernel = SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, dim, *where)], optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            learning_rate=0.01, **({"device": device} if gpu else {}))  # fmt: skip
+            [(rows, dim, *where)],
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.01,
+            **({"device": device} if gpu else {}),
+        )
         for pooling in sizes.poolings:
             ids = power_law_ids(sizes.emb_batch * pooling, rows, gen, device)
             offsets = torch.arange(0, len(ids) + 1, pooling, device=device)
@@ -265,8 +290,15 @@ class DCNv2(nn.Module):
     """DLRM-DCNv2's dense part: bottom MLP, low-rank cross layers over [dense, 26 pooled
     embeddings], top MLP; the embeddings are inputs that take gradients."""
 
-    def __init__(self, dim: int = 128, bottom=(512, 256, 128), top=(1024, 1024, 512, 256, 1),
-                 layers: int = 3, rank: int = 512, features: int = 26) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int = 128,
+        bottom=(512, 256, 128),
+        top=(1024, 1024, 512, 256, 1),
+        layers: int = 3,
+        rank: int = 512,
+        features: int = 26,
+    ) -> None:
         super().__init__()
         self.bottom = _mlp(13, bottom)
         width = dim * (features + 1)
@@ -330,9 +362,16 @@ def dense(sizes: Sizes, device: torch.device, timer: Timer, peak: float | None) 
                     return out
                 ms = _dense_case(model, batch, dim, precision, timer)
                 tflops = 3 * model.matmul_flops_per_sample() * batch / (ms / 1e3) / 1e12
-                out.append({"model": name, "precision": precision, "batch": batch, "ms": ms,
-                            "tflops": tflops,
-                            "of_bf16_peak": tflops * 1e12 / peak if peak else None})  # fmt: skip
+                out.append(
+                    {
+                        "model": name,
+                        "precision": precision,
+                        "batch": batch,
+                        "ms": ms,
+                        "tflops": tflops,
+                        "of_bf16_peak": tflops * 1e12 / peak if peak else None,
+                    }
+                )
         del model
         _empty_cache(device)
     return out
@@ -363,8 +402,9 @@ class _precision:
         if self.device.type == "cuda":
             self.tf32 = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = self.precision == "tf32"
-        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                       enabled=self.precision == "bf16")  # fmt: skip
+        self.autocast = torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"
+        )
         self.autocast.__enter__()
 
     def __exit__(self, *exc) -> None:
@@ -381,11 +421,20 @@ def copies(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
     out = []
     for memory in ("pinned", "pageable") if pinned else ("pageable",):
         host = torch.empty(n, pin_memory=memory == "pinned")
-        for direction, fn in (("host_to_device", lambda h=host: on_device.copy_(h)),
-                              ("device_to_host", lambda h=host: h.copy_(on_device))):  # fmt: skip
+        for direction, fn in (
+            ("host_to_device", lambda h=host: on_device.copy_(h)),
+            ("device_to_host", lambda h=host: h.copy_(on_device)),
+        ):
             ms = timer.median_ms(fn)
-            out.append({"direction": direction, "host_memory": memory, "mb": sizes.copy_mb,
-                        "ms": ms, "gb_per_s": n * FLOAT_BYTES / (ms / 1e3) / 1e9})  # fmt: skip
+            out.append(
+                {
+                    "direction": direction,
+                    "host_memory": memory,
+                    "mb": sizes.copy_mb,
+                    "ms": ms,
+                    "gb_per_s": n * FLOAT_BYTES / (ms / 1e3) / 1e9,
+                }
+            )
     return out
 
 
@@ -404,9 +453,16 @@ def host_gather(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
             return staging.to(device, non_blocking=True)
 
         ms = timer.median_ms(gather)
-        out.append({"dim": dim, "rows": sizes.host_rows, "lookups": len(ids), "ms": ms,
-                    "ns_per_lookup": ms * 1e6 / len(ids),
-                    "bytes_per_s": len(ids) * dim * FLOAT_BYTES / (ms / 1e3)})  # fmt: skip
+        out.append(
+            {
+                "dim": dim,
+                "rows": sizes.host_rows,
+                "lookups": len(ids),
+                "ms": ms,
+                "ns_per_lookup": ms * 1e6 / len(ids),
+                "bytes_per_s": len(ids) * dim * FLOAT_BYTES / (ms / 1e3),
+            }
+        )
         del table, staging
     return out
 
@@ -446,13 +502,17 @@ def fit_sequence(points: list[dict]) -> dict[str, float]:
     """t = fixed + lookups x (per_lookup + per_byte x dim x 4), least squares."""
     if len(points) < 3:
         return {}
-    a = torch.tensor([[1.0, p["lookups"], p["lookups"] * p["dim"] * FLOAT_BYTES] for p in points],
-                     dtype=torch.float64)  # fmt: skip
+    a = torch.tensor(
+        [[1.0, p["lookups"], p["lookups"] * p["dim"] * FLOAT_BYTES] for p in points],
+        dtype=torch.float64,
+    )
     t = torch.tensor([p["ms"] / 1e3 for p in points], dtype=torch.float64)
     fixed, per_lookup, per_byte = torch.linalg.lstsq(a, t.unsqueeze(1)).solution.squeeze(1)
-    return {"sequence_s_fixed": max(0.0, float(fixed)),
-            "sequence_s_per_lookup": max(0.0, float(per_lookup)),
-            "sequence_s_per_byte": max(0.0, float(per_byte))}  # fmt: skip
+    return {
+        "sequence_s_fixed": max(0.0, float(fixed)),
+        "sequence_s_per_lookup": max(0.0, float(per_lookup)),
+        "sequence_s_per_byte": max(0.0, float(per_byte)),
+    }
 
 
 def links(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
@@ -465,8 +525,10 @@ def links(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
     ctx = torch.multiprocessing.get_context("spawn")
     reports = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_link_rank, args=(r, world, port, device.type, sizes, reports))
-             for r in range(world)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_link_rank, args=(r, world, port, device.type, sizes, reports))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:
@@ -484,8 +546,10 @@ def links(sizes: Sizes, device: torch.device, timer: Timer) -> list[dict]:
         for row in rows:
             key = (row["collective"], row["bytes"])
             slowest[key] = max(slowest.get(key, 0.0), row["ms"])
-    return [{"collective": c, "bytes": b, "ranks": world, "ms": ms,
-             "bytes_per_s": b / (ms / 1e3)} for (c, b), ms in sorted(slowest.items())]  # fmt: skip
+    return [
+        {"collective": c, "bytes": b, "ranks": world, "ms": ms, "bytes_per_s": b / (ms / 1e3)}
+        for (c, b), ms in sorted(slowest.items())
+    ]
 
 
 def _free_port() -> int:
@@ -507,9 +571,12 @@ def _link_rank(rank: int, world: int, port: int, kind: str, sizes: Sizes, report
         if kind == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(
-            "nccl" if kind == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120),
-        )  # fmt: skip
+            "nccl" if kind == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+        )
         timer = Timer(device, sizes.repeats, budget_s=3600)
         rows = []
         for nbytes in sizes.link_bytes:
@@ -524,8 +591,13 @@ def _link_rank(rank: int, world: int, port: int, kind: str, sizes: Sizes, report
 
             for name, fn in (("alltoall", alltoall), ("allreduce", allreduce)):
                 dist.barrier()
-                rows.append({"collective": name, "bytes": send.numel() * FLOAT_BYTES,
-                             "ms": timer.median_ms(fn)})  # fmt: skip
+                rows.append(
+                    {
+                        "collective": name,
+                        "bytes": send.numel() * FLOAT_BYTES,
+                        "ms": timer.median_ms(fn),
+                    }
+                )
         dist.barrier()
         dist.destroy_process_group()
         reports.put(rows)
@@ -540,8 +612,9 @@ def fit_link(rows: list[dict], collective: str) -> dict[str, float] | None:
         return None
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    slope = (sum((x - mx) * (y - my) for x, y in points)
-             / max(sum((x - mx) ** 2 for x, _ in points), 1e-30))  # fmt: skip
+    slope = sum((x - mx) * (y - my) for x, y in points) / max(
+        sum((x - mx) ** 2 for x, _ in points), 1e-30
+    )
     if slope <= 0:
         return None
     return {"latency_s": max(0.0, my - slope * mx), "bytes_per_s": 1.0 / slope}
@@ -552,8 +625,11 @@ device_kind = gpu_kind  # the catalog kind of a GPU by its name (sharding.consta
 
 def unknown_kind(name: str, memory_gib: float | None) -> str:
     """A name for a device the catalog lacks, in the catalog's style: `l40s_45g`."""
-    words = [t for t in re.split(r"[^0-9a-z]+", name.lower())
-             if t and t not in ("nvidia", "tesla", "geforce")] or ["device"]  # fmt: skip
+    words = [
+        t
+        for t in re.split(r"[^0-9a-z]+", name.lower())
+        if t and t not in ("nvidia", "tesla", "geforce")
+    ] or ["device"]
     return f"{words[0]}_{round(memory_gib)}g" if memory_gib else words[0]
 
 
@@ -566,8 +642,11 @@ def constants(result: dict) -> dict:
     emb = [e for e in timed if e["rows"] == max(sizes["rows"])] or timed
     at = {}  # per precision: DCNv2's dense part at the batch nearest the training batch
     for precision in PRECISIONS:
-        dcn = [d for d in result["dense"]
-               if d["model"] == "dcnv2_mlperf" and d["precision"] == precision]  # fmt: skip
+        dcn = [
+            d
+            for d in result["dense"]
+            if d["model"] == "dcnv2_mlperf" and d["precision"] == precision
+        ]
         if dcn:
             at[precision] = min(dcn, key=lambda d: abs(d["batch"] - sizes["train_batch"]))
     dense = {p: d["tflops"] * 1e12 for p, d in at.items()}
@@ -612,40 +691,49 @@ def _empty_cache(device: torch.device) -> None:
 
 
 def run(
-    device: torch.device, sizes: Sizes, budget_s: float, kind: str | None,
+    device: torch.device,
+    sizes: Sizes,
+    budget_s: float,
+    kind: str | None,
     save: Callable[[dict], None] = lambda result: None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Every section in turn; `save(result)` after each, so that what was measured survives
     a section that fails or a machine taken back."""
     torch.manual_seed(0)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info = {"name": props.name, "memory_gib": props.total_memory / 2**30,
-                "multiprocessors": props.multi_processor_count}  # fmt: skip
+        info = {
+            "name": props.name,
+            "memory_gib": props.total_memory / 2**30,
+            "multiprocessors": props.multi_processor_count,
+        }
         kind = kind or device_kind(props.name, info["memory_gib"])
     else:
         info = {"name": platform.processor() or platform.machine(), "memory_gib": None}
     peak = DEVICE_CATALOG[kind].speed * A100_BF16_FLOPS if kind else None
     hbm = DEVICE_CATALOG[kind].hbm_gbyte_s * 1e9 if kind else None
     # each section gets its share of the budget and stops measuring new shapes past it
-    sections = (("tbe", 0.2, lambda t: tbe(sizes, device, t)),
-                ("embedding", 0.15, lambda t: embedding(sizes, device, t)),
-                ("dense", 0.3, lambda t: dense(sizes, device, t, peak)),
-                ("copies", 0.05, lambda t: copies(sizes, device, t)),
-                ("host_gather", 0.1, lambda t: host_gather(sizes, device, t)),
-                ("sequence", 0.1, lambda t: sequence(sizes, device, t)),
-                ("links", 0.1, lambda t: links(sizes, device, t)))  # fmt: skip
+    sections = (
+        ("tbe", 0.2, lambda t: tbe(sizes, device, t)),
+        ("embedding", 0.15, lambda t: embedding(sizes, device, t)),
+        ("dense", 0.3, lambda t: dense(sizes, device, t, peak)),
+        ("copies", 0.05, lambda t: copies(sizes, device, t)),
+        ("host_gather", 0.1, lambda t: host_gather(sizes, device, t)),
+        ("sequence", 0.1, lambda t: sequence(sizes, device, t)),
+        ("links", 0.1, lambda t: links(sizes, device, t)),
+    )
     result: dict = {
         "device": {**info, "kind": kind, "type": device.type},
         "environment": {
-            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
             "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
         "datasheet": {"hbm_bytes_per_s": hbm, "bf16_flops_per_s": peak},
         "sizes": asdict(sizes),
         "complete": False,  # true once every section has run
-    }  # fmt: skip
+    }
     start, spent = time.monotonic(), 0.0
     for name, share, measure in sections:
         t0 = time.monotonic()
@@ -669,15 +757,19 @@ def summary_lines(result: dict, consts: dict) -> list[str]:
     """Each measured constant beside the datasheet model's assumption for this kind."""
     d, sheet = consts["device"], consts["measured"]["datasheet"]
     env = result["environment"]
-    lines = [f"device: {result['device']['name']} ({result['device']['kind'] or 'kind unknown'}),"
-             f" torch {env['torch']}, CUDA {env['cuda']}; measured in {result['elapsed_s']:.0f} s",
-             f"{'constant':24} {'measured':>16} {'datasheet model':>16}"]  # fmt: skip
-    for field, unit, scale in (("emb_read_bytes_per_s", "GB/s", 1e-9),
-                               ("emb_bwd_factor", "x", 1.0),
-                               ("host_read_bytes_per_s", "GB/s", 1e-9),
-                               ("sequence_s_per_lookup", "ns", 1e9),
-                               ("sequence_s_per_byte", "ps", 1e12),
-                               ("sequence_s_fixed", "us", 1e6)):  # fmt: skip
+    lines = [
+        f"device: {result['device']['name']} ({result['device']['kind'] or 'kind unknown'}),"
+        f" torch {env['torch']}, CUDA {env['cuda']}; measured in {result['elapsed_s']:.0f} s",
+        f"{'constant':24} {'measured':>16} {'datasheet model':>16}",
+    ]
+    for field, unit, scale in (
+        ("emb_read_bytes_per_s", "GB/s", 1e-9),
+        ("emb_bwd_factor", "x", 1.0),
+        ("host_read_bytes_per_s", "GB/s", 1e-9),
+        ("sequence_s_per_lookup", "ns", 1e9),
+        ("sequence_s_per_byte", "ps", 1e12),
+        ("sequence_s_fixed", "us", 1e6),
+    ):
         if field in consts["measured"]["assumed"]:
             continue
         then = f"{sheet[field] * scale:.3g} {unit}" if sheet else "-"
@@ -705,17 +797,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a check, seconds")
     parser.add_argument("--kind", help="catalog kind (h200_141g ...); default: from the name")
-    parser.add_argument("--budget-s", type=float, default=240.0,
-                        help="seconds in all; a section past its share stops")  # fmt: skip
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=240.0,
+        help="seconds in all; a section past its share stops",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here; run on a GPU machine, or --device cpu --quick to "
-              "check the probe itself", file=sys.stderr)  # fmt: skip
+        print(
+            "error: no CUDA device here; run on a GPU machine, or --device cpu --quick to "
+            "check the probe itself",
+            file=sys.stderr,
+        )
         return 2
     if args.kind is not None and args.kind not in DEVICE_CATALOG:
-        print(f"error: --kind {args.kind} is not in the catalog: {sorted(DEVICE_CATALOG)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --kind {args.kind} is not in the catalog: {sorted(DEVICE_CATALOG)}",
+            file=sys.stderr,
+        )
         return 2
     if device.type == "cpu":
         torch.set_num_threads(1)

@@ -55,9 +55,16 @@ def closest_cut_cells(rows: list[dict], n: int) -> list[dict]:
     for (suite, cluster), by in cells.items():
         h, t = by["hybrid"], by["torchrec"]
         if t.get("search_cut") and h["feasible"] and t["feasible"]:
-            cut.append({"suite": suite, "cluster": cluster, "tables": h["tables"],
-                        "hybrid_ms": h["est_step_ms"], "torchrec_ms": t["est_step_ms"],
-                        "grid_search_s": t["search_s"]})  # fmt: skip
+            cut.append(
+                {
+                    "suite": suite,
+                    "cluster": cluster,
+                    "tables": h["tables"],
+                    "hybrid_ms": h["est_step_ms"],
+                    "torchrec_ms": t["est_step_ms"],
+                    "grid_search_s": t["search_s"],
+                }
+            )
     cut.sort(key=lambda c: -c["hybrid_ms"] / c["torchrec_ms"])
     return cut[:n]
 
@@ -80,8 +87,13 @@ def _search(cell: dict) -> dict:
     except PlanDoesNotFitError:
         ms, search_s = None, time.perf_counter() - start_s
     verdict = ms is not None and ms < cell["hybrid_ms"] * (1 - TIE)
-    return {**cell, "torchrec_longer_ms": ms, "search_s": search_s,
-            "cut_again": search_s >= _LIMIT[0], "verdict_changed": verdict}  # fmt: skip
+    return {
+        **cell,
+        "torchrec_longer_ms": ms,
+        "search_s": search_s,
+        "cut_again": search_s >= _LIMIT[0],
+        "verdict_changed": verdict,
+    }
 
 
 def recheck(cfg: RecheckConfig) -> dict:
@@ -95,39 +107,48 @@ def recheck(cfg: RecheckConfig) -> dict:
     workloads = {w.name: w for w in grid_workloads(cfg.grid_bench.grid, named, len(clusters))}
     _INPUTS.clear()
     for c in chosen:
-        _INPUTS[c["suite"], c["cluster"]] = workload_for(clusters[c["cluster"]],
-                                                         workloads[c["suite"]])  # fmt: skip
+        _INPUTS[c["suite"], c["cluster"]] = workload_for(
+            clusters[c["cluster"]], workloads[c["suite"]]
+        )
     _LIMIT[0] = cfg.limit_s
     out = []
     with mp.get_context("fork").Pool(cfg.workers, maxtasksperchild=1) as pool:
         for done, cell in enumerate(pool.imap_unordered(_search, chosen), 1):
             out.append(cell)
             longer = cell["torchrec_longer_ms"]
-            print(f"[{done}/{len(chosen)}] {cell['cluster']:14} {cell['suite']:12} hybrid "
-                  f"{cell['hybrid_ms']:.2f} ms, TorchRec {cell['torchrec_ms']:.2f} -> "
-                  f"{'-' if longer is None else f'{longer:.2f}'} ms in {cell['search_s']:.0f} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{done}/{len(chosen)}] {cell['cluster']:14} {cell['suite']:12} hybrid "
+                f"{cell['hybrid_ms']:.2f} ms, TorchRec {cell['torchrec_ms']:.2f} -> "
+                f"{'-' if longer is None else f'{longer:.2f}'} ms in {cell['search_s']:.0f} s",
+                flush=True,
+            )
     out.sort(key=lambda c: -c["hybrid_ms"] / c["torchrec_ms"])
     return {"cells": out, "changed": sum(c["verdict_changed"] for c in out)}
 
 
 def table(result: dict) -> str:
     c = result["config"]
-    lines = [f"# The grid's cut TorchRec searches, searched for {c['limit_s']:.0f} s "
-             f"({result['environment']['date']}; the {c['cells']} cells closest to a "
-             f"TorchRec win)", "",
-             f"Verdicts changed (TorchRec faster than hybrid by more than {TIE:.1%}): "
-             f"{result['changed']} of {len(result['cells'])}.", "",
-             "| cluster | suite | tables | hybrid ms | TorchRec ms (grid) | grid search s | "
-             "TorchRec ms (longer) | search s | cut again | hybrid's speed-up over it |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# The grid's cut TorchRec searches, searched for {c['limit_s']:.0f} s "
+        f"({result['environment']['date']}; the {c['cells']} cells closest to a "
+        f"TorchRec win)",
+        "",
+        f"Verdicts changed (TorchRec faster than hybrid by more than {TIE:.1%}): "
+        f"{result['changed']} of {len(result['cells'])}.",
+        "",
+        "| cluster | suite | tables | hybrid ms | TorchRec ms (grid) | grid search s | "
+        "TorchRec ms (longer) | search s | cut again | hybrid's speed-up over it |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for x in result["cells"]:
         longer = x["torchrec_longer_ms"]
         ratio = "-" if longer is None else f"{longer / x['hybrid_ms']:.3f}x"
-        lines.append(f"| {x['cluster']} | {x['suite']} | {x['tables']} | {x['hybrid_ms']:.2f} | "
-                     f"{x['torchrec_ms']:.2f} | {x['grid_search_s']:.0f} | "
-                     f"{'-' if longer is None else f'{longer:.2f}'} | {x['search_s']:.0f} | "
-                     f"{'yes' if x['cut_again'] else 'no'} | {ratio} |")  # fmt: skip
+        lines.append(
+            f"| {x['cluster']} | {x['suite']} | {x['tables']} | {x['hybrid_ms']:.2f} | "
+            f"{x['torchrec_ms']:.2f} | {x['grid_search_s']:.0f} | "
+            f"{'-' if longer is None else f'{longer:.2f}'} | {x['search_s']:.0f} | "
+            f"{'yes' if x['cut_again'] else 'no'} | {ratio} |"
+        )
     return "\n".join(lines)
 
 

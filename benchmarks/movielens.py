@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 @dataclass
 class MovieLensBenchConfig:
     data: str = "outputs/data/movielens100k"  # converted here first if it holds nothing
-    overrides: list[str] = field(default_factory=lambda: [
-        "trainer.batch_size=256", "trainer.max_steps=500"])  # fmt: skip  # about 3 epochs
+    overrides: list[str] = field(
+        default_factory=lambda: ["trainer.batch_size=256", "trainer.max_steps=500"]
+    )  # about 3 epochs
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # DLRM trained once each
     eval_every: int = 100
     prior: float = 10.0  # the baseline's smoothing: ratings' weight of the overall rate
@@ -44,8 +45,9 @@ class MovieLensBenchConfig:
     results_dir: str = str(REPO / "benchmarks" / "results" / "movielens100k")
 
 
-def popularity_scores(source, movie_key: str, world: int, prior: float
-                      ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def popularity_scores(
+    source, movie_key: str, world: int, prior: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Labels and baseline scores of every rank's test batches (the samples evaluation
     reads), each the movie's smoothed click rate over the training split's rows."""
     clicks, seen = {}, {}
@@ -62,8 +64,11 @@ def popularity_scores(source, movie_key: str, world: int, prior: float
         for batch in source.batches("test", 0, source.num_batches("test"), rank):
             ids = batch.sparse_features[movie_key].values().tolist()
             out_labels.append(batch.labels.numpy())
-            out_scores.append(np.array([(clicks.get(m, 0) + prior * rate)
-                                        / (seen.get(m, 0) + prior) for m in ids]))  # fmt: skip
+            out_scores.append(
+                np.array(
+                    [(clicks.get(m, 0) + prior * rate) / (seen.get(m, 0) + prior) for m in ids]
+                )
+            )
     return np.concatenate(out_labels), np.concatenate(out_scores)
 
 
@@ -105,8 +110,7 @@ def tree_features(dense: np.ndarray, ids: list, keep: list[np.ndarray]) -> np.nd
     for per_sample, kept in zip(ids, keep, strict=True):
         lookup = {int(v): j for j, v in enumerate(kept)}
         if max(len(b) for b in per_sample) <= 1:
-            columns.append([[lookup.get(int(b[0]), 254) if len(b) else 254]
-                            for b in per_sample])  # fmt: skip
+            columns.append([[lookup.get(int(b[0]), 254) if len(b) else 254] for b in per_sample])
         else:
             bags = np.zeros((len(per_sample), len(kept)))
             for i, b in enumerate(per_sample):
@@ -134,8 +138,9 @@ def baselines(source, world: int, sizes: list[int], seed: int) -> dict[str, np.n
     categorical = [max(len(b) for b in per) <= 1 for per in ids]
     mask = [c for c, k in zip(categorical, keep, strict=True) for _ in (range(1) if c else k)]
     mask += [False] * dense.shape[1]
-    gbdt = HistGradientBoostingClassifier(categorical_features=np.asarray(mask),
-                                          random_state=seed).fit(x, labels)  # fmt: skip
+    gbdt = HistGradientBoostingClassifier(
+        categorical_features=np.asarray(mask), random_state=seed
+    ).fit(x, labels)
     return {
         "logistic regression": lr.predict_proba(one_hot(test_dense, test_ids, sizes))[:, 1],
         "gradient-boosted trees": gbdt.predict_proba(tree_features(test_dense, test_ids, keep))[
@@ -152,8 +157,9 @@ def _dlrm_scores(checkpoint: str, source, world: int, tmp: Path) -> np.ndarray:
     export_checkpoint(checkpoint, tmp / "export")
     model, _ = load_exported(tmp / "export")
     model.eval()
-    batches = (b for r in range(world)
-               for b in source.batches("test", 0, source.num_batches("test"), r))  # fmt: skip
+    batches = (
+        b for r in range(world) for b in source.batches("test", 0, source.num_batches("test"), r)
+    )
     return score_batches(model, batches)[0]
 
 
@@ -166,25 +172,47 @@ def run(cfg: MovieLensBenchConfig) -> dict:
     data = Path(cfg.data)
     if not (data / "summary.json").exists():
         prepare_movielens(MovieLensConfig(output=str(data), progress=False))
-    common = ["dataset=movielens100k", f"dataset.path={data}", *cfg.overrides,
-              "trainer.progress_bar=false"]  # fmt: skip
+    common = [
+        "dataset=movielens100k",
+        f"dataset.path={data}",
+        *cfg.overrides,
+        "trainer.progress_bar=false",
+    ]
     typed = to_typed(hydra.compose(config_name="config", overrides=common))
     runs, scores = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in cfg.seeds:
             seeded = [*common, f"trainer.seed={seed}"]
-            trained = train(hydra.compose(config_name="config", overrides=[
-                *seeded, f"trainer.eval_every={cfg.eval_every}",
-                "trainer.save_checkpoint=true"]), Path(tmp) / f"train{seed}")  # fmt: skip
-            test = train(hydra.compose(config_name="config", overrides=[
-                *seeded, "trainer.mode=evaluate", f"trainer.resume_from={trained['checkpoint']}",
-                "dataset.eval_split=test"]), Path(tmp) / f"test{seed}")  # fmt: skip
+            trained = train(
+                hydra.compose(
+                    config_name="config",
+                    overrides=[
+                        *seeded,
+                        f"trainer.eval_every={cfg.eval_every}",
+                        "trainer.save_checkpoint=true",
+                    ],
+                ),
+                Path(tmp) / f"train{seed}",
+            )
+            test = train(
+                hydra.compose(
+                    config_name="config",
+                    overrides=[
+                        *seeded,
+                        "trainer.mode=evaluate",
+                        f"trainer.resume_from={trained['checkpoint']}",
+                        "dataset.eval_split=test",
+                    ],
+                ),
+                Path(tmp) / f"test{seed}",
+            )
             runs.append((seed, trained, test))
         world = runs[0][1]["world_size"]
         source = build_source(typed.dataset, typed.model, typed.trainer.batch_size, world)
         for seed, trained, _ in runs:
-            scores[f"DLRM, seed {seed}"] = _dlrm_scores(trained["checkpoint"], source, world,
-                                                       Path(tmp) / f"s{seed}")  # fmt: skip
+            scores[f"DLRM, seed {seed}"] = _dlrm_scores(
+                trained["checkpoint"], source, world, Path(tmp) / f"s{seed}"
+            )
     labels, popular = popularity_scores(source, "cat_1", world, cfg.prior)  # cat_1: movie_id
     assert len(labels) == runs[0][2]["eval_samples"], "every scorer scores the same samples"
     scores["movie popularity"] = popular
@@ -193,12 +221,18 @@ def run(cfg: MovieLensBenchConfig) -> dict:
     _, test_ids, _ = split_rows(source, "test", world)
     seen = {int(b[0]) for b in train_ids[0]}  # cat_0: user_id
     warm = np.array([int(b[0]) in seen for b in test_ids[0]])
-    metrics = {name: {"all": binary_metrics(s.astype(np.float32), labels.astype(np.float32)),
-                      "warm_users": binary_metrics(s[warm].astype(np.float32),
-                                                   labels[warm].astype(np.float32)),
-                      "cold_users": binary_metrics(s[~warm].astype(np.float32),
-                                                   labels[~warm].astype(np.float32))}
-               for name, s in scores.items()}  # fmt: skip
+    metrics = {
+        name: {
+            "all": binary_metrics(s.astype(np.float32), labels.astype(np.float32)),
+            "warm_users": binary_metrics(
+                s[warm].astype(np.float32), labels[warm].astype(np.float32)
+            ),
+            "cold_users": binary_metrics(
+                s[~warm].astype(np.float32), labels[~warm].astype(np.float32)
+            ),
+        }
+        for name, s in scores.items()
+    }
     seed0, trained, test = runs[0]
     dlrm_aucs = [t["eval_auc"] for _, _, t in runs]
     curve = [{"step": e["step"], "val_auc": e["eval_auc"]} for e in trained.get("evals", [])]
@@ -207,13 +241,24 @@ def run(cfg: MovieLensBenchConfig) -> dict:
         "steps": trained["steps"],
         "val": {"auc": trained["eval_auc"], "ne": trained["eval_ne"]},
         "val_curve": curve + [{"step": trained["steps"], "val_auc": trained["eval_auc"]}],
-        "test": {"auc": test["eval_auc"], "logloss": test["eval_logloss"],
-                 "ne": test["eval_ne"], "samples": test["eval_samples"], "seed": seed0},
-        "dlrm_test_auc_over_seeds": {"seeds": list(cfg.seeds), "auc": dlrm_aucs,
-                                     "median": float(np.median(dlrm_aucs)),
-                                     "range": [min(dlrm_aucs), max(dlrm_aucs)]},
-        "popularity_baseline_test": {**metrics["movie popularity"]["all"],
-                                     "samples": int(len(labels)), "prior": cfg.prior},
+        "test": {
+            "auc": test["eval_auc"],
+            "logloss": test["eval_logloss"],
+            "ne": test["eval_ne"],
+            "samples": test["eval_samples"],
+            "seed": seed0,
+        },
+        "dlrm_test_auc_over_seeds": {
+            "seeds": list(cfg.seeds),
+            "auc": dlrm_aucs,
+            "median": float(np.median(dlrm_aucs)),
+            "range": [min(dlrm_aucs), max(dlrm_aucs)],
+        },
+        "popularity_baseline_test": {
+            **metrics["movie popularity"]["all"],
+            "samples": int(len(labels)),
+            "prior": cfg.prior,
+        },
         "logistic_regression_test": metrics["logistic regression"]["all"],
         "gbdt_test": metrics["gradient-boosted trees"]["all"],
         "by_scorer": metrics,
@@ -222,7 +267,7 @@ def run(cfg: MovieLensBenchConfig) -> dict:
         "samples_per_s": trained["samples_per_s"],
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
-    }  # fmt: skip
+    }
 
 
 def table(r: dict) -> str:
@@ -241,10 +286,17 @@ def table(r: dict) -> str:
     ]
     for name, m in r["by_scorer"].items():
         a, w, c = m["all"], m["warm_users"], m["cold_users"]
-        lines.append(f"| {name} | {a['auc']:.4f} | {a['logloss']:.4f} | {a['ne']:.4f} | "
-                     f"{w['auc']:.4f} | {c['auc']:.4f} |")  # fmt: skip
-    lines += ["", "Validation AUC by step (seed " + str(t["seed"]) + "): " + ", ".join(
-        f"{c['step']}: {c['val_auc']:.4f}" for c in r["val_curve"])]  # fmt: skip
+        lines.append(
+            f"| {name} | {a['auc']:.4f} | {a['logloss']:.4f} | {a['ne']:.4f} | "
+            f"{w['auc']:.4f} | {c['auc']:.4f} |"
+        )
+    lines += [
+        "",
+        "Validation AUC by step (seed "
+        + str(t["seed"])
+        + "): "
+        + ", ".join(f"{c['step']}: {c['val_auc']:.4f}" for c in r["val_curve"]),
+    ]
     return "\n".join(lines)
 
 

@@ -106,8 +106,11 @@ def tx_bytes(link: VethLink) -> int:
     for side in (0, 1):
         out = subprocess.run(
             link.prefix(side) + ["cat", f"/sys/class/net/{link.ifnames[side]}/statistics/tx_bytes"],
-            check=True, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         total += int(out.stdout.strip())
     return total
 
@@ -139,11 +142,22 @@ def chunked_rate(link: VethLink, chunk_bytes: int, gap_s: float = 0.005, chunks:
     args = [link.addresses[0], str(port), str(chunk_bytes), str(chunks)]
     probe = [sys.executable, "-m", "benchmarks.link_probe"]
     env = dict(os.environ, PYTHONPATH=str(_REPO))
-    receiver = subprocess.Popen(link.prefix(0) + probe + ["recv", *args], env=env, cwd=_REPO,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    receiver = subprocess.Popen(
+        link.prefix(0) + probe + ["recv", *args],
+        env=env,
+        cwd=_REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        sender = subprocess.run(link.prefix(1) + probe + ["send", *args, str(gap_s)], env=env,
-                                cwd=_REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        sender = subprocess.run(
+            link.prefix(1) + probe + ["send", *args, str(gap_s)],
+            env=env,
+            cwd=_REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         receiver.wait(timeout=30)
     finally:
         receiver.kill()
@@ -154,9 +168,18 @@ def chunked_rate(link: VethLink, chunk_bytes: int, gap_s: float = 0.005, chunks:
 
 def _env_for(link: VethLink, rank: int, port: int) -> dict:
     """torchrun-style environment for rank `rank` of 2, rank 0 in the first namespace."""
-    return dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                MASTER_ADDR=link.addresses[0], MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                GLOO_SOCKET_IFNAME=link.ifnames[rank], PYTHONPATH=str(_REPO))  # fmt: skip
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR=link.addresses[0],
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME=link.ifnames[rank],
+        PYTHONPATH=str(_REPO),
+    )
 
 
 def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
@@ -170,9 +193,18 @@ def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
         for r in (0, 1):
             with open(logs[r], "w") as out:
                 cmd = link.prefix(r) + [sys.executable, *args]
-                procs.append(PopenRank(subprocess.Popen(
-                    cmd, env=_env_for(link, r, port), cwd=_REPO, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
+                procs.append(
+                    PopenRank(
+                        subprocess.Popen(
+                            cmd,
+                            env=_env_for(link, r, port),
+                            cwd=_REPO,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
+                )
         try:
             result = supervise(procs, lambda block_s: time.sleep(block_s) or [], timeout_s, 30.0)
         finally:
@@ -189,8 +221,16 @@ def train_pair(link: VethLink, overrides: list[str], steps: int, run_dir: Path) 
     import json
 
     before = tx_bytes(link)
-    args = ["-m", "recsys.train", *overrides, f"trainer.max_steps={steps}",
-            "trainer.progress_bar=false", "trainer.threads_per_rank=1", "dataset.eval_batches=1",
-            "trainer.warmup_steps=5", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    args = [
+        "-m",
+        "recsys.train",
+        *overrides,
+        f"trainer.max_steps={steps}",
+        "trainer.progress_bar=false",
+        "trainer.threads_per_rank=1",
+        "dataset.eval_batches=1",
+        "trainer.warmup_steps=5",
+        f"hydra.run.dir={run_dir}",
+    ]
     run_pair(link, args)
     return tx_bytes(link) - before, json.loads((run_dir / "summary.json").read_text())

@@ -62,10 +62,15 @@ def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
     from recsys.launch import raise_on_failure, spawn_ranks
     from sharding.types import PlannerName
 
-    nested = ["pipeline=nested", f"pipeline.micro_batches={cfg.micro_batches}",
-              *cfg.nested_overrides]  # fmt: skip
-    cfgs = [to_typed(hydra.compose(config_name="config", overrides=cfg.overrides + extra))
-            for extra in ([], nested)]  # fmt: skip
+    nested = [
+        "pipeline=nested",
+        f"pipeline.micro_batches={cfg.micro_batches}",
+        *cfg.nested_overrides,
+    ]
+    cfgs = [
+        to_typed(hydra.compose(config_name="config", overrides=cfg.overrides + extra))
+        for extra in ([], nested)
+    ]
     plan = None
     if cfgs[0].planner.name != PlannerName.torchrec:
         plan = make_plan(cfgs[0], plan_inputs(cfgs[0], None, None))
@@ -78,18 +83,20 @@ def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
     def first_over(diffs: list[float]) -> int | None:
         return next((i + 1 for i, d in enumerate(diffs) if d > cfg.tolerance), None)
 
-    rows = [{"step": i + 1, "loss": plain[i], "shuffled": s, "nested": n}
-            for i, (s, n) in enumerate(zip(rel(shuffled), rel(nest), strict=True))]  # fmt: skip
+    rows = [
+        {"step": i + 1, "loss": plain[i], "shuffled": s, "nested": n}
+        for i, (s, n) in enumerate(zip(rel(shuffled), rel(nest), strict=True))
+    ]
     return {
         "rows": rows,
         "max_rel_diff": {
             "shuffled": max(r["shuffled"] for r in rows),
             "nested": max(r["nested"] for r in rows),
-        },  # fmt: skip
+        },
         "first_step_over_tolerance": {
             "shuffled": first_over(rel(shuffled)),
             "nested": first_over(rel(nest)),
-        },  # fmt: skip
+        },
         "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
         "environment": environment(),
     }
@@ -97,17 +104,24 @@ def run(cfg: OrderNoiseConfig, run_dir: Path) -> dict:
 
 def table(r: dict) -> str:
     c, env = r["config"], r["environment"]
-    lines = [f"# Rounding noise of a run: plain vs plain with shuffled samples vs nested "
-             f"N={c['micro_batches']} {' '.join(c['nested_overrides'])} ({env['date']}, "
-             f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])})",
-             "",
-             "Relative loss difference from the plain loop, per step:", "",
-             "| step | plain loss | shuffled samples | nested |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Rounding noise of a run: plain vs plain with shuffled samples vs nested "
+        f"N={c['micro_batches']} {' '.join(c['nested_overrides'])} ({env['date']}, "
+        f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])})",
+        "",
+        "Relative loss difference from the plain loop, per step:",
+        "",
+        "| step | plain loss | shuffled samples | nested |",
+        "|---|---|---|---|",
+    ]
     for x in r["rows"]:
         lines.append(f"| {x['step']} | {x['loss']:.6f} | {x['shuffled']:.1e} | {x['nested']:.1e} |")
     first = r["first_step_over_tolerance"]
-    lines += ["", f"First step over {c['tolerance']:g}: shuffled {first['shuffled']}, "
-              f"nested {first['nested']} (None: never)."]  # fmt: skip
+    lines += [
+        "",
+        f"First step over {c['tolerance']:g}: shuffled {first['shuffled']}, "
+        f"nested {first['nested']} (None: never).",
+    ]
     return "\n".join(lines)
 
 

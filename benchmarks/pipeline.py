@@ -63,20 +63,41 @@ NOT_RUN = {
 class PipelineBenchConfig:
     # a pipeline name, or nested<N> with optional +lookahead / +cluster / +dedup (unique
     # rows both ways: within rounding) or +dedup_fwd (unique rows forward: bit for bit)
-    pipelines: list[str] = field(default_factory=lambda: [
-        "plain", "base", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync",
-        "nested1", "nested2", "nested4", "nested8", "nested4+lookahead", "nested4+cluster",
-        "nested4+dedup", "nested8+dedup", "nested4+dedup+cluster", "nested4+dedup_fwd",
-        "nested8+dedup_fwd"])  # fmt: skip
+    pipelines: list[str] = field(
+        default_factory=lambda: [
+            "plain",
+            "base",
+            "sparse_dist",
+            "sparse_dist_lite",
+            "fused_sparse_dist",
+            "semi_sync",
+            "nested1",
+            "nested2",
+            "nested4",
+            "nested8",
+            "nested4+lookahead",
+            "nested4+cluster",
+            "nested4+dedup",
+            "nested8+dedup",
+            "nested4+dedup+cluster",
+            "nested4+dedup_fwd",
+            "nested8+dedup_fwd",
+        ]
+    )
     # round_robin: whole tables, table-wise. TorchRec's planner also replicates small
     # tables (data-parallel), which TorchRec's SemiSync cannot train (see README).
     # Dense SGD: a run whose losses are not chaotic, so equality can be checked at every
     # step (with the default dense Adagrad this run's plain loop alone moves by 1e-2 when
     # only the order of samples within each batch changes); row-wise Adagrad embeddings,
     # which make a stale lookup visible in the losses
-    overrides: list[str] = field(default_factory=lambda: [
-        "trainer.batch_size=2048", "planner=round_robin", "trainer.dense_optimizer=sgd",
-        "trainer.lr=0.1"])  # fmt: skip
+    overrides: list[str] = field(
+        default_factory=lambda: [
+            "trainer.batch_size=2048",
+            "planner=round_robin",
+            "trainer.dense_optimizer=sgd",
+            "trainer.lr=0.1",
+        ]
+    )
     steps: int = 60
     # the main row set's runs, on each link: this many rounds, every pipeline once a round
     # (interleaved, so drift on the machine hits all alike); each pipeline's fastest run is
@@ -98,20 +119,45 @@ class PipelineBenchConfig:
     # the multi-hot row set: these pipelines again with dataset.hotness=<multi_hot>
     # (a bag size per table, or "mlperf"); null: no multi-hot rows
     multi_hot: Any = "mlperf"
-    multi_hot_pipelines: list[str] = field(default_factory=lambda: [
-        "plain", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "nested4",
-        "nested4+dedup", "nested4+dedup_fwd"])  # fmt: skip
+    multi_hot_pipelines: list[str] = field(
+        default_factory=lambda: [
+            "plain",
+            "sparse_dist",
+            "sparse_dist_lite",
+            "fused_sparse_dist",
+            "semi_sync",
+            "nested4",
+            "nested4+dedup",
+            "nested4+dedup_fwd",
+        ]
+    )
     # the second plan's row set: these overrides after `overrides` (TorchRec's planner told
     # row_wise only for two GPUs, the plan rehearsed on the CPU ranks: every table's rows in
     # two blocks, each rank's lookups partial sums for both ranks' samples, reduce-scattered);
     # null: no second plan; not run on an emulated cluster (cluster=)
-    row_wise: list[str] | None = field(default_factory=lambda: [
-        "planner=torchrec", "planner.torchrec_sharding_types=[row_wise]",
-        "cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.count=2",
-        "trainer.rehearse_on_cpu=true"])  # fmt: skip
-    row_wise_pipelines: list[str] = field(default_factory=lambda: [
-        "plain", "sparse_dist", "sparse_dist_lite", "fused_sparse_dist", "semi_sync", "nested2",
-        "nested4", "nested8", "nested4+lookahead", "nested4+cluster"])  # fmt: skip
+    row_wise: list[str] | None = field(
+        default_factory=lambda: [
+            "planner=torchrec",
+            "planner.torchrec_sharding_types=[row_wise]",
+            "cluster=1x8_a100_80g",
+            "cluster.nodes.0.devices.0.count=2",
+            "trainer.rehearse_on_cpu=true",
+        ]
+    )
+    row_wise_pipelines: list[str] = field(
+        default_factory=lambda: [
+            "plain",
+            "sparse_dist",
+            "sparse_dist_lite",
+            "fused_sparse_dist",
+            "semi_sync",
+            "nested2",
+            "nested4",
+            "nested8",
+            "nested4+lookahead",
+            "nested4+cluster",
+        ]
+    )
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair;
     # its own inter-node rate is the slow link (link_rate unused), fast_rate the fast one
     cluster: ClusterSpec | None = None
@@ -129,10 +175,13 @@ def pipeline_overrides(label: str) -> list[str]:
     p = parse_label(label)
     if p.name != "nested":
         return [f"pipeline={p.name}"]
-    overrides = ["pipeline=nested", f"pipeline.micro_batches={p.micro_batches}",
-                 f"pipeline.lookahead={'lookahead' in p.options}",
-                 f"pipeline.cluster_samples={'cluster' in p.options}",
-                 f"pipeline.dedup={p.dedup}"]  # fmt: skip
+    overrides = [
+        "pipeline=nested",
+        f"pipeline.micro_batches={p.micro_batches}",
+        f"pipeline.lookahead={'lookahead' in p.options}",
+        f"pipeline.cluster_samples={'cluster' in p.options}",
+        f"pipeline.dedup={p.dedup}",
+    ]
     return overrides + ([] if p.dedup_grads else ["pipeline.dedup_grads=False"])
 
 
@@ -166,8 +215,9 @@ def _trainer(cfg: PipelineBenchConfig, rate: str | None, burst: str) -> Iterator
         yield partial(netns.train_pair, link)
 
 
-def _predicted_ms(cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path,
-                  cal=None) -> float | None:  # fmt: skip
+def _predicted_ms(
+    cfg: PipelineBenchConfig, overrides: list[str], run_dir: Path, cal=None
+) -> float | None:
     """The cost model's step time for the run's plan and pipeline, where the calibration
     (`cal`, or the saved one) has its link (the emulated cluster's own; a veth pair only at a
     calibrated rate)."""
@@ -208,22 +258,35 @@ def _train_all(
                 overrides = [*cfg.overrides, *extra, *pipeline_overrides(label)]
                 sent, summary = train(overrides, steps, run_dir)
                 losses = _losses(run_dir)
-                runs[label].append({"summary": summary, "bytes": sent, "dir": run_dir,
-                                    "losses": losses, "overrides": overrides})  # fmt: skip
-                print(f"{rate or 'slow link'} burst {burst} {label}"
-                      f"{f' (round {rep + 1}/{repeats})' if repeats > 1 else ''}: "
-                      f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
+                runs[label].append(
+                    {
+                        "summary": summary,
+                        "bytes": sent,
+                        "dir": run_dir,
+                        "losses": losses,
+                        "overrides": overrides,
+                    }
+                )
+                print(
+                    f"{rate or 'slow link'} burst {burst} {label}"
+                    f"{f' (round {rep + 1}/{repeats})' if repeats > 1 else ''}: "
+                    f"{summary['samples_per_s']:,.0f} samples/s",
+                    flush=True,
+                )
     out = {}
     predict = rate is None and tag != "row_wise"
     for label, done in runs.items():
         best = max(done, key=lambda r: r["summary"]["samples_per_s"])
         out[label] = {
-            "summary": best["summary"], "bytes": best["bytes"], "losses": best["losses"],
+            "summary": best["summary"],
+            "bytes": best["bytes"],
+            "losses": best["losses"],
             "runs": [r["summary"]["samples_per_s"] for r in done],
             "same_losses_every_round": all(r["losses"] == best["losses"] for r in done),
             "predicted_ms": _predicted_ms(cfg, best["overrides"], best["dir"], cal)
-            if predict else None,
-        }  # fmt: skip
+            if predict
+            else None,
+        }
     return out
 
 
@@ -238,16 +301,23 @@ def link_report(cfg: PipelineBenchConfig, burst: str) -> dict:
         rate_name = emulation.link_rate(spec)
         with emulation.emulated(spec) as emu:
             n = (0, 1)
-            link = netns.VethLink(tuple(map(emu.node_ns, n)), tuple(map(emu.address, n)),
-                                  tuple(map(emu.node_if, n)), rate_name)  # fmt: skip
+            link = netns.VethLink(
+                tuple(map(emu.node_ns, n)),
+                tuple(map(emu.address, n)),
+                tuple(map(emu.node_if, n)),
+                rate_name,
+            )
             achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
     else:
         rate_name = cfg.link_rate
         with netns.veth_link(cfg.link_rate, burst=burst) as link:
             achieved = netns.chunked_rate(link, cfg.probe_chunk_bytes, gap_s=0.005, chunks=32)
     rate = netns.rate_bits(rate_name)
-    return {"rate_mbit": rate / 1e6, "burst_bytes": netns.size_bytes(burst),
-            "chunked_rate_ratio": achieved / rate}  # fmt: skip
+    return {
+        "rate_mbit": rate / 1e6,
+        "burst_bytes": netns.size_bytes(burst),
+        "chunked_rate_ratio": achieved / rate,
+    }
 
 
 def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
@@ -274,11 +344,16 @@ def clustering_stats(cfg: PipelineBenchConfig) -> list[dict]:
         per = cfg.cluster_batches * n
         row_bytes = typed.model.embedding_dim * 4
         pooled = typed.trainer.batch_size / n * features * row_bytes
-        rows.append({"micro_batches": n, "distinct_ids": plain / per,
-                     "distinct_ids_clustered": clustered / per,
-                     "unique_row_bytes": row_bytes * plain / per,
-                     "unique_row_bytes_clustered": row_bytes * clustered / per,
-                     "pooled_bytes": pooled})  # fmt: skip
+        rows.append(
+            {
+                "micro_batches": n,
+                "distinct_ids": plain / per,
+                "distinct_ids_clustered": clustered / per,
+                "unique_row_bytes": row_bytes * plain / per,
+                "unique_row_bytes_clustered": row_bytes * clustered / per,
+                "pooled_bytes": pooled,
+            }
+        )
     return rows
 
 
@@ -291,8 +366,10 @@ def run(cfg: PipelineBenchConfig) -> dict:
     if why_not:
         raise SystemExit(f"benchmarks.pipeline {why_not}")
     if cfg.burst_sensitivity and "sparse_dist" not in cfg.sensitivity_pipelines:
-        raise SystemExit("benchmarks.pipeline: sensitivity_pipelines must include sparse_dist "
-                         "(the speed-ups are against it), or set burst_sensitivity=[]")  # fmt: skip
+        raise SystemExit(
+            "benchmarks.pipeline: sensitivity_pipelines must include sparse_dist "
+            "(the speed-ups are against it), or set burst_sensitivity=[]"
+        )
     if cfg.link_burst is None:
         cfg = replace(cfg, link_burst=_own_burst(cfg))
     sensitivity, multi, row_wise = {}, None, None
@@ -333,14 +410,23 @@ def run(cfg: PipelineBenchConfig) -> dict:
     return result
 
 
-def _row_set(cfg: PipelineBenchConfig, tmp: Path, pipes: list[str], extra: tuple[str, ...],
-             tag: str, cal=None) -> list[dict]:  # fmt: skip
+def _row_set(
+    cfg: PipelineBenchConfig,
+    tmp: Path,
+    pipes: list[str],
+    extra: tuple[str, ...],
+    tag: str,
+    cal=None,
+) -> list[dict]:
     """A row set (`pipes` with `extra` overrides) on the slow and the fast link; the main
     set ("" tag) `cfg.repeats` times on each."""
     repeats = cfg.repeats if not tag else 1
     slow = _train_all(cfg, None, cfg.link_burst, tmp, pipes, extra, tag, repeats, cal)
-    fast = (_train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag, repeats)
-            if cfg.fast_link else None)  # fmt: skip
+    fast = (
+        _train_all(cfg, cfg.fast_rate, cfg.link_burst, tmp, pipes, extra, tag, repeats)
+        if cfg.fast_link
+        else None
+    )
     return _rows(pipes, slow, fast)
 
 
@@ -372,24 +458,30 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
         s = slow[label]["summary"]
         fast_ms = measured_ms(fast[label]["summary"]) if fast else None
         diff = _max_rel_diff(plain_losses, slow[label]["losses"]) if plain_losses else None
-        rows.append({
-            "pipeline": label, "samples_per_s": s["samples_per_s"],
-            "samples_per_s_runs": slow[label]["runs"],
-            "same_losses_every_round": slow[label]["same_losses_every_round"],
-            "step_ms": measured_ms(s), "fast_link_step_ms": fast_ms,
-            "measured_ms": measured_ms(s), "predicted_ms": slow[label].get("predicted_ms"),
-            "exposed_comm_ms": None if fast_ms is None else measured_ms(s) - fast_ms,
-            "link_bytes": slow[label]["bytes"], "max_rel_loss_diff_vs_plain": diff,
-            "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
-            "bit_identical": diff == 0.0,
-            "eval_auc": s["eval_auc"],
-            # nested: ms per step spent waiting on ids, chunks, gradients, the all-reduce
-            "wait_ms_per_step": (s.get("pipeline_stats") or {}).get("wait_ms_per_step"),
-            # each rank's CPU a step and, on an emulated cluster, its share of CFS periods
-            # out of quota (what a quota-bound rank spent and how often it ran dry)
-            "cpu_ms_per_step_by_rank": s.get("cpu_ms_per_step_by_rank"),
-            "quota_throttled_share_by_rank": s.get("quota_throttled_share_by_rank"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "pipeline": label,
+                "samples_per_s": s["samples_per_s"],
+                "samples_per_s_runs": slow[label]["runs"],
+                "same_losses_every_round": slow[label]["same_losses_every_round"],
+                "step_ms": measured_ms(s),
+                "fast_link_step_ms": fast_ms,
+                "measured_ms": measured_ms(s),
+                "predicted_ms": slow[label].get("predicted_ms"),
+                "exposed_comm_ms": None if fast_ms is None else measured_ms(s) - fast_ms,
+                "link_bytes": slow[label]["bytes"],
+                "max_rel_loss_diff_vs_plain": diff,
+                "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
+                "bit_identical": diff == 0.0,
+                "eval_auc": s["eval_auc"],
+                # nested: ms per step spent waiting on ids, chunks, gradients, the all-reduce
+                "wait_ms_per_step": (s.get("pipeline_stats") or {}).get("wait_ms_per_step"),
+                # each rank's CPU a step and, on an emulated cluster, its share of CFS periods
+                # out of quota (what a quota-bound rank spent and how often it ran dry)
+                "cpu_ms_per_step_by_rank": s.get("cpu_ms_per_step_by_rank"),
+                "quota_throttled_share_by_rank": s.get("quota_throttled_share_by_rank"),
+            }
+        )
     return rows
 
 
@@ -397,8 +489,9 @@ def _summary(rows: list[dict]) -> dict:
     """The speed-ups over sparse_dist, semi_sync and the fastest staleness-free TorchRec
     pipeline that ran, and the setting's overlap limit with each row's step over it."""
     by = {r["pipeline"]: r for r in rows}
-    best = max((by[p] for p in TORCHREC_EXACT if p in by), key=lambda r: r["samples_per_s"],
-               default=None)  # fmt: skip
+    best = max(
+        (by[p] for p in TORCHREC_EXACT if p in by), key=lambda r: r["samples_per_s"], default=None
+    )
     limit = overlap_limit_ms(by)
     for r in rows:
         r["over_overlap_limit"] = None if limit is None else r["step_ms"] / limit
@@ -406,14 +499,18 @@ def _summary(rows: list[dict]) -> dict:
         "rows": rows,
         "speedup_vs_sparse_dist": _speedups(rows, "sparse_dist"),
         "speedup_vs_semi_sync": _speedups(rows, "semi_sync"),
-        "best_torchrec_exact": best and {"pipeline": best["pipeline"],
-                                         "samples_per_s": best["samples_per_s"]},
-        "speedup_vs_best_torchrec_exact": {} if best is None else {
+        "best_torchrec_exact": best
+        and {"pipeline": best["pipeline"], "samples_per_s": best["samples_per_s"]},
+        "speedup_vs_best_torchrec_exact": {}
+        if best is None
+        else {
             r["pipeline"]: r["samples_per_s"] / best["samples_per_s"]
-            for r in rows if r["pipeline"].startswith("nested")},
+            for r in rows
+            if r["pipeline"].startswith("nested")
+        },
         "overlap_limit_ms": limit,
         "plain_comm_share": _comm_share(by),
-    }  # fmt: skip
+    }
 
 
 def overlap_limit_ms(by: dict[str, dict]) -> float | None:
@@ -446,10 +543,12 @@ def _comm_share(by: dict[str, dict]) -> float | None:
 
 
 def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
-    lines = ["| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
-             "link MB (run) | equal to plain (max rel loss diff) | waits ms/step: ids, "
-             "chunks, gradients, all-reduce | step / overlap limit |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
+        "link MB (run) | equal to plain (max rel loss diff) | waits ms/step: ids, "
+        "chunks, gradients, all-reduce | step / overlap limit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for x in rows:
         speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
         equal = "-"  # no plain loop in the runs: nothing to compare with
@@ -457,11 +556,13 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
             same = "yes" if x["equal_to_plain"] else "no"
             verdict = "bit for bit" if x["bit_identical"] else same
             equal = f"{verdict} ({diff:.1e})"
-        lines.append(f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
-                     f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
-                     f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
-                     f"{equal} | {_waits(x.get('wait_ms_per_step'))} | "
-                     f"{_times(x.get('over_overlap_limit'))} |")  # fmt: skip
+        lines.append(
+            f"| {x['pipeline']} | {x['samples_per_s']:,.0f} | "
+            f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
+            f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
+            f"{equal} | {_waits(x.get('wait_ms_per_step'))} | "
+            f"{_times(x.get('over_overlap_limit'))} |"
+        )
     return lines
 
 
@@ -492,8 +593,13 @@ def _ms(value: float | None) -> str:
 
 
 def _waits(w: dict | None) -> str:
-    return ", ".join(f"{w[k]:.1f}" for k in ("ids", "chunks", "gradients", "dense_allreduce")
-                     if k in w) if w else "-"  # fmt: skip
+    return (
+        ", ".join(
+            f"{w[k]:.1f}" for k in ("ids", "chunks", "gradients", "dense_allreduce") if k in w
+        )
+        if w
+        else "-"
+    )
 
 
 def _rounds(c: dict) -> str:
@@ -504,17 +610,27 @@ def _rounds(c: dict) -> str:
 def table(r: dict) -> str:
     env, c = r["environment"], r["config"]
     share = r["plain_comm_share"]
-    where = (f"on the emulated cluster {c['cluster']['name']}" if c.get("cluster")
-             else f"across a {c['link_rate']} veth link, 2 ranks")  # fmt: skip
-    lines = [f"# Train pipelines {where} ({env['date']}, "
-             f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
-             f"{c['steps']} steps{_rounds(c)})", "",
-             f"Link: tbf at {r['link']['rate_mbit']:,.0f} Mbit/s with a "
-             f"{r['link']['burst_bytes'] / 1024:,.0f} KB burst; a chunked transfer with idle "
-             f"gaps ({c['probe_chunk_bytes'] / 1024:,.0f} KB chunks) achieves "
-             f"{r['link']['chunked_rate_ratio']:.2f}x the rate.", "",
-             f"The plain loop spends {share:.0%} of its step on the link (its step time here "
-             f"minus over a {c['fast_rate']} link)." if share is not None else "", ""]  # fmt: skip
+    where = (
+        f"on the emulated cluster {c['cluster']['name']}"
+        if c.get("cluster")
+        else f"across a {c['link_rate']} veth link, 2 ranks"
+    )
+    lines = [
+        f"# Train pipelines {where} ({env['date']}, "
+        f"torch {env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
+        f"{c['steps']} steps{_rounds(c)})",
+        "",
+        f"Link: tbf at {r['link']['rate_mbit']:,.0f} Mbit/s with a "
+        f"{r['link']['burst_bytes'] / 1024:,.0f} KB burst; a chunked transfer with idle "
+        f"gaps ({c['probe_chunk_bytes'] / 1024:,.0f} KB chunks) achieves "
+        f"{r['link']['chunked_rate_ratio']:.2f}x the rate.",
+        "",
+        f"The plain loop spends {share:.0%} of its step on the link (its step time here "
+        f"minus over a {c['fast_rate']} link)."
+        if share is not None
+        else "",
+        "",
+    ]
     lines += _headline(r) + _row_lines(r["rows"], r["speedup_vs_sparse_dist"])
     if r.get("multi_hot"):
         m = r["multi_hot"]
@@ -529,28 +645,40 @@ def table(r: dict) -> str:
         lines += ["", f"Row-wise plan ({' '.join(rw['overrides'])}){spends}:", ""]
         lines += _headline(rw) + _row_lines(rw["rows"], rw["speedup_vs_sparse_dist"])
     if r.get("not_run"):
-        lines += ["", "Not run: " + "; ".join(f"{p} ({why})" for p, why in r["not_run"].items())
-                  + "."]  # fmt: skip
+        lines += [
+            "",
+            "Not run: " + "; ".join(f"{p} ({why})" for p, why in r["not_run"].items()) + ".",
+        ]
     if r.get("burst_sensitivity"):
         names = [p for p in c["sensitivity_pipelines"] if p != "sparse_dist"]
-        lines += ["", "Sensitivity to tbf's burst (the same runs at each burst):", "",
-                  "| burst | chunked transfer / rate | " + " | ".join(
-                      f"{p} vs sparse_dist" for p in names) + " |",
-                  "|---|---|" + "---|" * len(names)]  # fmt: skip
+        lines += [
+            "",
+            "Sensitivity to tbf's burst (the same runs at each burst):",
+            "",
+            "| burst | chunked transfer / rate | "
+            + " | ".join(f"{p} vs sparse_dist" for p in names)
+            + " |",
+            "|---|---|" + "---|" * len(names),
+        ]
         for b, x in r["burst_sensitivity"].items():
             speeds = " | ".join(f"{x['speedup_vs_sparse_dist'][p]:.2f}x" for p in names)
-            lines.append(f"| {int(b) / 1024:,.0f} KB | {x['chunked_rate_ratio']:.2f}x | "
-                         f"{speeds} |")  # fmt: skip
-    lines += ["", "Per micro-batch of rank 0's batches of the same data: distinct (feature, id), "
-              "and the embedding bytes they take, pooled (one vector per sample and feature) "
-              "or as unique rows (dedup), with and without key-centric clustering:", "",
-              "| N | distinct ids | clustered | pooled bytes | unique-row bytes | clustered |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+            lines.append(f"| {int(b) / 1024:,.0f} KB | {x['chunked_rate_ratio']:.2f}x | {speeds} |")
+    lines += [
+        "",
+        "Per micro-batch of rank 0's batches of the same data: distinct (feature, id), "
+        "and the embedding bytes they take, pooled (one vector per sample and feature) "
+        "or as unique rows (dedup), with and without key-centric clustering:",
+        "",
+        "| N | distinct ids | clustered | pooled bytes | unique-row bytes | clustered |",
+        "|---|---|---|---|---|---|",
+    ]
     for x in r["clustering"]:
-        lines.append(f"| {x['micro_batches']} | {x['distinct_ids']:,.0f} | "
-                     f"{x['distinct_ids_clustered']:,.0f} | {x['pooled_bytes'] / 1e6:,.2f} MB | "
-                     f"{x['unique_row_bytes'] / 1e6:,.2f} MB | "
-                     f"{x['unique_row_bytes_clustered'] / 1e6:,.2f} MB |")  # fmt: skip
+        lines.append(
+            f"| {x['micro_batches']} | {x['distinct_ids']:,.0f} | "
+            f"{x['distinct_ids_clustered']:,.0f} | {x['pooled_bytes'] / 1e6:,.2f} MB | "
+            f"{x['unique_row_bytes'] / 1e6:,.2f} MB | "
+            f"{x['unique_row_bytes_clustered'] / 1e6:,.2f} MB |"
+        )
     return "\n".join(lines)
 
 

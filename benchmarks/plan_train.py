@@ -47,8 +47,15 @@ from sharding.types import ClusterSpec
 class PlanTrainBenchConfig:
     # "+pooled": the hybrid plan with TorchRec's pooled exchange for its cold parts;
     # "+2d<G>": the planner's plan for 2D groups of G ranks (pipelines/two_d.py)
-    planners: list[str] = field(default_factory=lambda: [
-        "torchrec", "hybrid+pooled", "hybrid", "greedy_size", "round_robin"])  # fmt: skip
+    planners: list[str] = field(
+        default_factory=lambda: [
+            "torchrec",
+            "hybrid+pooled",
+            "hybrid",
+            "greedy_size",
+            "round_robin",
+        ]
+    )
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: list[int] = field(default_factory=lambda: [20, 80])
     repeats: int = 3  # long runs per planner, interleaved; the best samples/s is reported
@@ -105,8 +112,11 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                     short_bytes[planner], _ = train(overrides, short, Path(tmp) / f"{planner}_s")
                 b_long, summary = train(overrides, long, Path(tmp) / f"{planner}_long{rep}")
                 runs[planner].append((b_long, summary))
-                print(f"run {rep + 1}/{cfg.repeats} {planner}: "
-                      f"{summary['samples_per_s']:,.0f} samples/s", flush=True)  # fmt: skip
+                print(
+                    f"run {rep + 1}/{cfg.repeats} {planner}: "
+                    f"{summary['samples_per_s']:,.0f} samples/s",
+                    flush=True,
+                )
     rows = []
     for planner in cfg.planners:
         typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, planner)))
@@ -116,51 +126,71 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
             again = evaluate_two_d if plan.sharding_group_size else evaluate
             plan = again(copy.deepcopy(plan), plan_inputs(typed, None, None, fresh))
         b_long, best = max(runs[planner], key=lambda run: run[1]["samples_per_s"])
-        rows.append({"planner": planner,
-                     "bytes_per_step": (b_long - short_bytes[planner]) / (long - short),
-                     "link_bytes": b_long, "batch_per_rank": best["batch_per_rank"],
-                     "samples_per_s": best["samples_per_s"],
-                     "samples_per_s_runs": [r[1]["samples_per_s"] for r in runs[planner]],
-                     "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
-                     "predicted_step_ms": plan.est_step_ms,
-                     "predicted_with_saved_rates_ms": saved_ms,
-                     "measured_step_ms": measured_ms(best)})  # fmt: skip
+        rows.append(
+            {
+                "planner": planner,
+                "bytes_per_step": (b_long - short_bytes[planner]) / (long - short),
+                "link_bytes": b_long,
+                "batch_per_rank": best["batch_per_rank"],
+                "samples_per_s": best["samples_per_s"],
+                "samples_per_s_runs": [r[1]["samples_per_s"] for r in runs[planner]],
+                "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
+                "predicted_step_ms": plan.est_step_ms,
+                "predicted_with_saved_rates_ms": saved_ms,
+                "measured_step_ms": measured_ms(best),
+            }
+        )
     base = rows[0]
     for r in rows:
         r["bytes_vs_first"] = r["bytes_per_step"] / base["bytes_per_step"]
         r["speedup_vs_first"] = r["samples_per_s"] / base["samples_per_s"]
-    return {"rows": rows,
-            # per planner, the figures every plan benchmark reports (the long run's bytes)
-            **{r["planner"]: {"samples_per_s": r["samples_per_s"],
-                              "predicted_ms": r["predicted_step_ms"],
-                              "measured_ms": r["measured_step_ms"],
-                              "link_bytes": r["link_bytes"]} for r in rows},
-            "calibration_refreshed": None if fresh is None
-            else fresh.measured["refreshed"]["vs_saved"],
-            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
-            "environment": environment()}  # fmt: skip
+    return {
+        "rows": rows,
+        # per planner, the figures every plan benchmark reports (the long run's bytes)
+        **{
+            r["planner"]: {
+                "samples_per_s": r["samples_per_s"],
+                "predicted_ms": r["predicted_step_ms"],
+                "measured_ms": r["measured_step_ms"],
+                "link_bytes": r["link_bytes"],
+            }
+            for r in rows
+        },
+        "calibration_refreshed": None if fresh is None else fresh.measured["refreshed"]["vs_saved"],
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
 
 
 def table(r: dict) -> str:
     env = r["environment"]
     first = r["rows"][0]["planner"]
     c = r["config"]
-    where = (f"on the emulated cluster {c['cluster']['name']}" if c.get("cluster")
-             else f"across a {c['link_rate']} veth link, 2 ranks")  # fmt: skip
-    lines = [f"# Plans trained {where} "
-             f"({env['date']}, torch {env['torch']}, torchrec {env['torchrec']}; "
-             f"{' '.join(r['config']['overrides'])}; samples/s: best of "
-             f"{r['config']['repeats']} interleaved runs)", "",
-             f"| planner | link bytes/step (measured) | vs {first} | samples/s (measured) | "
-             f"speedup vs {first} | every run's samples/s | predicted a2a bytes/step | "
-             f"predicted / measured ms |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    where = (
+        f"on the emulated cluster {c['cluster']['name']}"
+        if c.get("cluster")
+        else f"across a {c['link_rate']} veth link, 2 ranks"
+    )
+    lines = [
+        f"# Plans trained {where} "
+        f"({env['date']}, torch {env['torch']}, torchrec {env['torchrec']}; "
+        f"{' '.join(r['config']['overrides'])}; samples/s: best of "
+        f"{r['config']['repeats']} interleaved runs)",
+        "",
+        f"| planner | link bytes/step (measured) | vs {first} | samples/s (measured) | "
+        f"speedup vs {first} | every run's samples/s | predicted a2a bytes/step | "
+        f"predicted / measured ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for x in r["rows"]:
         predicted_mb = x["predicted_a2a_bytes_per_step"] / 1e6
         each = ", ".join(f"{v:,.0f}" for v in x.get("samples_per_s_runs", []))
-        lines.append(f"| {x['planner']} | {x['bytes_per_step'] / 1e6:.2f} MB | "
-                     f"{x['bytes_vs_first']:.2f}x | {x['samples_per_s']:,.0f} | "
-                     f"{x['speedup_vs_first']:.2f}x | {each} | {predicted_mb:.2f} MB | "
-                     f"{x['predicted_step_ms']:.1f} / {x['measured_step_ms']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {x['planner']} | {x['bytes_per_step'] / 1e6:.2f} MB | "
+            f"{x['bytes_vs_first']:.2f}x | {x['samples_per_s']:,.0f} | "
+            f"{x['speedup_vs_first']:.2f}x | {each} | {predicted_mb:.2f} MB | "
+            f"{x['predicted_step_ms']:.1f} / {x['measured_step_ms']:.1f} |"
+        )
     return "\n".join(lines)
 
 

@@ -48,9 +48,14 @@ class GridConfig:
     enabled: bool = True
     cells: int = 400  # (workload, cluster) cells: the named workloads first, then random
     clusters: list[str] = field(
-        default_factory=lambda: ["1x1_a100_80g", "1x8_t4_16g", "1x8_a100_80g", "2x8_h100",
-                                 "hetero_3node"]
-    )  # fmt: skip
+        default_factory=lambda: [
+            "1x1_a100_80g",
+            "1x8_t4_16g",
+            "1x8_a100_80g",
+            "2x8_h100",
+            "hetero_3node",
+        ]
+    )
     seed: int = 0  # random suites are seeds seed, seed + 1, ...
     workers: int = 2  # processes planning cells side by side
     # TorchRec's own planner timeout per cell (its `timeout_seconds`), at least: it also
@@ -76,14 +81,22 @@ def slow_mixed(inputs: PlanInputs) -> bool:
     """Devices of more than one kind on more than one node, the nodes joined at or below
     `SLOW_LINK_GBIT_S`: where the dense reduction and the exchange cross a slow link."""
     ranks = inputs.ranks
-    return (len({r.kind for r in ranks}) > 1 and len({r.node for r in ranks}) > 1
-            and inputs.network.alltoall.bytes_per_s * 8 / 1e9 <= SLOW_LINK_GBIT_S)  # fmt: skip
+    return (
+        len({r.kind for r in ranks}) > 1
+        and len({r.node for r in ranks}) > 1
+        and inputs.network.alltoall.bytes_per_s * 8 / 1e9 <= SLOW_LINK_GBIT_S
+    )
 
 
 def workload_for(inputs: PlanInputs, w: Workload) -> PlanInputs:
-    return replace(inputs, tables=w.tables, coverage=w.coverage, dense_params=w.dense_params,
-                   interaction_flops_per_sample=w.interaction_flops_per_sample,
-                   activation_bytes_per_sample=w.activation_bytes_per_sample)  # fmt: skip
+    return replace(
+        inputs,
+        tables=w.tables,
+        coverage=w.coverage,
+        dense_params=w.dense_params,
+        interaction_flops_per_sample=w.interaction_flops_per_sample,
+        activation_bytes_per_sample=w.activation_bytes_per_sample,
+    )
 
 
 def _plan_cell(index: tuple[int, str]) -> list[dict]:
@@ -96,10 +109,18 @@ def _plan_cell(index: tuple[int, str]) -> list[dict]:
     hybrid_s = 0.0
 
     def record(planner: str, plan, seconds: float) -> None:
-        rows.append({"suite": w.name, "cluster": index[1], "planner": planner,
-                     "est_step_ms": plan.est_step_ms if plan else None,
-                     "feasible": bool(plan and plan.feasible), "planning_s": seconds,
-                     "tables": len(w.tables), "weights_gb": w.weights_bytes() / 2**30})  # fmt: skip
+        rows.append(
+            {
+                "suite": w.name,
+                "cluster": index[1],
+                "planner": planner,
+                "est_step_ms": plan.est_step_ms if plan else None,
+                "feasible": bool(plan and plan.feasible),
+                "planning_s": seconds,
+                "tables": len(w.tables),
+                "weights_gb": w.weights_bytes() / 2**30,
+            }
+        )
 
     for name in ("hybrid", "greedy_size", "round_robin"):
         start = time.perf_counter()
@@ -148,7 +169,7 @@ def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Wo
         tables=[
             replace(t, lookups_per_sample=profile.table(t.name).lookups_per_sample)
             for t in mlperf.tables
-        ],  # fmt: skip
+        ],
         coverage={t.name: profile.table(t.name).hit_rate for t in mlperf.tables},
         source={"profile": str(path), **profile.source},
     )
@@ -158,7 +179,7 @@ def named_workloads(cfg: GridConfig, mlperf: Workload, out_dir: Path) -> list[Wo
         tables=[
             replace(t, lookups_per_sample=float(h))
             for t, h in zip(mlperf.tables, MLPERF_HOTNESS, strict=True)
-        ],  # fmt: skip
+        ],
         source={**mlperf.source, "hotness": "mlperf"},
     )
     return [mlperf, measured, multi_hot]
@@ -172,27 +193,50 @@ def _measure_profile(path: Path, batches: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as run_dir:  # the profile run's own logs
         subprocess.run(
-            [sys.executable, "-m", "sharding.profile", "model=dcnv2_mlperf",
-             f"batches={batches}", f"output={path.parent}", f"hydra.run.dir={run_dir}"],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sharding.profile",
+                "model=dcnv2_mlperf",
+                f"batches={batches}",
+                f"output={path.parent}",
+                f"hydra.run.dir={run_dir}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     (path.parent / "profile.json").rename(path)
 
 
-def grid_fingerprint(cfg: GridConfig, clusters: dict[str, PlanInputs],
-                     workloads: list[Workload]) -> dict:  # fmt: skip
+def grid_fingerprint(
+    cfg: GridConfig, clusters: dict[str, PlanInputs], workloads: list[Workload]
+) -> dict:
     """What a grid's cells depend on: a cells file made under another is refused."""
-    return {"cells": cfg.cells, "clusters": {c: _digest(i) for c, i in clusters.items()},
-            "seed": cfg.seed, "workloads": [w.name for w in workloads], "spec": repr(cfg.spec),
-            "torchrec_timeout_s": cfg.torchrec_timeout_s,
-            **({"only_slow_mixed": True} if cfg.only_slow_mixed else {})}  # fmt: skip
+    return {
+        "cells": cfg.cells,
+        "clusters": {c: _digest(i) for c, i in clusters.items()},
+        "seed": cfg.seed,
+        "workloads": [w.name for w in workloads],
+        "spec": repr(cfg.spec),
+        "torchrec_timeout_s": cfg.torchrec_timeout_s,
+        **({"only_slow_mixed": True} if cfg.only_slow_mixed else {}),
+    }
 
 
 def _digest(inputs: PlanInputs) -> str:
     """What a cluster's cells depend on besides the workload: its ranks, links, batch,
     precision and schedule (a preset or layout changed under the same name is another grid)."""
-    what = (inputs.ranks, inputs.network, inputs.devices, inputs.global_batch, inputs.precision,
-            inputs.schedule, inputs.micro_batches, inputs.reserve)  # fmt: skip
+    what = (
+        inputs.ranks,
+        inputs.network,
+        inputs.devices,
+        inputs.global_batch,
+        inputs.precision,
+        inputs.schedule,
+        inputs.micro_batches,
+        inputs.reserve,
+    )
     return hashlib.sha1(repr(what).encode()).hexdigest()[:16]
 
 
@@ -225,8 +269,9 @@ def grid_workloads(cfg: GridConfig, named: list[Workload], clusters: int) -> lis
     for `cfg.cells` cells over `clusters` clusters."""
     per_cluster = math.ceil(cfg.cells / clusters)
     workloads = list(named[:per_cluster])
-    return workloads + [random_suite(cfg.seed + i, cfg.spec)
-                        for i in range(per_cluster - len(workloads))]  # fmt: skip
+    return workloads + [
+        random_suite(cfg.seed + i, cfg.spec) for i in range(per_cluster - len(workloads))
+    ]
 
 
 def run_grid(
@@ -260,20 +305,31 @@ def run_grid(
             h = next(r for r in cell if r["planner"] == "hybrid")
             t = next(r for r in cell if r["planner"] == "torchrec")
             ratio = _ratio(t, h)
-            print(f"[{done}/{len(todo)}] {h['cluster']:14} {h['suite']:22} tables {h['tables']:4} "
-                  f"hybrid {_ms(h)} torchrec {_ms(t)} "
-                  f"({f'{ratio:.2f}x' if ratio else '-'}) {time.perf_counter() - start:.0f} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{done}/{len(todo)}] {h['cluster']:14} {h['suite']:22} tables {h['tables']:4} "
+                f"hybrid {_ms(h)} torchrec {_ms(t)} "
+                f"({f'{ratio:.2f}x' if ratio else '-'}) {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
     elapsed = time.perf_counter() - start
     order = {(w.name, c): k for k, (w, c) in enumerate((workloads[i], c) for i, c in jobs)}
     rows.sort(key=lambda r: (order[(r["suite"], r["cluster"])], GRID_PLANNERS.index(r["planner"])))
     return summarize(rows, slow) | {
-        "workloads": [{"name": w.name, "tables": len(w.tables),
-                       "weights_gb": w.weights_bytes() / 2**30, **w.source} for w in workloads],
+        "workloads": [
+            {
+                "name": w.name,
+                "tables": len(w.tables),
+                "weights_gb": w.weights_bytes() / 2**30,
+                **w.source,
+            }
+            for w in workloads
+        ],
         # this run's wall time and the cells an earlier, stopped run had planned; a whole
         # grid's wall time is about `cell_seconds` / `workers`
-        "elapsed_s": elapsed, "cells_resumed": len(jobs) - len(todo), "workers": cfg.workers,
-    }  # fmt: skip
+        "elapsed_s": elapsed,
+        "cells_resumed": len(jobs) - len(todo),
+        "workers": cfg.workers,
+    }
 
 
 def _ms(row: dict) -> str:
@@ -309,16 +365,28 @@ def summarize(rows: list[dict], slow: Sequence[str] = ()) -> dict:
         if others:
             p = min(others, key=others.get)
             hybrid_ms = h["est_step_ms"] if h["feasible"] else None
-            entry = {"suite": suite, "cluster": cluster, "planner": p, "planner_ms": others[p],
-                     "hybrid_ms": hybrid_ms}  # fmt: skip
+            entry = {
+                "suite": suite,
+                "cluster": cluster,
+                "planner": p,
+                "planner_ms": others[p],
+                "hybrid_ms": hybrid_ms,
+            }
             if not h["feasible"] or others[p] < h["est_step_ms"] * (1 - TIE):
                 losses.append(entry)
             elif others[p] < h["est_step_ms"]:  # faster, but within TIE
                 ties.append(entry)
-        c = clusters.setdefault(cluster, {"cells": 0, "speedups": [], "gaps": [],
-                                          "hybrid_feasible": 0,
-                                          "torchrec_feasible": 0,
-                                          "only_hybrid_fits": 0})  # fmt: skip
+        c = clusters.setdefault(
+            cluster,
+            {
+                "cells": 0,
+                "speedups": [],
+                "gaps": [],
+                "hybrid_feasible": 0,
+                "torchrec_feasible": 0,
+                "only_hybrid_fits": 0,
+            },
+        )
         c["cells"] += 1
         if h["feasible"] and "gap_to_bound" in h:  # as the grid's median below
             c["gaps"].append(h["gap_to_bound"])
@@ -329,9 +397,13 @@ def summarize(rows: list[dict], slow: Sequence[str] = ()) -> dict:
         if ratio is not None:
             c["speedups"].append(ratio)
             if worst is None or ratio < worst["speedup_vs_torchrec"]:
-                worst = {"suite": suite, "cluster": cluster, "speedup_vs_torchrec": ratio,
-                         "hybrid_ms": h["est_step_ms"],
-                         "torchrec_ms": by["torchrec"]["est_step_ms"]}  # fmt: skip
+                worst = {
+                    "suite": suite,
+                    "cluster": cluster,
+                    "speedup_vs_torchrec": ratio,
+                    "hybrid_ms": h["est_step_ms"],
+                    "torchrec_ms": by["torchrec"]["est_step_ms"],
+                }
     for c in clusters.values():
         g = c.pop("gaps")
         c["median_gap_to_bound"] = float(np.median(g)) if g else None
@@ -339,30 +411,62 @@ def summarize(rows: list[dict], slow: Sequence[str] = ()) -> dict:
         c["median_speedup_vs_torchrec"] = float(np.median(s)) if s else None
         c["min_speedup_vs_torchrec"] = float(np.min(s)) if s else None
     # hybrid's feasible plans only (a plan that does not fit has a step and a bound too)
-    gaps = [r["gap_to_bound"] for r in rows
-            if r["planner"] == "hybrid" and r["feasible"] and "gap_to_bound" in r]  # fmt: skip
+    gaps = [
+        r["gap_to_bound"]
+        for r in rows
+        if r["planner"] == "hybrid" and r["feasible"] and "gap_to_bound" in r
+    ]
     cut = [r for r in rows if r["planner"] == "torchrec" and r.get("search_cut")]
     # every cell's planning, whichever run planned it (torchrec_own shares torchrec's search)
     seconds = sum(r["planning_s"] for r in rows if r["planner"] != "torchrec_own")
-    on_slow = [{"suite": r["suite"], "cluster": r["cluster"], "gap_to_bound": r["gap_to_bound"]}
-               for r in rows if r["planner"] == "hybrid" and r["cluster"] in slow
-               and r["feasible"] and "gap_to_bound" in r]  # fmt: skip
+    on_slow = [
+        {"suite": r["suite"], "cluster": r["cluster"], "gap_to_bound": r["gap_to_bound"]}
+        for r in rows
+        if r["planner"] == "hybrid"
+        and r["cluster"] in slow
+        and r["feasible"]
+        and "gap_to_bound" in r
+    ]
     sg = [c["gap_to_bound"] for c in on_slow]
-    slow_summary = {"clusters": list(slow), "link_gbit_s_at_most": SLOW_LINK_GBIT_S,
-                    "cells": on_slow, "median_gap_to_bound": float(np.median(sg)) if sg else None,
-                    "max_gap_to_bound": float(np.max(sg)) if sg else None}  # fmt: skip
-    return {"cells": rows, "wins": wins, "hybrid_losses": losses, "hybrid_ties": ties,
-            "slow_mixed": slow_summary,
-            "worst_vs_torchrec": worst, "clusters": clusters, "cell_count": len(cells),
-            "median_gap_to_bound": float(np.median(gaps)) if gaps else None,
-            "max_gap_to_bound": float(np.max(gaps)) if gaps else None,
-            "torchrec_searches_cut": len(cut), "cell_seconds": seconds}  # fmt: skip
+    slow_summary = {
+        "clusters": list(slow),
+        "link_gbit_s_at_most": SLOW_LINK_GBIT_S,
+        "cells": on_slow,
+        "median_gap_to_bound": float(np.median(sg)) if sg else None,
+        "max_gap_to_bound": float(np.max(sg)) if sg else None,
+    }
+    return {
+        "cells": rows,
+        "wins": wins,
+        "hybrid_losses": losses,
+        "hybrid_ties": ties,
+        "slow_mixed": slow_summary,
+        "worst_vs_torchrec": worst,
+        "clusters": clusters,
+        "cell_count": len(cells),
+        "median_gap_to_bound": float(np.median(gaps)) if gaps else None,
+        "max_gap_to_bound": float(np.max(gaps)) if gaps else None,
+        "torchrec_searches_cut": len(cut),
+        "cell_seconds": seconds,
+    }
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    keys = ["suite", "cluster", "planner", "est_step_ms", "feasible", "lower_bound_ms",
-            "gap_to_bound", "planning_s", "search_s", "search_limit_s", "search_cut", "tables",
-            "weights_gb"]  # fmt: skip
+    keys = [
+        "suite",
+        "cluster",
+        "planner",
+        "est_step_ms",
+        "feasible",
+        "lower_bound_ms",
+        "gap_to_bound",
+        "planning_s",
+        "search_s",
+        "search_limit_s",
+        "search_cut",
+        "tables",
+        "weights_gb",
+    ]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
@@ -397,8 +501,14 @@ def plot(grid: dict, path: Path) -> None:
         ax.scatter(xs, ys, s=14, alpha=0.7, label="both fit")
         top = max(ys, default=2.0) * 1.15
         if only:
-            ax.scatter(only, [top] * len(only), marker="^", color="tab:green", s=18,
-                       label="TorchRec finds no plan")  # fmt: skip
+            ax.scatter(
+                only,
+                [top] * len(only),
+                marker="^",
+                color="tab:green",
+                s=18,
+                label="TorchRec finds no plan",
+            )
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -411,49 +521,68 @@ def plot(grid: dict, path: Path) -> None:
     first = np.atleast_1d(axes)[0]
     first.set_ylabel("TorchRec step / hybrid step (predicted)")
     first.legend(fontsize=7, loc="lower left")
-    fig.suptitle("Hybrid vs TorchRec's best plan per grid cell (above 1: hybrid faster)",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        "Hybrid vs TorchRec's best plan per grid cell (above 1: hybrid faster)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def table(grid: dict) -> list[str]:
-    lines = ["", f"## Grid: {grid['cell_count']} cells (workload x cluster), every planner",
-             "", "| cluster | cells | hybrid fits | TorchRec fits | only hybrid fits | "
-             "median speedup vs TorchRec | min |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        f"## Grid: {grid['cell_count']} cells (workload x cluster), every planner",
+        "",
+        "| cluster | cells | hybrid fits | TorchRec fits | only hybrid fits | "
+        "median speedup vs TorchRec | min |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, c in grid["clusters"].items():
         med, low = (
             f"{x:.2f}x" if x else "-"
             for x in (c["median_speedup_vs_torchrec"], c["min_speedup_vs_torchrec"])
         )
-        lines.append(f"| {name} | {c['cells']} | {c['hybrid_feasible']} | "
-                     f"{c['torchrec_feasible']} | {c['only_hybrid_fits']} | {med} | "
-                     f"{low} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {c['cells']} | {c['hybrid_feasible']} | "
+            f"{c['torchrec_feasible']} | {c['only_hybrid_fits']} | {med} | "
+            f"{low} |"
+        )
     wins = ", ".join(f"{p} {n}" for p, n in grid["wins"].items())
     worst = grid["worst_vs_torchrec"]
     losses = len(grid["hybrid_losses"])
     ties = len(grid.get("hybrid_ties", []))
-    lines += ["", f"Wins (fastest feasible plan of a cell; within {TIE:.1%} a tie, to each): "
-              f"{wins}.", f"Cells where another planner beats hybrid by more than {TIE:.1%}: "
-              f"{losses}; ties (another planner faster by less): {ties}."]  # fmt: skip
+    lines += [
+        "",
+        f"Wins (fastest feasible plan of a cell; within {TIE:.1%} a tie, to each): {wins}.",
+        f"Cells where another planner beats hybrid by more than {TIE:.1%}: "
+        f"{losses}; ties (another planner faster by less): {ties}.",
+    ]
     if grid.get("median_gap_to_bound"):
-        lines.append(f"Hybrid's gap to the lower bound: median {grid['median_gap_to_bound']:.3f}x, "
-                     f"largest {grid['max_gap_to_bound']:.3f}x. TorchRec searches stopped at "
-                     f"their time limit: {grid['torchrec_searches_cut']}.")  # fmt: skip
+        lines.append(
+            f"Hybrid's gap to the lower bound: median {grid['median_gap_to_bound']:.3f}x, "
+            f"largest {grid['max_gap_to_bound']:.3f}x. TorchRec searches stopped at "
+            f"their time limit: {grid['torchrec_searches_cut']}."
+        )
     sm = grid.get("slow_mixed") or {}
     if sm.get("median_gap_to_bound"):
-        lines.append(f"On mixed clusters of several nodes joined at or below "
-                     f"{sm['link_gbit_s_at_most']:g} Gbit/s ({', '.join(sm['clusters'])}; "
-                     f"{len(sm['cells'])} cells hybrid fits) hybrid's gap to the lower bound: "
-                     f"median {sm['median_gap_to_bound']:.3f}x, largest "
-                     f"{sm['max_gap_to_bound']:.3f}x.")  # fmt: skip
+        lines.append(
+            f"On mixed clusters of several nodes joined at or below "
+            f"{sm['link_gbit_s_at_most']:g} Gbit/s ({', '.join(sm['clusters'])}; "
+            f"{len(sm['cells'])} cells hybrid fits) hybrid's gap to the lower bound: "
+            f"median {sm['median_gap_to_bound']:.3f}x, largest "
+            f"{sm['max_gap_to_bound']:.3f}x."
+        )
     if worst:
-        lines.append(f"Worst cell against TorchRec: {worst['suite']} on {worst['cluster']}, "
-                     f"{worst['speedup_vs_torchrec']:.2f}x ({worst['hybrid_ms']:.2f} ms vs "
-                     f"{worst['torchrec_ms']:.2f} ms).")  # fmt: skip
+        lines.append(
+            f"Worst cell against TorchRec: {worst['suite']} on {worst['cluster']}, "
+            f"{worst['speedup_vs_torchrec']:.2f}x ({worst['hybrid_ms']:.2f} ms vs "
+            f"{worst['torchrec_ms']:.2f} ms)."
+        )
     for loss in grid["hybrid_losses"][:20]:
         hybrid = "no plan" if loss["hybrid_ms"] is None else f"{loss['hybrid_ms']:.2f} ms"
-        lines.append(f"- {loss['suite']} on {loss['cluster']}: {loss['planner']} "
-                     f"{loss['planner_ms']:.2f} ms vs hybrid {hybrid}")  # fmt: skip
+        lines.append(
+            f"- {loss['suite']} on {loss['cluster']}: {loss['planner']} "
+            f"{loss['planner_ms']:.2f} ms vs hybrid {hybrid}"
+        )
     return lines

@@ -100,12 +100,19 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
         seconds = time.perf_counter() - begin
         plan = evaluate(plan, inputs)
         batch = plan.batch_per_rank
-        planners[name] = {"est_step_ms": plan.est_step_ms, "lower_bound_ms": plan.lower_bound_ms,
-                          "planning_s": seconds, "a2a_bytes_per_step": plan.a2a_bytes_per_step,
-                          "feasible": plan.feasible,
-                          "batch_range": [min(batch), max(batch)]}  # fmt: skip
-        print(f"{cluster:14} {name:14} {plan.est_step_ms:9.2f} ms (bound {plan.lower_bound_ms:.2f})"
-              f"  {seconds:.2f} s", flush=True)  # fmt: skip
+        planners[name] = {
+            "est_step_ms": plan.est_step_ms,
+            "lower_bound_ms": plan.lower_bound_ms,
+            "planning_s": seconds,
+            "a2a_bytes_per_step": plan.a2a_bytes_per_step,
+            "feasible": plan.feasible,
+            "batch_range": [min(batch), max(batch)],
+        }
+        print(
+            f"{cluster:14} {name:14} {plan.est_step_ms:9.2f} ms (bound {plan.lower_bound_ms:.2f})"
+            f"  {seconds:.2f} s",
+            flush=True,
+        )
 
     begin = time.perf_counter()
     tr = cli.torchrec_plans(typed, inputs)
@@ -125,9 +132,10 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
         "+hot_rows": hybrid(inputs, HybridOptions(True, True, False)),
         "+row_parts": hybrid(inputs, HybridOptions(True, True, True)),
     }
-    decomposition = [{"step": key, "what": what,
-                      "ms": evaluate(steps[key], inputs, bound=False).est_step_ms}
-                     for key, what in STEPS]  # fmt: skip
+    decomposition = [
+        {"step": key, "what": what, "ms": evaluate(steps[key], inputs, bound=False).est_step_ms}
+        for key, what in STEPS
+    ]
     return {
         "torchrec_ms": planners["torchrec"]["est_step_ms"],
         "torchrec_own_best_ms": planners["torchrec_own"]["est_step_ms"],
@@ -145,9 +153,15 @@ def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
     import recsys.app.planning as cli
 
     inputs = cli.plan_inputs(_compose(_base(cfg, "1x8_a100_80g")), None, None)
-    return Workload("mlperf_dcnv2", inputs.tables, inputs.coverage, inputs.dense_params,
-                    inputs.interaction_flops_per_sample, inputs.activation_bytes_per_sample,
-                    {"model": cfg.model, "profile": "power law, exponent 1.1"})  # fmt: skip
+    return Workload(
+        "mlperf_dcnv2",
+        inputs.tables,
+        inputs.coverage,
+        inputs.dense_params,
+        inputs.interaction_flops_per_sample,
+        inputs.activation_bytes_per_sample,
+        {"model": cfg.model, "profile": "power law, exponent 1.1"},
+    )
 
 
 def grid(cfg: PlannerBenchConfig, out_dir: Path) -> dict:
@@ -188,21 +202,24 @@ def at_scale(cfg: PlannerBenchConfig) -> dict:
         name=f"{cfg.scale_devices}_mixed",
         nodes=[
             NodeGroup(count=nodes // 2, host_memory_gib=2048, devices=[DeviceGroup("h100_80g", 8)]),
-            NodeGroup(count=nodes - nodes // 2, host_memory_gib=1024,
-                      devices=[DeviceGroup("a100_40g", 4), DeviceGroup("v100_32g", 4)]),
+            NodeGroup(
+                count=nodes - nodes // 2,
+                host_memory_gib=1024,
+                devices=[DeviceGroup("a100_40g", 4), DeviceGroup("v100_32g", 4)],
+            ),
         ],
         network=NetworkSpec(intra_node_gbit_s=100.0, inter_node_gbit_s=25.0),
-    )  # fmt: skip
+    )
     base = _compose(_base(cfg))
     base.cluster = spec
     inputs = cli.plan_inputs(base, None, None)
     rng = np.random.default_rng(0)
-    sizes = rng.choice([10, 1_000, 100_000, 1_000_000, 10_000_000], cfg.scale_tables,
-                       p=[0.2, 0.3, 0.3, 0.15, 0.05])  # fmt: skip
+    sizes = rng.choice(
+        [10, 1_000, 100_000, 1_000_000, 10_000_000], cfg.scale_tables, p=[0.2, 0.3, 0.3, 0.15, 0.05]
+    )
     inputs.tables = [TableStats(f"t{i}", int(r), 128) for i, r in enumerate(sizes)]
     inputs.coverage = {t.name: PowerLawCoverage(t.rows, 1.1) for t in inputs.tables}
-    return {"tables": cfg.scale_tables, **_timed_hybrid(inputs),
-            "goals": planning_time_goals(cfg)}  # fmt: skip
+    return {"tables": cfg.scale_tables, **_timed_hybrid(inputs), "goals": planning_time_goals(cfg)}
 
 
 def _timed_hybrid(inputs) -> dict:
@@ -214,8 +231,13 @@ def _timed_hybrid(inputs) -> dict:
     plan = hybrid(inputs)
     planning_s = time.perf_counter() - begin
     evaluate(plan, inputs)
-    return {"devices": inputs.world, "planning_s": planning_s, "feasible": plan.feasible,
-            "est_step_ms": plan.est_step_ms, "lower_bound_ms": plan.lower_bound_ms}  # fmt: skip
+    return {
+        "devices": inputs.world,
+        "planning_s": planning_s,
+        "feasible": plan.feasible,
+        "est_step_ms": plan.est_step_ms,
+        "lower_bound_ms": plan.lower_bound_ms,
+    }
 
 
 def planning_time_goals(cfg: PlannerBenchConfig) -> dict:
@@ -232,36 +254,53 @@ def planning_time_goals(cfg: PlannerBenchConfig) -> dict:
     h100 = cli.plan_inputs(_compose(_base(cfg, "2x8_h100")), None, None)
     many = random_suite(0, SuiteSpec(tables=(cfg.scale_tables, cfg.scale_tables)))
     base = _compose(_base(cfg, "2x8_h100"))
-    base.cluster = replace(base.cluster, name="64x8_h100",
-                           nodes=[replace(n, count=64) for n in base.cluster.nodes])  # fmt: skip
+    base.cluster = replace(
+        base.cluster, name="64x8_h100", nodes=[replace(n, count=64) for n in base.cluster.nodes]
+    )
     mlperf = cli.plan_inputs(base, None, None)
-    mlperf.tables = [replace(t, lookups_per_sample=float(h))
-                     for t, h in zip(mlperf.tables, MLPERF_HOTNESS, strict=True)]  # fmt: skip
-    return {f"{cfg.scale_tables}_tables_16_ranks": {"tables": len(many.tables),
-                                                      **_timed_hybrid(workload_for(h100, many))},
-            "mlperf_multihot_512_h100": {"tables": len(mlperf.tables),
-                                         **_timed_hybrid(mlperf)}}  # fmt: skip
+    mlperf.tables = [
+        replace(t, lookups_per_sample=float(h))
+        for t, h in zip(mlperf.tables, MLPERF_HOTNESS, strict=True)
+    ]
+    return {
+        f"{cfg.scale_tables}_tables_16_ranks": {
+            "tables": len(many.tables),
+            **_timed_hybrid(workload_for(h100, many)),
+        },
+        "mlperf_multihot_512_h100": {"tables": len(mlperf.tables), **_timed_hybrid(mlperf)},
+    }
 
 
 def table(r: dict) -> str:
     env = r["environment"]
-    lines = [f"# Planners side by side ({env['date']}, torch {env['torch']}, torchrec "
-             f"{env['torchrec']}; predictions of the cost model, model {r['config']['model']}, "
-             f"batch {r['config']['batch_size']} per rank)", "",
-             "`torchrec`: the fastest under our cost model of every plan TorchRec's planner rated "
-             "(fair topology); `torchrec_own`: the plan it picks by its own estimate.", "",
-             "| cluster | planner | predicted ms/step | speedup vs torchrec | / lower bound | "
-             "a2a MB/step | planning s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Planners side by side ({env['date']}, torch {env['torch']}, torchrec "
+        f"{env['torchrec']}; predictions of the cost model, model {r['config']['model']}, "
+        f"batch {r['config']['batch_size']} per rank)",
+        "",
+        "`torchrec`: the fastest under our cost model of every plan TorchRec's planner rated "
+        "(fair topology); `torchrec_own`: the plan it picks by its own estimate.",
+        "",
+        "| cluster | planner | predicted ms/step | speedup vs torchrec | / lower bound | "
+        "a2a MB/step | planning s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cluster, p in r["presets"].items():
         for name, x in p["planners"].items():
-            lines.append(f"| {cluster} | {name} | {x['est_step_ms']:.2f} | "
-                         f"{p['torchrec_ms'] / x['est_step_ms']:.2f}x | "
-                         f"{x['est_step_ms'] / p['lower_bound_ms']:.2f}x | "
-                         f"{x['a2a_bytes_per_step'] / 1e6:.1f} | "
-                         f"{x['planning_s']:.2f} |")  # fmt: skip
-    lines += ["", "## Where hybrid's gain comes from (predicted ms/step)", "",
-              "| step | " + " | ".join(r["presets"]) + " |",
-              "|---|" + "---|" * len(r["presets"])]  # fmt: skip
+            lines.append(
+                f"| {cluster} | {name} | {x['est_step_ms']:.2f} | "
+                f"{p['torchrec_ms'] / x['est_step_ms']:.2f}x | "
+                f"{x['est_step_ms'] / p['lower_bound_ms']:.2f}x | "
+                f"{x['a2a_bytes_per_step'] / 1e6:.1f} | "
+                f"{x['planning_s']:.2f} |"
+            )
+    lines += [
+        "",
+        "## Where hybrid's gain comes from (predicted ms/step)",
+        "",
+        "| step | " + " | ".join(r["presets"]) + " |",
+        "|---|" + "---|" * len(r["presets"]),
+    ]
     for i, (_, what) in enumerate(STEPS):
         cells = [f"{p['decomposition'][i]['ms']:.2f}" for p in r["presets"].values()]
         lines.append(f"| {what} | " + " | ".join(cells) + " |")
@@ -270,12 +309,17 @@ def table(r: dict) -> str:
     s = r.get("scale")
     if s:
         gap = s["est_step_ms"] / s["lower_bound_ms"]
-        lines += ["", f"Hybrid at scale: {s['tables']:,} tables on {s['devices']:,} devices "
-                  f"planned in {s['planning_s']:.1f} s, {gap:.2f}x the lower bound."]  # fmt: skip
+        lines += [
+            "",
+            f"Hybrid at scale: {s['tables']:,} tables on {s['devices']:,} devices "
+            f"planned in {s['planning_s']:.1f} s, {gap:.2f}x the lower bound.",
+        ]
         for name, g in s.get("goals", {}).items():
-            lines.append(f"{name}: {g['tables']:,} tables on {g['devices']:,} ranks planned in "
-                         f"{g['planning_s']:.1f} s, {g['est_step_ms'] / g['lower_bound_ms']:.2f}x "
-                         f"the lower bound.")  # fmt: skip
+            lines.append(
+                f"{name}: {g['tables']:,} tables on {g['devices']:,} ranks planned in "
+                f"{g['planning_s']:.1f} s, {g['est_step_ms'] / g['lower_bound_ms']:.2f}x "
+                f"the lower bound."
+            )
     return "\n".join(lines)
 
 
@@ -287,8 +331,11 @@ ConfigStore.instance().store(name="base_bench_planners", node=PlannerBenchConfig
 def main(cfg: DictConfig) -> None:
     typed: PlannerBenchConfig = start(cfg)
     dirs = output_dirs(typed)
-    result = {"config": OmegaConf.to_container(cfg), "environment": environment(),
-              "presets": {c: preset(typed, c) for c in typed.clusters}}  # fmt: skip
+    result = {
+        "config": OmegaConf.to_container(cfg),
+        "environment": environment(),
+        "presets": {c: preset(typed, c) for c in typed.clusters},
+    }
     if typed.grid.enabled:
         result["grid"] = grid(typed, dirs[-1])
         for d in dirs:

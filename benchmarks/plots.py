@@ -42,8 +42,10 @@ def pipelines(result: dict, path: Path) -> None:
     exposed = [r["exposed_comm_ms"] or 0.0 for r in rows]  # 0: no fast-link runs
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 0.35 * len(rows) + 1.8), sharey=True)
     y = list(range(len(rows)))[::-1]
-    panels = ((a, speed, "tab:green", f"samples/s over {versus}"),
-              (b, exposed, "tab:orange", "exposed communication, ms/step"))  # fmt: skip
+    panels = (
+        (a, speed, "tab:green", f"samples/s over {versus}"),
+        (b, exposed, "tab:orange", "exposed communication, ms/step"),
+    )
     for ax, values, color, label in panels:
         bars = ax.barh(y, values, color=color)
         for bar, ok in zip(bars, exact, strict=True):
@@ -51,8 +53,14 @@ def pipelines(result: dict, path: Path) -> None:
                 bar.set_hatch("//")
                 bar.set_alpha(0.6)
         for v, yy in zip(values, y, strict=True):
-            ax.annotate(f"{v:.2f}", (v, yy), xytext=(3, 0), textcoords="offset points",
-                        va="center", fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"{v:.2f}",
+                (v, yy),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
     a.axvline(1.0, color="k", lw=0.8)
@@ -62,28 +70,43 @@ def pipelines(result: dict, path: Path) -> None:
     cluster = (result.get("config") or {}).get("cluster") or {}
     if cluster.get("name"):
         where = f"the emulated cluster {cluster['name']} ({where.removeprefix('a ')} between nodes)"
-    fig.suptitle(f"Train pipelines on {where} ({_where(result)}); hatched: not bit for bit "
-                 "the plain loop", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"Train pipelines on {where} ({_where(result)}); hatched: not bit for bit the plain loop",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _predicted_and_measured(
-    path: Path, labels: list[str], predicted: list[float], measured: list[float],
-    measured_label: str, title: str, above: list[str] | None = None, label_size: int = 10,
-) -> None:  # fmt: skip
+    path: Path,
+    labels: list[str],
+    predicted: list[float],
+    measured: list[float],
+    measured_label: str,
+    title: str,
+    above: list[str] | None = None,
+    label_size: int = 10,
+) -> None:
     """One pair of bars per label, the cost model's step beside the trained one (`above`:
     a note over each measured bar)."""
     plt = _plt()
     x = range(len(labels))
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
-    ax.bar([i - 0.2 for i in x], predicted, 0.4, label="predicted by the cost model",
-           color="tab:gray")  # fmt: skip
+    ax.bar(
+        [i - 0.2 for i in x], predicted, 0.4, label="predicted by the cost model", color="tab:gray"
+    )
     ax.bar([i + 0.2 for i in x], measured, 0.4, label=measured_label, color="tab:blue")
     for i, note in enumerate(above or []):
-        ax.annotate(note, (i + 0.2, measured[i]), xytext=(0, 2), textcoords="offset points",
-                    ha="center", fontsize=7)  # fmt: skip
+        ax.annotate(
+            note,
+            (i + 0.2, measured[i]),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            fontsize=7,
+        )
     ax.set_xticks(list(x), labels, fontsize=label_size)
     ax.set_ylabel("ms per step")
     ax.legend(fontsize=8)
@@ -98,10 +121,15 @@ def plan_train(result: dict, path: Path) -> None:
     rows = result["rows"]
     names = [r["planner"] for r in rows]
     _predicted_and_measured(
-        path, names, [r["predicted_step_ms"] for r in rows],
-        [r["measured_step_ms"] for r in rows], "measured, trained",
+        path,
+        names,
+        [r["predicted_step_ms"] for r in rows],
+        [r["measured_step_ms"] for r in rows],
+        "measured, trained",
         f"Each planner's plan trained: step time, and speed over {names[0]} (above the bars)"
-        f"\n{_where(result)}", above=[f"{r['speedup_vs_first']:.2f}x" for r in rows])  # fmt: skip
+        f"\n{_where(result)}",
+        above=[f"{r['speedup_vs_first']:.2f}x" for r in rows],
+    )
 
 
 def _runs(batch: list[int]) -> str:
@@ -115,12 +143,16 @@ def batch_split(result: dict, path: Path) -> None:
     measured step time: does the split the cost model prices fastest train fastest?"""
     rows = result["rows"]
     _predicted_and_measured(
-        path, [f"{r['split']}\n{_runs(r['batch_per_rank'])}" for r in rows],
-        [r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows],
+        path,
+        [f"{r['split']}\n{_runs(r['batch_per_rank'])}" for r in rows],
+        [r["predicted_ms"] for r in rows],
+        [r["measured_ms"] for r in rows],
         "measured, trained (median)",
         f"Hybrid's plan at several batch splits on {result['config']['cluster']['name']}\n"
         f"fastest measured {result['best_measured']}, fastest predicted "
-        f"{result['best_predicted']}; {_where(result)}", label_size=7)  # fmt: skip
+        f"{result['best_predicted']}; {_where(result)}",
+        label_size=7,
+    )
 
 
 def planner_gains(result: dict, path: Path) -> None:
@@ -135,17 +167,21 @@ def planner_gains(result: dict, path: Path) -> None:
         ax.set_visible(False)
     for ax, (name, p) in zip(axes.flat, presets.items(), strict=False):
         steps = p["decomposition"]
-        ax.bar(range(len(steps)), [s["ms"] for s in steps],
-               color=["tab:gray" if s["step"].startswith("torchrec") else "tab:blue"
-                      for s in steps])  # fmt: skip
+        ax.bar(
+            range(len(steps)),
+            [s["ms"] for s in steps],
+            color=["tab:gray" if s["step"].startswith("torchrec") else "tab:blue" for s in steps],
+        )
         ax.axhline(p["lower_bound_ms"], color="k", ls="--", lw=1, label="lower bound")
-        ax.set_xticks(range(len(steps)), [s["step"] for s in steps], rotation=35, ha="right",
-                      fontsize=7)  # fmt: skip
+        ax.set_xticks(
+            range(len(steps)), [s["step"] for s in steps], rotation=35, ha="right", fontsize=7
+        )
         ax.set_ylabel("predicted ms per step")
         ax.set_title(f"{name}: TorchRec (grey) to hybrid (blue)", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Where hybrid's gain comes from, ideas added in turn ({_where(result)})",
-                 fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"Where hybrid's gain comes from, ideas added in turn ({_where(result)})", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -158,10 +194,12 @@ def redraw(directory: Path) -> list[Path]:
         return []
     result = json.loads(summary.read_text())
     drawn = []
-    for key, draw, name in (("speedup_vs_sparse_dist", pipelines, "pipelines.png"),
-                            ("best_predicted", batch_split, "batch_split.png"),
-                            ("rows", plan_train, "plan_train.png"),
-                            ("presets", planner_gains, "planner_gains.png")):  # fmt: skip
+    for key, draw, name in (
+        ("speedup_vs_sparse_dist", pipelines, "pipelines.png"),
+        ("best_predicted", batch_split, "batch_split.png"),
+        ("rows", plan_train, "plan_train.png"),
+        ("presets", planner_gains, "planner_gains.png"),
+    ):
         if key in result and (key != "rows" or "planner" in (result["rows"] or [{}])[0]):
             draw(result, directory / name)
             drawn.append(directory / name)

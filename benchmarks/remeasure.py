@@ -27,8 +27,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # one run of each pipeline on each link
 _SHAPED = ["burst_sensitivity=[]", "multi_hot=null", "row_wise=null", "repeats=1"]
 # the training benchmarks' overrides (quoted: each holds an `=`)
-_SGD = ",".join(f"'{o}'" for o in ["trainer.batch_size=2048", "planner=round_robin",
-                                    "trainer.dense_optimizer=sgd", "trainer.lr=0.1"])  # fmt: skip
+_SGD = ",".join(
+    f"'{o}'"
+    for o in [
+        "trainer.batch_size=2048",
+        "planner=round_robin",
+        "trainer.dense_optimizer=sgd",
+        "trainer.lr=0.1",
+    ]
+)
 
 # (result set, its JSON file, the command's arguments after `python -m`); save=true
 # publishes into benchmarks/results/<set> (results_dir= where the name is not the default)
@@ -36,74 +43,158 @@ PUBLISHED = [
     ("calibrate", "summary.json", ["benchmarks.calibrate"]),
     ("pipeline", "summary.json", ["benchmarks.pipeline"]),
     ("plan_train", "summary.json", ["benchmarks.plan_train"]),
-    ("pipeline_200mbit", "summary.json",
-     ["benchmarks.pipeline", "link_rate=200mbit", *_SHAPED,
-      "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]"]),
-    ("plan_train_emu_mixed4", "summary.json",
-     ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"]),
-    ("plan_train_emu_mixed3", "summary.json",
-     ["benchmarks.plan_train", "cluster=emu_mixed3", "planners=[torchrec,hybrid]", "repeats=2",
-      "recalibrate=true"]),
+    (
+        "pipeline_200mbit",
+        "summary.json",
+        [
+            "benchmarks.pipeline",
+            "link_rate=200mbit",
+            *_SHAPED,
+            "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]",
+        ],
+    ),
+    (
+        "plan_train_emu_mixed4",
+        "summary.json",
+        ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"],
+    ),
+    (
+        "plan_train_emu_mixed3",
+        "summary.json",
+        [
+            "benchmarks.plan_train",
+            "cluster=emu_mixed3",
+            "planners=[torchrec,hybrid]",
+            "repeats=2",
+            "recalibrate=true",
+        ],
+    ),
     # hybrid's plan at several batch splits: does the split it picks train fastest?
     ("batch_split_emu_mixed3", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed3"]),
     ("batch_split_emu_mixed4", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed4"]),
-    ("pipeline_emu_mixed4", "summary.json",
-     ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
-      "pipelines=[plain,base,sparse_dist,fused_sparse_dist,semi_sync,nested1,nested2,nested4,"
-      "nested8,nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,"
-      "nested4+dedup+cluster,nested4+dedup_fwd,nested8+dedup_fwd,nested4+lookahead+dedup_fwd]",
-      f"overrides=[{_SGD}]"]),
-    ("pipeline_emu_mixed3", "summary.json",
-     ["benchmarks.pipeline", "cluster=emu_mixed3", *_SHAPED,
-      "pipelines=[plain,sparse_dist,fused_sparse_dist,semi_sync,nested2,nested4,nested8,"
-      "nested4+dedup,nested4+dedup_fwd,nested8+dedup_fwd]", f"overrides=[{_SGD}]"]),
+    (
+        "pipeline_emu_mixed4",
+        "summary.json",
+        [
+            "benchmarks.pipeline",
+            "cluster=emu_mixed4",
+            *_SHAPED,
+            "pipelines=[plain,base,sparse_dist,fused_sparse_dist,semi_sync,nested1,nested2,nested4,"
+            "nested8,nested4+lookahead,nested4+cluster,nested4+dedup,nested8+dedup,"
+            "nested4+dedup+cluster,nested4+dedup_fwd,nested8+dedup_fwd,nested4+lookahead+dedup_fwd]",
+            f"overrides=[{_SGD}]",
+        ],
+    ),
+    (
+        "pipeline_emu_mixed3",
+        "summary.json",
+        [
+            "benchmarks.pipeline",
+            "cluster=emu_mixed3",
+            *_SHAPED,
+            "pipelines=[plain,sparse_dist,fused_sparse_dist,semi_sync,nested2,nested4,nested8,"
+            "nested4+dedup,nested4+dedup_fwd,nested8+dedup_fwd]",
+            f"overrides=[{_SGD}]",
+        ],
+    ),
     # after the sets its validation reads (DEPENDS)
     ("scale", "summary.json", ["benchmarks.scale", "precision=bf16"]),  # MLPerf's precision
     ("data", "data.json", ["benchmarks.data"]),
     ("speed_aware", "speed_aware.json", ["benchmarks.speed_aware", "repeats=3"]),
     ("order_noise", "order_noise.json", ["benchmarks.order_noise"]),
-    ("order_noise_dedup", "order_noise.json",
-     ["benchmarks.order_noise", "nested_overrides=['pipeline.dedup=true']"]),
-    ("order_noise_multi_hot", "order_noise.json",
-     ["benchmarks.order_noise", f"overrides=[{_SGD},'dataset.hotness=mlperf']", "steps=60",
-      "nested_overrides=['pipeline.dedup=true']"]),
-    ("pipeline_emu_mixed4_ddp_buckets", "summary.json",
-     ["benchmarks.pipeline", "cluster=emu_mixed4", *_SHAPED,
-      "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested2+dedup,"
-      "nested4+dedup,nested8+dedup]", f"overrides=[{_SGD},'trainer.dense_allreduce=ddp_buckets']"]),
+    (
+        "order_noise_dedup",
+        "order_noise.json",
+        ["benchmarks.order_noise", "nested_overrides=['pipeline.dedup=true']"],
+    ),
+    (
+        "order_noise_multi_hot",
+        "order_noise.json",
+        [
+            "benchmarks.order_noise",
+            f"overrides=[{_SGD},'dataset.hotness=mlperf']",
+            "steps=60",
+            "nested_overrides=['pipeline.dedup=true']",
+        ],
+    ),
+    (
+        "pipeline_emu_mixed4_ddp_buckets",
+        "summary.json",
+        [
+            "benchmarks.pipeline",
+            "cluster=emu_mixed4",
+            *_SHAPED,
+            "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested2+dedup,"
+            "nested4+dedup,nested8+dedup]",
+            f"overrides=[{_SGD},'trainer.dense_allreduce=ddp_buckets']",
+        ],
+    ),
     # the dense reduction every pipeline shares against TorchRec's DDP (2 ranks, loopback)
     ("dense_reduce", "dense_reduce.json", ["benchmarks.dense_reduce"]),
-    ("scale_multihot", "summary.json",
-     ["benchmarks.scale", "families=[homogeneous,mixed]", "workers=[8,64,128,512,1536]",
-      "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
-      "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false"]),
-    ("scale_multihot_bf16", "summary.json",  # the dense part at MLPerf's precision
-     ["benchmarks.scale", "families=[homogeneous,mixed]", "workers=[8,64,128,512,1536]",
-      "planners=[hybrid,torchrec,torchrec_twrw]", "torchrec_max_workers=128",
-      "profile=benchmarks/results/scale/profile_mlperf_multihot.json", "validation=false",
-      "precision=bf16"]),
+    (
+        "scale_multihot",
+        "summary.json",
+        [
+            "benchmarks.scale",
+            "families=[homogeneous,mixed]",
+            "workers=[8,64,128,512,1536]",
+            "planners=[hybrid,torchrec,torchrec_twrw]",
+            "torchrec_max_workers=128",
+            "profile=benchmarks/results/scale/profile_mlperf_multihot.json",
+            "validation=false",
+        ],
+    ),
+    (
+        "scale_multihot_bf16",
+        "summary.json",  # the dense part at MLPerf's precision
+        [
+            "benchmarks.scale",
+            "families=[homogeneous,mixed]",
+            "workers=[8,64,128,512,1536]",
+            "planners=[hybrid,torchrec,torchrec_twrw]",
+            "torchrec_max_workers=128",
+            "profile=benchmarks/results/scale/profile_mlperf_multihot.json",
+            "validation=false",
+            "precision=bf16",
+        ],
+    ),
     ("emulation_fidelity", "emulation_fidelity.json", ["benchmarks.emulation_fidelity"]),
     ("two_d", "summary.json", ["benchmarks.two_d"]),  # hybrid's plan vs synchronous 2D groups
     # ... and 2D groups trained: one replica per node of the emulated 2-node cluster
-    ("plan_train_emu_2node", "summary.json",
-     ["benchmarks.plan_train", "cluster=emu_2node", "planners=[hybrid,hybrid+2d1]"]),
+    (
+        "plan_train_emu_2node",
+        "summary.json",
+        ["benchmarks.plan_train", "cluster=emu_2node", "planners=[hybrid,hybrid+2d1]"],
+    ),
     ("movielens100k", "movielens.json", ["benchmarks.movielens"]),
-    ("pipeline_movielens100k", "summary.json",
-     ["benchmarks.pipeline", *_SHAPED,
-      f"probe_chunk_bytes={2048 * 3 * 64 // 4}",  # nested4's share: 3 tables x 16 floats
-      "pipelines=[plain,sparse_dist,nested4,nested4+cluster,nested4+dedup,"
-      "nested4+dedup+cluster,nested8,nested8+cluster]",
-      f"overrides=['dataset=movielens100k',{_SGD}]"]),
+    (
+        "pipeline_movielens100k",
+        "summary.json",
+        [
+            "benchmarks.pipeline",
+            *_SHAPED,
+            f"probe_chunk_bytes={2048 * 3 * 64 // 4}",  # nested4's share: 3 tables x 16 floats
+            "pipelines=[plain,sparse_dist,nested4,nested4+cluster,nested4+dedup,"
+            "nested4+dedup+cluster,nested8,nested8+cluster]",
+            f"overrides=['dataset=movielens100k',{_SGD}]",
+        ],
+    ),
     ("planners", "summary.json", ["benchmarks.planners"]),  # about 1.8 h: the 400-cell grid
     # the grid's cells on mixed clusters joined at or below 25 Gbit/s alone (about 20 min)
-    ("planners_slow_mixed", "summary.json",
-     ["benchmarks.planners", "clusters=[hetero_3node]", "at_scale=false",
-      "grid.only_slow_mixed=true",
-      "grid.profile=benchmarks/results/planners/profile_mlperf_synthetic.json"]),
+    (
+        "planners_slow_mixed",
+        "summary.json",
+        [
+            "benchmarks.planners",
+            "clusters=[hetero_3node]",
+            "at_scale=false",
+            "grid.only_slow_mixed=true",
+            "grid.profile=benchmarks/results/planners/profile_mlperf_synthetic.json",
+        ],
+    ),
     # after it: its cut TorchRec searches, searched longer (about 25 min)
     ("grid_recheck", "summary.json", ["benchmarks.grid_recheck"]),
-
-]  # fmt: skip
+]
 
 # <name>_<cluster> already
 _DEFAULT_DIR = {
@@ -147,16 +238,21 @@ def why_stale(name: str, installed: dict[str, str]) -> str | None:
     if not file.exists():
         return f"{file.relative_to(RESULTS.parent.parent)} is missing"
     env = json.loads(file.read_text()).get("environment", {})
-    differ = [f"{k} {env.get(k)} (installed {installed[k]})" for k in VERSIONS
-              if env.get(k) != installed[k]]  # fmt: skip
+    differ = [
+        f"{k} {env.get(k)} (installed {installed[k]})"
+        for k in VERSIONS
+        if env.get(k) != installed[k]
+    ]
     return ", ".join(differ) or None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.remeasure",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("sets", nargs="*", help="result sets to run, stale or not (default: "
-                        "every stale one)")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.remeasure", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "sets", nargs="*", help="result sets to run, stale or not (default: every stale one)"
+    )
     parser.add_argument("--list", action="store_true", help="only list the stale sets")
     args = parser.parse_args(argv)
     names = [n for n, _, _ in PUBLISHED]
@@ -179,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[{i}/{len(todo)}] {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.monotonic()
         code = subprocess.run(cmd, cwd=RESULTS.parent.parent).returncode
-        print(f"[{i}/{len(todo)}] {name}: exit {code} after {time.monotonic() - t0:.0f} s",
-              flush=True)  # fmt: skip
+        print(
+            f"[{i}/{len(todo)}] {name}: exit {code} after {time.monotonic() - t0:.0f} s", flush=True
+        )
         if code:
             return code
     return 0

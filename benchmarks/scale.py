@@ -101,8 +101,9 @@ def _compose(overrides: list[str]):
     return to_typed(hydra.compose(config_name="config", overrides=overrides))
 
 
-def cluster_at(name: str, family: Family, workers: int, oversubscription: float,
-               allreduce: str = "nccl"):  # fmt: skip
+def cluster_at(
+    name: str, family: Family, workers: int, oversubscription: float, allreduce: str = "nccl"
+):
     """The family's cluster with `workers` devices, None if that is not a multiple of its
     step: each node entry of its preset with its count scaled by workers / the preset's."""
     base = _compose([f"cluster={family.cluster}"]).cluster
@@ -116,26 +117,36 @@ def cluster_at(name: str, family: Family, workers: int, oversubscription: float,
     if workers % family.step:
         return None
     nodes = [replace(n, count=n.count * workers // total) for n in base.nodes]
-    net = replace(base.network, inter_node_gbit_s=base.network.inter_node_gbit_s / oversubscription,
-                  allreduce=allreduce)  # fmt: skip
+    net = replace(
+        base.network,
+        inter_node_gbit_s=base.network.inter_node_gbit_s / oversubscription,
+        allreduce=allreduce,
+    )
     return replace(base, name=f"{name}_{workers}", nodes=nodes, network=net)
 
 
-def plan_at(cfg: ScaleConfig, spec, planner: str, profile: AccessProfile | None
-            ) -> tuple[Plan, PlanInputs, float]:  # fmt: skip
+def plan_at(
+    cfg: ScaleConfig, spec, planner: str, profile: AccessProfile | None
+) -> tuple[Plan, PlanInputs, float]:
     """`planner`'s plan of the study's model on the cluster `spec`, `cfg.batch_per_worker`
     samples a worker, what it was planned from, and the seconds planning took."""
     from recsys.app.planning import make_plan, plan_inputs
 
-    tcfg = _compose([f"model={cfg.model}", f"planner={planner}",
-                     f"trainer.batch_size={cfg.batch_per_worker}",
-                     f"trainer.precision={cfg.precision}"])  # fmt: skip
+    tcfg = _compose(
+        [
+            f"model={cfg.model}",
+            f"planner={planner}",
+            f"trainer.batch_size={cfg.batch_per_worker}",
+            f"trainer.precision={cfg.precision}",
+        ]
+    )
     tcfg = replace(tcfg, cluster=spec)
     t0 = time.perf_counter()
     inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
     if cfg.host_s_per_sample is not None:
-        inputs.devices = [replace(d, host_s_per_sample=cfg.host_s_per_sample)
-                          for d in inputs.devices]  # fmt: skip
+        inputs.devices = [
+            replace(d, host_s_per_sample=cfg.host_s_per_sample) for d in inputs.devices
+        ]
     plan = make_plan(tcfg, inputs)
     return plan, inputs, time.perf_counter() - t0
 
@@ -162,18 +173,25 @@ def schedule_of_label(label: str) -> ScheduleLabel:
 
     p = parse_label(label, ("cluster", "dedup", "dedup_fwd"))  # the simulator: no lookahead
     if p.name == "nested":
-        return ScheduleLabel(Schedule.nested, p.micro_batches, dedup=p.dedup,
-                             clustered="cluster" in p.options,
-                             dedup_grads=p.dedup_grads)  # fmt: skip
+        return ScheduleLabel(
+            Schedule.nested,
+            p.micro_batches,
+            dedup=p.dedup,
+            clustered="cluster" in p.options,
+            dedup_grads=p.dedup_grads,
+        )
     if p.name == "semi_sync":
         return ScheduleLabel(Schedule.sparse_dist, 1, stale=True)
     return ScheduleLabel(schedule_of(p.name))  # TorchRec's base pipeline runs the plain loop
 
 
 def simulate_label(
-    cost: StepCost, label: ScheduleLabel, plan: Plan, inputs: PlanInputs,
+    cost: StepCost,
+    label: ScheduleLabel,
+    plan: Plan,
+    inputs: PlanInputs,
     profile: AccessProfile | None,
-) -> tuple[SimResult, StepCost, DedupVolume | None]:  # fmt: skip
+) -> tuple[SimResult, StepCost, DedupVolume | None]:
     """The simulated steady state of `cost` under a parsed label, the cost simulated (with
     dedup, its exchange priced by `sharding.distinct` from `profile`) and dedup's volume."""
     from sharding.distinct import dedup_volume, with_dedup
@@ -238,33 +256,49 @@ def scale_points(cfg: ScaleConfig) -> tuple[list[dict], dict]:
                     continue
                 plan, inputs, planning_s = plan_at(cfg, spec, planner, profile)
                 cost = plan_cost(plan, inputs)
-                headroom = min(1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1)
-                               for d in plan.devices)  # fmt: skip
+                headroom = min(
+                    1 - d["hbm_used_bytes"] / max(d["hbm_cap_bytes"], 1) for d in plan.devices
+                )
                 lookups = [d["lookup_ms"] for d in plan.devices]  # the slowest over the mean
                 imbalance = max(lookups) / max(sum(lookups) / len(lookups), 1e-12)
                 for label, parsed in labels.items():
                     sim, priced, volume = simulate_label(cost, parsed, plan, inputs, profile)
-                    points.append({
-                        "family": family, "workers": workers, "planner": planner,
-                        "schedule": label, "step_ms": 1000 * sim.step_s,
-                        "exposed_comm_ms": 1000 * sim.exposed_comm_s,
-                        "closed_form_ms": 1000 * priced.step_s(parsed.schedule,
-                                                               parsed.micro_batches),
-                        "dedup_counts": volume.source if volume else None,
-                        "lookup_ms": 1000 * (max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s)),
-                        "samples_per_s": sum(plan.batch_per_rank) / sim.step_s,
-                        "headroom": headroom, "feasible": plan.feasible,
-                        "lookup_imbalance": imbalance,
-                        "planning_s": planning_s,
-                    })  # fmt: skip
+                    points.append(
+                        {
+                            "family": family,
+                            "workers": workers,
+                            "planner": planner,
+                            "schedule": label,
+                            "step_ms": 1000 * sim.step_s,
+                            "exposed_comm_ms": 1000 * sim.exposed_comm_s,
+                            "closed_form_ms": 1000
+                            * priced.step_s(parsed.schedule, parsed.micro_batches),
+                            "dedup_counts": volume.source if volume else None,
+                            "lookup_ms": 1000 * (max(cost.lookup_fwd_s) + max(cost.lookup_bwd_s)),
+                            "samples_per_s": sum(plan.batch_per_rank) / sim.step_s,
+                            "headroom": headroom,
+                            "feasible": plan.feasible,
+                            "lookup_imbalance": imbalance,
+                            "planning_s": planning_s,
+                        }
+                    )
                     if workers == shown and planner == cfg.planners[0] and not parsed.dedup:
                         keep[(family, label)] = sim
-                print(f"{family} {workers:>5} workers, {planner}: planned in {planning_s:.1f} s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{family} {workers:>5} workers, {planner}: planned in {planning_s:.1f} s",
+                    flush=True,
+                )
     for p in points:  # throughput per worker against the family's smallest size
-        base = min((q for q in points if q["family"] == p["family"]
-                    and q["planner"] == p["planner"] and q["schedule"] == p["schedule"]),
-                   key=lambda q: q["workers"])  # fmt: skip
+        base = min(
+            (
+                q
+                for q in points
+                if q["family"] == p["family"]
+                and q["planner"] == p["planner"]
+                and q["schedule"] == p["schedule"]
+            ),
+            key=lambda q: q["workers"],
+        )
         per_worker = p["samples_per_s"] / p["workers"]
         p["scaling_efficiency"] = per_worker / (base["samples_per_s"] / base["workers"])
     return points, keep
@@ -276,9 +310,15 @@ def validation_settings() -> list[dict]:
     out = []
     cal = json.loads((RESULTS / "calibrate" / "summary.json").read_text())
     for v in cal["validation"]:  # with the cores' speed measured beside it, where it was
-        out.append({"setting": v["setting"], "overrides": v["overrides"], "link": v["link"],
-                    "measured_ms": v["measured_ms"],
-                    "cores_speed": v.get("cores_speed", 1.0)})  # fmt: skip
+        out.append(
+            {
+                "setting": v["setting"],
+                "overrides": v["overrides"],
+                "link": v["link"],
+                "measured_ms": v["measured_ms"],
+                "cores_speed": v.get("cores_speed", 1.0),
+            }
+        )
     emu = json.loads((RESULTS / "pipeline_emu_mixed4" / "summary.json").read_text())
     c = emu["config"]
     from benchmarks.pipeline import pipeline_overrides
@@ -292,9 +332,16 @@ def validation_settings() -> list[dict]:
             extra["measured_link_ratio"] = row["link_bytes"] / link_bytes[plain]
 
         overrides = ["cluster=emu_mixed4", *c["overrides"], *pipeline_overrides(label)]
-        out.append({"setting": f"emu_mixed4 {label}", "overrides": overrides,
-                    "link": "emu_mixed4", "measured_ms": row["step_ms"], "cores_speed": 1.0,
-                    **extra})  # fmt: skip
+        out.append(
+            {
+                "setting": f"emu_mixed4 {label}",
+                "overrides": overrides,
+                "link": "emu_mixed4",
+                "measured_ms": row["step_ms"],
+                "cores_speed": 1.0,
+                **extra,
+            }
+        )
     return out
 
 
@@ -314,8 +361,13 @@ def measured_profile(tcfg, batch_size: int = 2048, batches: int = 4):
     """The access profile of a setting's own data, with distinct ids per micro-batch."""
     from recsys.app.profile import ProfileAppConfig, profile_dataset
 
-    cfg = ProfileAppConfig(dataset=tcfg.dataset, model=tcfg.model, batches=batches,
-                           batch_size=batch_size, distinct_batches=batches)  # fmt: skip
+    cfg = ProfileAppConfig(
+        dataset=tcfg.dataset,
+        model=tcfg.model,
+        batches=batches,
+        batch_size=batch_size,
+        distinct_batches=batches,
+    )
     return profile_dataset(cfg)
 
 
@@ -342,9 +394,15 @@ def validate() -> list[dict]:
         sim, priced, volume = simulate_label(cost, label, plan, inputs, profile)
         predicted = 1000 * sim.step_s
         closed = 1000 * priced.step_s(label.schedule, label.micro_batches)
-        rows.append({**s, "predicted_ms": predicted, "closed_form_ms": closed,
-                     "rel_error": (predicted - s["measured_ms"]) / s["measured_ms"],
-                     "dedup": label.dedup})  # fmt: skip
+        rows.append(
+            {
+                **s,
+                "predicted_ms": predicted,
+                "closed_form_ms": closed,
+                "rel_error": (predicted - s["measured_ms"]) / s["measured_ms"],
+                "dedup": label.dedup,
+            }
+        )
         if volume is not None:  # what dedup sends, embedding rows / pooled vectors (both
             # ways; +dedup_fwd: the forward's rows and the pooled gradients)
             both = volume.vectors if label.dedup_grads else [(1 + v) / 2 for v in volume.vectors]
@@ -371,8 +429,9 @@ def plot_scaling(points: list[dict], path: Path) -> None:
 
     plt = _plt()
     families = sorted({p["family"] for p in points})
-    fig, axes = plt.subplots(1, len(families), figsize=(5.8 * len(families) + 2.2, 4.5),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, len(families), figsize=(5.8 * len(families) + 2.2, 4.5), squeeze=False
+    )
     schedules = list(dict.fromkeys(p["schedule"] for p in points))
     planners = list(dict.fromkeys(p["planner"] for p in points))
     color = dict(zip(schedules, plt.get_cmap("tab10").colors, strict=False))
@@ -380,13 +439,26 @@ def plot_scaling(points: list[dict], path: Path) -> None:
     for ax, family in zip(axes[0], families, strict=True):
         for planner in planners:
             for schedule in schedules:
-                pts = sorted((p for p in points if p["family"] == family and
-                              p["planner"] == planner and p["schedule"] == schedule),
-                             key=lambda p: p["workers"])  # fmt: skip
+                pts = sorted(
+                    (
+                        p
+                        for p in points
+                        if p["family"] == family
+                        and p["planner"] == planner
+                        and p["schedule"] == schedule
+                    ),
+                    key=lambda p: p["workers"],
+                )
                 if pts:
-                    ax.plot([p["workers"] for p in pts], [p["scaling_efficiency"] for p in pts],
-                            marker="o", ms=3, lw=1.6 if planner == "hybrid" else 0.9,
-                            ls=style.get(planner, "-"), color=color[schedule])  # fmt: skip
+                    ax.plot(
+                        [p["workers"] for p in pts],
+                        [p["scaling_efficiency"] for p in pts],
+                        marker="o",
+                        ms=3,
+                        lw=1.6 if planner == "hybrid" else 0.9,
+                        ls=style.get(planner, "-"),
+                        color=color[schedule],
+                    )
         sizes = sorted({p["workers"] for p in points if p["family"] == family})
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(w) for w in sizes], fontsize=7)
@@ -397,11 +469,23 @@ def plot_scaling(points: list[dict], path: Path) -> None:
     line = plt.Line2D
     by_schedule = [line([], [], color=color[s], lw=2, label=s) for s in schedules]
     by_planner = [line([], [], color="k", ls=style.get(p, "-"), label=p) for p in planners]
-    first = fig.legend(handles=by_schedule, title="schedule", fontsize=7, title_fontsize=8,
-                       loc="upper right", bbox_to_anchor=(1.0, 0.93))  # fmt: skip
+    first = fig.legend(
+        handles=by_schedule,
+        title="schedule",
+        fontsize=7,
+        title_fontsize=8,
+        loc="upper right",
+        bbox_to_anchor=(1.0, 0.93),
+    )
     fig.add_artist(first)
-    fig.legend(handles=by_planner, title="planner", fontsize=7, title_fontsize=8,
-               loc="lower right", bbox_to_anchor=(1.0, 0.12))  # fmt: skip
+    fig.legend(
+        handles=by_planner,
+        title="planner",
+        fontsize=7,
+        title_fontsize=8,
+        loc="lower right",
+        bbox_to_anchor=(1.0, 0.12),
+    )
     fig.suptitle("Scaling efficiency per schedule (colour) and planner (line)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
@@ -414,9 +498,17 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
     from benchmarks.plots import _plt
 
     plt = _plt()
-    colors = {"lookup": "tab:blue", "dense": "tab:green", "emb": "tab:orange",
-              "grad": "tab:red", "ids": "tab:purple", "allreduce": "tab:brown",
-              "update": "tab:gray", "overheads": "tab:pink", "copy": "tab:olive"}  # fmt: skip
+    colors = {
+        "lookup": "tab:blue",
+        "dense": "tab:green",
+        "emb": "tab:orange",
+        "grad": "tab:red",
+        "ids": "tab:purple",
+        "allreduce": "tab:brown",
+        "update": "tab:gray",
+        "overheads": "tab:pink",
+        "copy": "tab:olive",
+    }
     names = {
         "emb": "embedding chunks",
         "grad": "gradient chunks",
@@ -441,9 +533,13 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
             rows.append((lane, a - t0, b - a, colors.get(kind.rstrip("0123456789"), "k")))
         panels.append((f"{family}, {label}: one step, {sim.step_s * 1e3:.1f} ms", sim, rows))
     heights = [max(2, len({r[0] for r in rows})) for _, _, rows in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.0 + 0.22 * sum(heights) + 0.45 *
-                                                      len(panels)),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(11, 1.0 + 0.22 * sum(heights) + 0.45 * len(panels)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
     for ax, (title, sim, rows) in zip(axes[:, 0], panels, strict=True):
         lanes = sorted({r[0] for r in rows})
         for lane, a, w, c in rows:
@@ -453,8 +549,7 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
         ax.axvline(sim.step_s * 1e3, color="k", lw=0.8)
     axes[-1, 0].set_xlabel("ms from the previous step's end")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, [names.get(k, k) for k in colors], fontsize=7, ncol=4,
-               loc="lower center")  # fmt: skip
+    fig.legend(handles, [names.get(k, k) for k in colors], fontsize=7, ncol=4, loc="lower center")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -462,44 +557,74 @@ def plot_timeline(sims: dict, path: Path, ranks: int = 2) -> None:
 
 def table(result: dict) -> str:
     c = result["config"]
-    lines = [f"# Scale study (simulated; {result['environment']['date']}, model {c['model']}, "
-             f"batch {c['batch_per_worker']} per worker, dense in {c.get('precision', 'fp32')}, "
-             f"oversubscription "
-             f"{c['oversubscription']:g})", ""]  # fmt: skip
+    lines = [
+        f"# Scale study (simulated; {result['environment']['date']}, model {c['model']}, "
+        f"batch {c['batch_per_worker']} per worker, dense in {c.get('precision', 'fp32')}, "
+        f"oversubscription "
+        f"{c['oversubscription']:g})",
+        "",
+    ]
     if "host_floor_ms" in result:
         host = c.get("host_s_per_sample")
-        priced = ("at this machine's calibrated rate" if host is None else
-                  "the batch ready" if host == 0 else f"{host * 1e6:.2f} us a sample")  # fmt: skip
-        lines += [f"GPU hosts' batch assembly in the steps below: {priced}. In the trainer's "
-                  f"one prefetch thread a rank at this machine's calibrated rate a batch takes "
-                  f"{result['host_floor_ms']:.2f} ms, a floor on every step.", ""]  # fmt: skip
+        priced = (
+            "at this machine's calibrated rate"
+            if host is None
+            else "the batch ready"
+            if host == 0
+            else f"{host * 1e6:.2f} us a sample"
+        )
+        lines += [
+            f"GPU hosts' batch assembly in the steps below: {priced}. In the trainer's "
+            f"one prefetch thread a rank at this machine's calibrated rate a batch takes "
+            f"{result['host_floor_ms']:.2f} ms, a floor on every step.",
+            "",
+        ]
     v = result.get("validation")
     if v:
-        lines += ["| measured setting | cores' speed beside | simulated ms | closed form ms | "
-                  "measured ms | error |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "| measured setting | cores' speed beside | simulated ms | closed form ms | "
+            "measured ms | error |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in v:
-            lines.append(f"| {r['setting']} | {r.get('cores_speed', 1.0):.2f}x | "
-                         f"{r['predicted_ms']:.1f} | {r['closed_form_ms']:.1f} "
-                         f"| {r['measured_ms']:.1f} | {r['rel_error']:+.0%} |")  # fmt: skip
-        lines += ["", f"Simulator: median absolute error {result['median_abs_error']:.1%} over "
-                  f"every setting, worst {result['worst_setting']}; without dedup "
-                  f"{result['median_abs_error_without_dedup']:.1%}, worst "
-                  f"{result['worst_setting_without_dedup']}.", ""]  # fmt: skip
+            lines.append(
+                f"| {r['setting']} | {r.get('cores_speed', 1.0):.2f}x | "
+                f"{r['predicted_ms']:.1f} | {r['closed_form_ms']:.1f} "
+                f"| {r['measured_ms']:.1f} | {r['rel_error']:+.0%} |"
+            )
+        lines += [
+            "",
+            f"Simulator: median absolute error {result['median_abs_error']:.1%} over "
+            f"every setting, worst {result['worst_setting']}; without dedup "
+            f"{result['median_abs_error_without_dedup']:.1%}, worst "
+            f"{result['worst_setting_without_dedup']}.",
+            "",
+        ]
         dedup = [r for r in v if "measured_link_ratio" in r]
         if dedup:
-            lines += ["| dedup setting | predicted exchange volume vs without | measured link "
-                      "bytes vs without |", "|---|---|---|"]  # fmt: skip
-            lines += [f"| {r['setting']} | {r['predicted_volume_ratio']:.2f} | "
-                      f"{r['measured_link_ratio']:.2f} |" for r in dedup]  # fmt: skip
+            lines += [
+                "| dedup setting | predicted exchange volume vs without | measured link "
+                "bytes vs without |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {r['setting']} | {r['predicted_volume_ratio']:.2f} | "
+                f"{r['measured_link_ratio']:.2f} |"
+                for r in dedup
+            ]
             lines.append("")
-    lines += ["| family | workers | planner | schedule | step ms | exposed comm ms | scaling "
-              "efficiency | headroom | lookup imbalance |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "| family | workers | planner | schedule | step ms | exposed comm ms | scaling "
+        "efficiency | headroom | lookup imbalance |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in result["points"]:
-        lines.append(f"| {p['family']} | {p['workers']} | {p['planner']} | {p['schedule']} | "
-                     f"{p['step_ms']:.2f} | {p['exposed_comm_ms']:.2f} | "
-                     f"{p['scaling_efficiency']:.0%} | {p['headroom']:.0%} | "
-                     f"{p.get('lookup_imbalance', float('nan')):.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {p['family']} | {p['workers']} | {p['planner']} | {p['schedule']} | "
+            f"{p['step_ms']:.2f} | {p['exposed_comm_ms']:.2f} | "
+            f"{p['scaling_efficiency']:.0%} | {p['headroom']:.0%} | "
+            f"{p.get('lookup_imbalance', float('nan')):.2f}x |"
+        )
     return "\n".join(lines)
 
 

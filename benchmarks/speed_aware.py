@@ -43,31 +43,44 @@ def run(cfg: SpeedAwareBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(cfg.repeats):
             for planner in cfg.planners:
-                overrides = [f"cluster={cfg.cluster.name}", *planner_overrides(planner),
-                             *cfg.overrides,
-                             f"trainer.max_steps={cfg.steps}", "trainer.progress_bar=false",
-                             "dataset.eval_batches=1"]  # fmt: skip
-                s = train(hydra.compose(config_name="config", overrides=overrides),
-                          Path(tmp) / f"{planner}_{rep}")  # fmt: skip
-                runs[planner].append({"samples_per_s": s["samples_per_s"],
-                                      "batch_per_rank": s["batch_per_rank"]})  # fmt: skip
+                overrides = [
+                    f"cluster={cfg.cluster.name}",
+                    *planner_overrides(planner),
+                    *cfg.overrides,
+                    f"trainer.max_steps={cfg.steps}",
+                    "trainer.progress_bar=false",
+                    "dataset.eval_batches=1",
+                ]
+                s = train(
+                    hydra.compose(config_name="config", overrides=overrides),
+                    Path(tmp) / f"{planner}_{rep}",
+                )
+                runs[planner].append(
+                    {"samples_per_s": s["samples_per_s"], "batch_per_rank": s["batch_per_rank"]}
+                )
                 print(planner, rep, f"{s['samples_per_s']:,.0f} samples/s", s["batch_per_rank"])
     best = {p: max(r["samples_per_s"] for r in rs) for p, rs in runs.items()}
     blind = best[cfg.planners[0]]
-    return {"runs": runs, "best_samples_per_s": best,
-            "speedup_vs_first": {p: v / blind for p, v in best.items()},
-            "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
-            "environment": environment()}  # fmt: skip
+    return {
+        "runs": runs,
+        "best_samples_per_s": best,
+        "speedup_vs_first": {p: v / blind for p, v in best.items()},
+        "config": OmegaConf.to_container(OmegaConf.structured(cfg)),
+        "environment": environment(),
+    }
 
 
 def table(r: dict) -> str:
     env = r["environment"]
     c = r["config"]
-    lines = [f"# Speed-aware vs speed-blind on {c['cluster']['name']} ({env['date']}, torch "
-             f"{env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
-             f"{c['steps']} steps, best of {c['repeats']})", "",
-             f"| planner | batch per rank | samples/s | vs {c['planners'][0]} |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Speed-aware vs speed-blind on {c['cluster']['name']} ({env['date']}, torch "
+        f"{env['torch']}, torchrec {env['torchrec']}; {' '.join(c['overrides'])}, "
+        f"{c['steps']} steps, best of {c['repeats']})",
+        "",
+        f"| planner | batch per rank | samples/s | vs {c['planners'][0]} |",
+        "|---|---|---|---|",
+    ]
     for p, v in r["best_samples_per_s"].items():
         shares = r["runs"][p][0]["batch_per_rank"]
         lines.append(f"| {p} | {shares} | {v:,.0f} | {r['speedup_vs_first'][p]:.2f}x |")

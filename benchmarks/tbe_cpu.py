@@ -45,8 +45,9 @@ def tbe_steps(tables: int, rows: int, dim: int, ids: torch.Tensor) -> tuple[Call
 
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01,
-    )  # fmt: skip
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+    )
     offsets = torch.arange(len(ids) + 1)
 
     def forward() -> None:
@@ -69,9 +70,17 @@ def measure(shapes=SHAPES, repeats: int = 15) -> list[dict]:
         ids = torch.randint(0, rows, (tables * batch,), generator=gen)
         forward, forward_backward = tbe_steps(tables, rows, dim, ids)
         fwd, both = _median_ms(forward, repeats), _median_ms(forward_backward, repeats)
-        rows_out.append({"tables": tables, "rows": rows, "dim": dim, "batch": batch,
-                         "forward_ms": fwd, "forward_backward_ms": both,
-                         "backward_over_forward": (both - fwd) / fwd})  # fmt: skip
+        rows_out.append(
+            {
+                "tables": tables,
+                "rows": rows,
+                "dim": dim,
+                "batch": batch,
+                "forward_ms": fwd,
+                "forward_backward_ms": both,
+                "backward_over_forward": (both - fwd) / fwd,
+            }
+        )
     return rows_out
 
 
@@ -89,9 +98,13 @@ def _median_ms(fn, repeats: int) -> float:
 def stack() -> dict[str, str]:
     import fbgemm_gpu
 
-    return {"torch": torch.__version__, "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "?"),
-            "python": platform.python_version(), "machine": platform.machine(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+    return {
+        "torch": torch.__version__,
+        "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "?"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def table(runs: list[dict]) -> str:
@@ -108,14 +121,17 @@ def table(runs: list[dict]) -> str:
         for r in run["rows"]:
             shape = f"{r['tables']} x {r['rows']:,} x {r['dim']}, {r['batch']}"
             times = f"{r['forward_ms']:.2f} | {r['forward_backward_ms']:.2f}"
-            lines.append(f"| {s['torch']} | {s['fbgemm_gpu']} | {s['date'][:16]} | {shape} | "
-                         f"{times} | {r['backward_over_forward']:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {s['torch']} | {s['fbgemm_gpu']} | {s['date'][:16]} | {shape} | "
+                f"{times} | {r['backward_over_forward']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tbe_cpu",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.tbe_cpu", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="where to add the rows")
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)

@@ -43,8 +43,11 @@ def _intersection(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) 
 
 def read_trace(path: Path) -> dict:
     """A rank's trace as lanes of (start, end) spans in ms from the first event."""
-    events = [e for e in json.loads(path.read_text())["traceEvents"]
-              if e.get("ph") == "X" and isinstance(e.get("tid"), int)]  # fmt: skip
+    events = [
+        e
+        for e in json.loads(path.read_text())["traceEvents"]
+        if e.get("ph") == "X" and isinstance(e.get("tid"), int)
+    ]
     if not events:
         raise ValueError(f"'{path}' holds no timed events")
     t0 = min(e["ts"] for e in events)
@@ -76,8 +79,12 @@ def draw(runs: dict[str, list[dict]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"matmul": "tab:blue", "other ops": "tab:gray", "all_to_all": "tab:orange",
-              "all_reduce": "tab:green"}  # fmt: skip
+    colors = {
+        "matmul": "tab:blue",
+        "other ops": "tab:gray",
+        "all_to_all": "tab:orange",
+        "all_reduce": "tab:green",
+    }
     rows = [(label, r, t) for label, ranks in runs.items() for r, t in enumerate(ranks)]
     fig, axes = plt.subplots(len(rows), 1, figsize=(11, 1.3 * len(rows) + 0.6), squeeze=False)
     width = max(t["span_ms"] for _, _, t in rows)
@@ -85,13 +92,17 @@ def draw(runs: dict[str, list[dict]], out: Path) -> None:
         for y, lanes in ((1, ("matmul", "other ops")), (0, ("all_to_all", "all_reduce"))):
             for lane in lanes:
                 spans = _union(t["lanes"][lane])
-                ax.broken_barh([(a, b - a) for a, b in spans], (y - 0.4, 0.8),
-                               color=colors[lane], label=lane)  # fmt: skip
+                ax.broken_barh(
+                    [(a, b - a) for a, b in spans], (y - 0.4, 0.8), color=colors[lane], label=lane
+                )
         ax.set_yticks([1, 0], ["main thread", "gloo"], fontsize=8)
         ax.set_xlim(0, width)
         share = "" if t["overlap"] is None else f", {t['overlap']:.0%} of it under compute"
-        ax.set_title(f"{label}, rank {rank}: all-to-all {t['all_to_all_ms']:.1f} ms{share}",
-                     fontsize=9, loc="left")  # fmt: skip
+        ax.set_title(
+            f"{label}, rank {rank}: all-to-all {t['all_to_all_ms']:.1f} ms{share}",
+            fontsize=9,
+            loc="left",
+        )
     axes[-1, 0].set_xlabel("ms since the first traced event")
     handles = {h.get_label(): h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0]}
     fig.legend(handles.values(), handles.keys(), loc="upper right", ncol=4, fontsize=8)
@@ -101,8 +112,9 @@ def draw(runs: dict[str, list[dict]], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_view",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.trace_view", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("runs", nargs="+", help="run directories with traces/rank<r>.json")
     parser.add_argument("--labels", nargs="*", help="one per run (default: directory names)")
     parser.add_argument("--out", default="trace.png", help="the picture to write")
@@ -114,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     for label, run in zip(labels, args.runs, strict=True):
         files = sorted(Path(run, "traces").glob("rank*.json"), key=lambda p: int(p.stem[4:]))
         if not files:
-            parser.error(f"'{run}' has no traces/rank<r>.json: train with "
-                         f"trainer.profile_steps=[first,last]")  # fmt: skip
+            parser.error(
+                f"'{run}' has no traces/rank<r>.json: train with trainer.profile_steps=[first,last]"
+            )
         runs[label] = [read_trace(f) for f in files]
     print("| run | rank | all-to-all ms | under compute |\n|---|---|---|---|")
     for label, ranks in runs.items():

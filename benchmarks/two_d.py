@@ -46,8 +46,10 @@ def best_step(cost, labels: dict, plan, inputs, profile) -> tuple[float, str]:
     """The fastest simulated step (ms) of `cost` over the schedules, and its schedule."""
     from benchmarks.scale import simulate_label
 
-    steps = {label: simulate_label(cost, parsed, plan, inputs, profile)[0].step_s
-             for label, parsed in labels.items()}  # fmt: skip
+    steps = {
+        label: simulate_label(cost, parsed, plan, inputs, profile)[0].step_s
+        for label, parsed in labels.items()
+    }
     label = min(steps, key=steps.get)
     return 1000 * steps[label], label
 
@@ -64,8 +66,10 @@ def two_d_points(cfg: TwoDConfig) -> tuple[list[dict], list[dict]]:
     # 2D groups get the schedules they train under (pipelines.types.TWO_D_PIPELINES)
     trained = {k: v for k, v in labels.items() if k in {p.value for p in TWO_D_PIPELINES}}
     if not trained:
-        raise SystemExit(f"benchmarks.two_d: schedules={list(labels)} has none that 2D groups "
-                         f"train under ({[p.value for p in TWO_D_PIPELINES]})")  # fmt: skip
+        raise SystemExit(
+            f"benchmarks.two_d: schedules={list(labels)} has none that 2D groups "
+            f"train under ({[p.value for p in TWO_D_PIPELINES]})"
+        )
     points, hybrid = [], []
     for family, how in cfg.families.items():
         for workers in cfg.workers:
@@ -74,10 +78,20 @@ def two_d_points(cfg: TwoDConfig) -> tuple[list[dict], list[dict]]:
                 continue
             plan, inputs, planning_s = plan_at(cfg, spec, "hybrid", profile)
             ms, label = best_step(plan_cost(plan, inputs), labels, plan, inputs, profile)
-            hybrid.append({"family": family, "workers": workers, "step_ms": ms,
-                           "schedule": label, "feasible": plan.feasible})  # fmt: skip
-            print(f"{family} {workers:>5}: hybrid {ms:.2f} ms ({label}, planned in "
-                  f"{planning_s:.1f} s)", flush=True)  # fmt: skip
+            hybrid.append(
+                {
+                    "family": family,
+                    "workers": workers,
+                    "step_ms": ms,
+                    "schedule": label,
+                    "feasible": plan.feasible,
+                }
+            )
+            print(
+                f"{family} {workers:>5}: hybrid {ms:.2f} ms ({label}, planned in "
+                f"{planning_s:.1f} s)",
+                flush=True,
+            )
             for group in cfg.groups:
                 if group >= workers or workers % group:
                     continue
@@ -85,37 +99,56 @@ def two_d_points(cfg: TwoDConfig) -> tuple[list[dict], list[dict]]:
                 if gspec is None:  # not whole nodes
                     continue
                 gplan, ginputs, _ = plan_at(cfg, gspec, "hybrid", profile)
-                cost = two_d_cost(gplan, plan_cost(gplan, ginputs), ginputs, workers,
-                                  inputs.network)  # fmt: skip
+                cost = two_d_cost(
+                    gplan, plan_cost(gplan, ginputs), ginputs, workers, inputs.network
+                )
                 gms, glabel = best_step(cost, trained, gplan, ginputs, profile)
                 sync = replica_sync_bytes(gplan, ginputs, workers)
-                points.append({
-                    "family": family, "workers": workers, "group": group, "step_ms": gms,
-                    "schedule": glabel, "feasible": gplan.feasible,
-                    "sync_ms": 1000 * allreduce_s(sync, workers // group, inputs.network),
-                    "sync_mb_per_rank": sync / 2**20, "vs_hybrid": ms / gms,
-                })  # fmt: skip
-                print(f"  2D groups of {group}: {gms:.2f} ms ({glabel}; replica sync "
-                      f"{points[-1]['sync_ms']:.2f} ms) -> hybrid / 2D "
-                      f"{points[-1]['vs_hybrid']:.2f}x", flush=True)  # fmt: skip
+                points.append(
+                    {
+                        "family": family,
+                        "workers": workers,
+                        "group": group,
+                        "step_ms": gms,
+                        "schedule": glabel,
+                        "feasible": gplan.feasible,
+                        "sync_ms": 1000 * allreduce_s(sync, workers // group, inputs.network),
+                        "sync_mb_per_rank": sync / 2**20,
+                        "vs_hybrid": ms / gms,
+                    }
+                )
+                print(
+                    f"  2D groups of {group}: {gms:.2f} ms ({glabel}; replica sync "
+                    f"{points[-1]['sync_ms']:.2f} ms) -> hybrid / 2D "
+                    f"{points[-1]['vs_hybrid']:.2f}x",
+                    flush=True,
+                )
     return points, hybrid
 
 
 def table(result: dict) -> str:
     c = result["config"]
-    lines = [f"# Synchronous 2D groups against hybrid's plan (simulated; "
-             f"{result['environment']['date']}, model {c['model']}, batch "
-             f"{c['batch_per_worker']} per worker, dense in {c['precision']})", "",
-             "| family | workers | plan | best exact step ms | schedule | replica sync ms | "
-             "fits | hybrid / this |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# Synchronous 2D groups against hybrid's plan (simulated; "
+        f"{result['environment']['date']}, model {c['model']}, batch "
+        f"{c['batch_per_worker']} per worker, dense in {c['precision']})",
+        "",
+        "| family | workers | plan | best exact step ms | schedule | replica sync ms | "
+        "fits | hybrid / this |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for h in result["hybrid"]:
-        lines.append(f"| {h['family']} | {h['workers']} | hybrid | {h['step_ms']:.2f} | "
-                     f"{h['schedule']} | - | {h['feasible']} | 1.00x |")  # fmt: skip
+        lines.append(
+            f"| {h['family']} | {h['workers']} | hybrid | {h['step_ms']:.2f} | "
+            f"{h['schedule']} | - | {h['feasible']} | 1.00x |"
+        )
         for p in result["points"]:
             if (p["family"], p["workers"]) == (h["family"], h["workers"]):
-                lines.append(f"| | | 2D groups of {p['group']} | {p['step_ms']:.2f} | "
-                             f"{p['schedule']} | {p['sync_ms']:.2f} | {p['feasible']} | "
-                             f"{p['vs_hybrid']:.2f}x |")  # fmt: skip
+                lines.append(
+                    f"| | | 2D groups of {p['group']} | {p['step_ms']:.2f} | "
+                    f"{p['schedule']} | {p['sync_ms']:.2f} | {p['feasible']} | "
+                    f"{p['vs_hybrid']:.2f}x |"
+                )
     return "\n".join(lines)
 
 

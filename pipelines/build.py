@@ -24,8 +24,14 @@ from pipelines.plain import PlainPipeline
 from pipelines.types import PipelineConfig, PipelineName
 
 # what the nested pipeline's exchange handles (pipelines/lookups.py); data_parallel stays local
-NESTED_SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "row_wise",
-                    "table_row_wise", "data_parallel")  # fmt: skip
+NESTED_SHARDINGS = (
+    "table_wise",
+    "column_wise",
+    "table_column_wise",
+    "row_wise",
+    "table_row_wise",
+    "data_parallel",
+)
 
 
 def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
@@ -90,9 +96,16 @@ def build_pipeline(
         return TrainPipelineSemiSync(model, optimizer, device, start_batch=0)
     if name == PipelineName.nested:
         return NestedPipeline(
-            model, optimizer, device, cfg.micro_batches, cfg.cluster_samples, cfg.lookahead,
-            cfg.dedup, reduce, cfg.dedup_grads,
-        )  # fmt: skip
+            model,
+            optimizer,
+            device,
+            cfg.micro_batches,
+            cfg.cluster_samples,
+            cfg.lookahead,
+            cfg.dedup,
+            reduce,
+            cfg.dedup_grads,
+        )
     raise ValueError(
         f"unknown pipeline '{cfg.name}'; choose one of {[p.value for p in PipelineName]}"
     )

@@ -92,8 +92,9 @@ def _unique(keys: torch.Tensor, bound: int, inverse: bool = False):
     return (out[0].long(), out[1]) if inverse else out.long()
 
 
-def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
-            cache: dict) -> list[list[_Block]]:  # fmt: skip
+def _blocks(
+    kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list, cache: dict
+) -> list[list[_Block]]:
     """A requester's blocks ([micro-batch][owner]) of `samples` (a list of bag sets: each a
     slice or a tensor of samples) of the features at positions `keys[o]` of `kjt` (owner
     o's, in its order), on their own (the CPU path: there reading a size is free) but in one
@@ -108,8 +109,9 @@ def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
     if not sum(f_per):  # no owner holds a table of this group
         none = torch.zeros(0, dtype=torch.int64, device=device)
         return [[_Block(none, [], none, none) for _ in keys] for _ in samples]
-    rows = [torch.arange(r.start, r.stop, device=device) if isinstance(r, slice) else r
-            for r in samples]  # fmt: skip
+    rows = [
+        torch.arange(r.start, r.stop, device=device) if isinstance(r, slice) else r for r in samples
+    ]
     sizes, c, n, w = [len(r) for r in rows], sum(f_per), len(rows), len(keys)
     key = ("blocks", tuple(sizes), tuple(f_per), device)
     if key not in cache:
@@ -140,8 +142,9 @@ def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
     if one_hot:
         values = values[offsets[bags]]
     else:
-        bag = torch.repeat_interleave(torch.arange(len(bags), device=device), lens,
-                                      output_size=int(lens.sum()))  # fmt: skip
+        bag = torch.repeat_interleave(
+            torch.arange(len(bags), device=device), lens, output_size=int(lens.sum())
+        )
         first = torch.cumsum(lens, 0) - lens  # each bag's first id among the lookups
         values = values[offsets[bags][bag] + torch.arange(len(bag), device=device) - first[bag]]
         group, block, target = group[bag], block[bag], target[bag]
@@ -155,8 +158,15 @@ def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
     lookups = torch.bincount(block, minlength=n * w).tolist()
     counts = counts.tolist()
     gathers = inverse[by_target].split(lookups) if one_hot else [None] * len(lookups)
-    blocks = iter(zip((keys_ % span).split(per_block), inverse.split(lookups),
-                      target.split(lookups), gathers, strict=True))  # fmt: skip
+    blocks = iter(
+        zip(
+            (keys_ % span).split(per_block),
+            inverse.split(lookups),
+            target.split(lookups),
+            gathers,
+            strict=True,
+        )
+    )
     out = []
     for k in range(n):
         row, at = [], 0
@@ -168,8 +178,9 @@ def _blocks(kjt: KeyedJaggedTensor, keys: list[torch.Tensor], samples: list,
     return out
 
 
-def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list, distinct: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _owner_blocks(
+    kjt: KeyedJaggedTensor, f: int, samples: list, distinct: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An owner's rows of every block of `samples` (block j: the bags of the samples
     `samples[j]`, of every one of `kjt`'s `f` features), sorted by (block, feature, id), each
     row's (block, feature) (block * f + feature), and how many each (block, feature) holds
@@ -185,8 +196,11 @@ def _owner_blocks(kjt: KeyedJaggedTensor, f: int, samples: list, distinct: bool
     # unless every bag holds one id (checked on a CPU only: there a read waits for nothing)
     one_hot = device.type == "cpu" and len(values) == len(lengths) and bool((lengths == 1).all())
     if not one_hot:
-        group = group[torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                              lengths, output_size=len(values))]  # fmt: skip
+        group = group[
+            torch.repeat_interleave(
+                torch.arange(len(lengths), device=device), lengths, output_size=len(values)
+            )
+        ]
     if distinct:
         span = int(values.max()) + 1 if len(values) else 1
         keys = _unique(group * span + values, len(samples) * f * span)
@@ -217,8 +231,11 @@ class BatchLookups:
             self._sizes.append(size)
             micro[rows] = k
             local[rows] = torch.arange(size, device=device)
-            firsts.append(torch.arange(rows.start, rows.start + min(size, 1), device=device)
-                          if isinstance(rows, slice) else rows[:1])  # fmt: skip
+            firsts.append(
+                torch.arange(rows.start, rows.start + min(size, 1), device=device)
+                if isinstance(rows, slice)
+                else rows[:1]
+            )
         self._micro, self._local = micro, local  # of each sample
         self.samples = samples
         self._reads: list[torch.Tensor] = []
@@ -230,8 +247,9 @@ class BatchLookups:
     def _indexed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each lookup's feature (position in the batch), micro-batch and place in it."""
         lengths, stride = self.kjt.lengths(), max(self.kjt.stride(), 1)
-        bag = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device),
-                                      lengths, output_size=len(self.values))  # fmt: skip
+        bag = torch.repeat_interleave(
+            torch.arange(len(lengths), device=lengths.device), lengths, output_size=len(self.values)
+        )
         sample = bag % stride
         return bag // stride, self._micro[sample], self._local[sample]
 
@@ -295,8 +313,9 @@ def route_distinct(
     each feature of `kjt` holds (known on the host: nothing is read from the device)."""
     stride = kjt.stride()
     lengths, values = kjt.lengths().clone(), []
-    for i, (f, part) in enumerate(zip(kjt.keys(), kjt.values().split(feature_lengths),
-                                      strict=True)):  # fmt: skip
+    for i, (f, part) in enumerate(
+        zip(kjt.keys(), kjt.values().split(feature_lengths), strict=True)
+    ):
         if f not in distinct:
             values.append(part)
             continue
@@ -341,8 +360,10 @@ class DedupExchange:
                 )
         self.dim = [d[0] if d else 0 for d in dims_per_rank]  # D of each owner
         d = self.dim[self.rank]
-        if any(columns[f] != (columns[f][0], columns[f][0] + d) or columns[f][0] % d
-               for f in features_per_rank[self.rank]):  # fmt: skip
+        if any(
+            columns[f] != (columns[f][0], columns[f][0] + d) or columns[f][0] % d
+            for f in features_per_rank[self.rank]
+        ):
             raise NotImplementedError(
                 f"pipeline.dedup: '{fqn}' lays its lookup's columns out in an unexpected "
                 f"order ({columns}); use pipeline.dedup=false"
@@ -371,8 +392,9 @@ class DedupExchange:
             return kjt
         if list(kjt.keys()) != names:
             raise RuntimeError(f"pipeline.dedup: input features {kjt.keys()} != shard {names}")
-        if not self.grads or not (kjt.values().device.type != "cpu" if batched is None
-                                  else batched):  # fmt: skip
+        if not self.grads or not (
+            kjt.values().device.type != "cpu" if batched is None else batched
+        ):
             return self._owner_in_one_pass(kjt, plan, state)
         values, lengths, stride = kjt.values(), kjt.lengths(), kjt.stride()
         device, f, blocks = values.device, len(names), plan.n * self.world
@@ -380,8 +402,9 @@ class DedupExchange:
         for k in range(plan.n):
             for s in range(self.world):
                 block[plan.rows(s, k)] = k * self.world + s
-        bag = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths,
-                                      output_size=len(values))  # fmt: skip
+        bag = torch.repeat_interleave(
+            torch.arange(len(lengths), device=device), lengths, output_size=len(values)
+        )
         feature = bag // max(stride, 1)
         g = block[bag % max(stride, 1)]
         # each feature's ids block after block (within a block, the one bag holding them)
@@ -415,8 +438,9 @@ class DedupExchange:
         width = max(max(used), 1)
         bags = torch.arange(width, device=device)[None, :] < per_feature_dev[:, None]
         lengths = bags.reshape(-1).to(lengths.dtype)
-        return KeyedJaggedTensor(keys=names, values=values[by_feature], lengths=lengths,
-                                 stride=width)  # fmt: skip
+        return KeyedJaggedTensor(
+            keys=names, values=values[by_feature], lengths=lengths, stride=width
+        )
 
     def _owner_in_one_pass(
         self, kjt: KeyedJaggedTensor, plan: ChunkPlan, state: DedupBatch
@@ -440,8 +464,9 @@ class DedupExchange:
         column = self._columns(names, device)[feature]
         host = torch.cat([flat, used]).tolist()  # the one host read
         per_block = [sum(host[b * f : (b + 1) * f]) for b in range(len(samples))]
-        rows = iter(zip(ids.split(per_block), bag.split(per_block), column.split(per_block),
-                        strict=True))  # fmt: skip
+        rows = iter(
+            zip(ids.split(per_block), bag.split(per_block), column.split(per_block), strict=True)
+        )
         for k in range(plan.n):
             blocks, where = [], []
             for s in range(self.world):
@@ -480,8 +505,10 @@ class DedupExchange:
             if owned:
                 at = [[keys.index(f) for f in names] for names in self.features]
             else:
-                at = [[names.index(f) if f in names else len(names) for f in keys]
-                      for names in self.features]  # fmt: skip
+                at = [
+                    [names.index(f) if f in names else len(names) for f in keys]
+                    for names in self.features
+                ]
             self._layout_cache[key] = [
                 torch.tensor(a, dtype=torch.int64, device=device) for a in at
             ]
@@ -542,9 +569,14 @@ class DedupExchange:
                     counts = host[rows][k * f : (k + 1) * f]
                     size, lookups_k = sum(counts), sum(host[count][k * f : (k + 1) * f])
                     end = at_lookup + lookups_k
-                    state.received[k].append(_Block(
-                        ids[at_row : at_row + size], counts,
-                        inverse[at_lookup:end] - at_row, target[at_lookup:end]))  # fmt: skip
+                    state.received[k].append(
+                        _Block(
+                            ids[at_row : at_row + size],
+                            counts,
+                            inverse[at_lookup:end] - at_row,
+                            target[at_lookup:end],
+                        )
+                    )
                     at_row, at_lookup = at_row + size, end
 
         return finish
@@ -570,17 +602,23 @@ class DedupExchange:
         data = torch.cat(send)
         recv = data.new_empty(sum(recv_sizes))
         work = dist.all_to_all_single(
-            recv, data, output_split_sizes=recv_sizes,
-            input_split_sizes=[len(t) for t in send], group=self.pg, async_op=True,
-        )  # fmt: skip
+            recv,
+            data,
+            output_split_sizes=recv_sizes,
+            input_split_sizes=[len(t) for t in send],
+            group=self.pg,
+            async_op=True,
+        )
         return recv, work
 
     def forward(self, out: torch.Tensor, state: DedupBatch, k: int, b: int) -> Pending:
         """Send each requester its block's rows of `out` (the unique lookups' output);
         receive mine and pool my `b` samples' bags: b x (every owner's F x D)."""
         rows = self._rows(out) if self.features[self.rank] else None
-        send = [rows[state.where[k][s]].reshape(-1) if rows is not None else out.new_empty(0)
-                for s in range(self.world)]  # fmt: skip
+        send = [
+            rows[state.where[k][s]].reshape(-1) if rows is not None else out.new_empty(0)
+            for s in range(self.world)
+        ]
         received = state.received[k]
         recv_sizes = [len(blk.ids) * self.dim[o] for o, blk in enumerate(received)]
         recv, work = self._all_to_all(send, recv_sizes)
@@ -617,8 +655,11 @@ class DedupExchange:
             rows = grad.new_zeros(len(blk.ids), d).index_add_(0, blk.inverse, bags[blk.target])
             send.append(rows.reshape(-1))
         d = self.dim[self.rank]
-        recv_sizes = ([len(state.sent[k][s].ids) * d for s in range(self.world)]
-                      if self.features[self.rank] else [0] * self.world)  # fmt: skip
+        recv_sizes = (
+            [len(state.sent[k][s].ids) * d for s in range(self.world)]
+            if self.features[self.rank]
+            else [0] * self.world
+        )
         recv, work = self._all_to_all(send, recv_sizes)
 
         def finish() -> torch.Tensor:

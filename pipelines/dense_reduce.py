@@ -78,9 +78,14 @@ def node_groups(nodes: list[int]) -> NodeGroups:
 
 
 class BucketedReduce:
-    def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None = None,
-                 cap_bytes: int = 25 * MIB, first_bytes: int = MIB,
-                 nodes: NodeGroups | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        group: dist.ProcessGroup | None = None,
+        cap_bytes: int = 25 * MIB,
+        first_bytes: int = MIB,
+        nodes: NodeGroups | None = None,
+    ) -> None:
         """`params` in registration order; `cap_bytes=0`: one bucket per tensor; `nodes`:
         reduce within each node, then across nodes (None: one all-reduce over `group`)."""
         self.group = group
@@ -99,8 +104,10 @@ class BucketedReduce:
             size += nbytes
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
         # each bucket's buffer, kept (no allocation per step) and each parameter's place in it
-        self._flat = [self.params[b[0]].new_zeros(sum(self.params[i].numel() for i in b))
-                      for b in self.buckets]  # fmt: skip
+        self._flat = [
+            self.params[b[0]].new_zeros(sum(self.params[i].numel() for i in b))
+            for b in self.buckets
+        ]
         self._slot: dict[int, torch.Tensor] = {}
         for b, bucket in enumerate(self.buckets):
             offset = 0
@@ -160,8 +167,9 @@ class BucketedReduce:
         if self.nodes is None:
             self._launched.append(dist.all_reduce(flat, group=self.group, async_op=True))
         else:  # summed onto the node's first rank; across nodes when it is waited for
-            self._launched.append(dist.reduce(flat, dst=self.nodes.leader, group=self.nodes.intra,
-                                              async_op=True))  # fmt: skip
+            self._launched.append(
+                dist.reduce(flat, dst=self.nodes.leader, group=self.nodes.intra, async_op=True)
+            )
 
     def _finish_backward(self) -> None:
         while len(self._launched) < len(self.buckets):  # a parameter the backward missed
@@ -194,8 +202,9 @@ class SharedReduction(DataParallelWrapper):
     parameters DDP would take, hooked into every backward; `reduce` is it (None on one
     rank)."""
 
-    def __init__(self, cap_bytes: int = 25 * MIB, first_bytes: int = MIB,
-                 nodes: list[int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cap_bytes: int = 25 * MIB, first_bytes: int = MIB, nodes: list[int] | None = None
+    ) -> None:
         """`nodes[r]`: rank r's node, for the hierarchical reduction (None: flat)."""
         self._cap, self._first, self._nodes = cap_bytes, first_bytes, nodes
         self.reduce: BucketedReduce | None = None

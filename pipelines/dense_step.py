@@ -64,8 +64,10 @@ def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tenso
                 f"statistics are taken over the batch; micro-batches would change them (and "
                 f"the result). Use pipeline=sparse_dist, or a per-sample norm (LayerNorm)"
             )
-    per_sample = isinstance(fn, torch.nn.modules.loss._Loss) or getattr(
-        train, "loss_reduction", "mean") == "sum"  # fmt: skip
+    per_sample = (
+        isinstance(fn, torch.nn.modules.loss._Loss)
+        or getattr(train, "loss_reduction", "mean") == "sum"
+    )
     if not (per_sample or getattr(train, "per_sample_loss", False)):
         raise NotImplementedError(
             f"pipeline=nested: {type(train).__name__}.loss_fn ({type(fn).__name__}) is not "
@@ -82,12 +84,17 @@ def exact_seed(train: torch.nn.Module) -> bool:
     fn = train.loss_fn
     if getattr(train, "loss_reduction", "mean") == "sum":
         return True  # each sample's gradient does not depend on the others
-    return (isinstance(fn, torch.nn.BCEWithLogitsLoss) and fn.reduction == "mean"
-            and fn.weight is None and fn.pos_weight is None)  # fmt: skip
+    return (
+        isinstance(fn, torch.nn.BCEWithLogitsLoss)
+        and fn.reduction == "mean"
+        and fn.weight is None
+        and fn.pos_weight is None
+    )
 
 
-def loss_seed(train: torch.nn.Module, logits: torch.Tensor, labels: torch.Tensor,
-              batch: int) -> torch.Tensor:  # fmt: skip
+def loss_seed(
+    train: torch.nn.Module, logits: torch.Tensor, labels: torch.Tensor, batch: int
+) -> torch.Tensor:
     """d(the whole batch's loss) / d(these logits), computed as the plain loop's backward
     computes it; `batch` is the rank's batch size."""
     fn, summed = train.loss_fn, getattr(train, "loss_reduction", "mean") == "sum"
@@ -151,8 +158,7 @@ class DeferredGrads(TorchFunctionMode):
             x, w = args[0], args[1]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             # (an input without grad would leave no output gradient to keep: a leaf then)
-            if (id(w) in self._params and (b is None or id(b) in self._params)
-                    and x.requires_grad):  # fmt: skip
+            if id(w) in self._params and (b is None or id(b) in self._params) and x.requires_grad:
                 out = func(x, w, b)  # under autocast: in its dtype, x cast to it
                 return self._keep("linear", (w, b), x.detach().to(out.dtype), out)
         elif func in self._ADDS and len(args) == 2 and not kwargs:
@@ -213,8 +219,12 @@ class DeferredGrads(TorchFunctionMode):
 def _broadcasts_over_samples(p: torch.Tensor, t) -> bool:
     """`t + p` adds `p` to every leading index of `t` (a bias over the batch), and `t`
     carries a gradient."""
-    return (isinstance(t, torch.Tensor) and t.requires_grad and t.dim() > p.dim()
-            and t.shape[-p.dim() :] == p.shape)  # fmt: skip
+    return (
+        isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and t.dim() > p.dim()
+        and t.shape[-p.dim() :] == p.shape
+    )
 
 
 def _tensors(args, kwargs):

@@ -164,8 +164,12 @@ class ChunkedReduceScatter:
     cross-node all-to-all of the sums; backward the reverse (all-to-all, then all-gather),
     each stage's gradient divided by its group's size where TorchRec divides it."""
 
-    def __init__(self, intra_pg: dist.ProcessGroup, dim_sum_per_node: list[int],
-                 cross_pg: dist.ProcessGroup | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        intra_pg: dist.ProcessGroup,
+        dim_sum_per_node: list[int],
+        cross_pg: dist.ProcessGroup | None = None,
+    ) -> None:
         self.intra_pg, self.cross_pg = intra_pg, cross_pg
         self.local = dist.get_world_size(intra_pg)
         self.local_rank = dist.get_rank(intra_pg)
@@ -198,15 +202,25 @@ class ChunkedReduceScatter:
     def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int) -> Pending:
         mine = plan.sizes[self.local * self.node + self.local_rank][k]
         offsets = self._offsets(plan)
-        send = torch.cat([local[self._rows(plan, offsets, r, k)].reshape(-1)
-                          for j in range(self.local) for r in self._group(j)])  # fmt: skip
+        send = torch.cat(
+            [
+                local[self._rows(plan, offsets, r, k)].reshape(-1)
+                for j in range(self.local)
+                for r in self._group(j)
+            ]
+        )
         group = sum(self._sizes(plan, self.local_rank, k))  # my cross group's chunk
         recv = local.new_empty(self.local * group * self.node_dim)
         work = dist.all_to_all_single(
-            recv, send, output_split_sizes=[group * self.node_dim] * self.local,
-            input_split_sizes=[sum(self._sizes(plan, j, k)) * self.node_dim
-                               for j in range(self.local)],
-            group=self.intra_pg, async_op=True)  # fmt: skip
+            recv,
+            send,
+            output_split_sizes=[group * self.node_dim] * self.local,
+            input_split_sizes=[
+                sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)
+            ],
+            group=self.intra_pg,
+            async_op=True,
+        )
 
         def finish() -> torch.Tensor:
             work.wait()
@@ -215,9 +229,13 @@ class ChunkedReduceScatter:
                 return summed
             out = local.new_empty(mine * self.width)
             to = [b * self.node_dim for b in self._sizes(plan, self.local_rank, k)]
-            dist.all_to_all_single(out, summed.reshape(-1), group=self.cross_pg,
-                                   output_split_sizes=[mine * d for d in self.dims],
-                                   input_split_sizes=to)  # fmt: skip
+            dist.all_to_all_single(
+                out,
+                summed.reshape(-1),
+                group=self.cross_pg,
+                output_split_sizes=[mine * d for d in self.dims],
+                input_split_sizes=to,
+            )
             parts = out.split([mine * d for d in self.dims])
             return torch.cat([p.view(mine, d) for p, d in zip(parts, self.dims, strict=True)], 1)
 
@@ -229,14 +247,19 @@ class ChunkedReduceScatter:
         # table-row-wise: the cross-node all-to-all's backward first, then within the node
         mine = grad.shape[0]
         starts = [sum(self.dims[:n]) for n in range(self.nodes)]
-        send = torch.cat([grad[:, c : c + d].reshape(-1)
-                          for c, d in zip(starts, self.dims, strict=True)])  # fmt: skip
+        send = torch.cat(
+            [grad[:, c : c + d].reshape(-1) for c, d in zip(starts, self.dims, strict=True)]
+        )
         sizes = self._sizes(plan, self.local_rank, k)
         recv = grad.new_empty(sum(sizes) * self.node_dim)
         work = dist.all_to_all_single(
-            recv, send, output_split_sizes=[b * self.node_dim for b in sizes],
-            input_split_sizes=[mine * d for d in self.dims], group=self.cross_pg,
-            async_op=True)  # fmt: skip
+            recv,
+            send,
+            output_split_sizes=[b * self.node_dim for b in sizes],
+            input_split_sizes=[mine * d for d in self.dims],
+            group=self.cross_pg,
+            async_op=True,
+        )
 
         def finish() -> torch.Tensor:
             work.wait()
@@ -246,21 +269,30 @@ class ChunkedReduceScatter:
 
         return Pending(None, finish)
 
-    def _gather_within(self, recv: torch.Tensor, plan: ChunkPlan, k: int,
-                       out: torch.Tensor) -> Pending:  # fmt: skip
+    def _gather_within(
+        self, recv: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor
+    ) -> Pending:
         """The within-node reduce-scatter's backward (an all-gather, as an all-to-all) of
         chunk k's summed gradient `recv`: every rank's partials' gradient lands in `out`."""
         every = [sum(self._sizes(plan, j, k)) * self.node_dim for j in range(self.local)]
         gathered = recv.new_empty(sum(every))
-        work = dist.all_to_all_single(gathered, recv.repeat(self.local), output_split_sizes=every,
-                                      input_split_sizes=[recv.numel()] * self.local,
-                                      group=self.intra_pg, async_op=True)  # fmt: skip
+        work = dist.all_to_all_single(
+            gathered,
+            recv.repeat(self.local),
+            output_split_sizes=every,
+            input_split_sizes=[recv.numel()] * self.local,
+            group=self.intra_pg,
+            async_op=True,
+        )
 
         def finish() -> torch.Tensor:
             if get_gradient_division():  # as TorchRec's reduce-scatter backward
                 gathered.div_(self.local)
-            parts = iter(gathered.split([b * self.node_dim for j in range(self.local)
-                                         for b in self._sizes(plan, j, k)]))  # fmt: skip
+            parts = iter(
+                gathered.split(
+                    [b * self.node_dim for j in range(self.local) for b in self._sizes(plan, j, k)]
+                )
+            )
             offsets = self._offsets(plan)
             for j in range(self.local):
                 for r in self._group(j):
@@ -295,8 +327,9 @@ class ChunkedSequenceExchange:
     features in the group's order (`feature_names()`: owner by owner). `jagged` cuts them into
     one `JaggedTensor` per feature, what the module's forward returns for those samples."""
 
-    def __init__(self, pg: dist.ProcessGroup, features_per_rank: list[int], dim: int,
-                 names: list[str]) -> None:  # fmt: skip
+    def __init__(
+        self, pg: dist.ProcessGroup, features_per_rank: list[int], dim: int, names: list[str]
+    ) -> None:
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.features_per_rank = list(features_per_rank)
@@ -316,8 +349,9 @@ class ChunkedSequenceExchange:
         mine = plan.batch_per_rank[self.rank]
         return state.asked.view(len(self.names), mine)[:, plan.samples(self.rank, k)]
 
-    def forward(self, local: torch.Tensor, plan: ChunkPlan, k: int,
-                state: SequenceBatch) -> Pending:  # fmt: skip
+    def forward(
+        self, local: torch.Tensor, plan: ChunkPlan, k: int, state: SequenceBatch
+    ) -> Pending:
         lengths, starts = self._owned(state, plan)
         rows, counts = [], []
         for s in range(self.world):
@@ -334,10 +368,13 @@ class ChunkedSequenceExchange:
         state.received[k] = (recv_counts, asked, per_feature)
         recv = local.new_empty(sum(recv_counts) * self.dim)
         work = dist.all_to_all_single(
-            recv, local[rows].reshape(-1),
+            recv,
+            local[rows].reshape(-1),
             output_split_sizes=[c * self.dim for c in recv_counts],
-            input_split_sizes=[c * self.dim for c in counts], group=self.pg,
-            async_op=True)  # fmt: skip
+            input_split_sizes=[c * self.dim for c in counts],
+            group=self.pg,
+            async_op=True,
+        )
         return Pending(work, lambda: recv.view(-1, self.dim))
 
     def jagged(self, values: torch.Tensor, state: SequenceBatch, k: int) -> dict[str, JaggedTensor]:
@@ -345,20 +382,27 @@ class ChunkedSequenceExchange:
         their graph) as each feature's `JaggedTensor` over my chunk-k samples."""
         _, asked, per_feature = state.received[k]
         parts = values.split(per_feature)
-        return {name: JaggedTensor(values=v, lengths=asked[f])
-                for f, (name, v) in enumerate(zip(self.names, parts, strict=True))}  # fmt: skip
+        return {
+            name: JaggedTensor(values=v, lengths=asked[f])
+            for f, (name, v) in enumerate(zip(self.names, parts, strict=True))
+        }
 
-    def backward(self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor,
-                 state: SequenceBatch) -> Pending:  # fmt: skip
+    def backward(
+        self, grad: torch.Tensor, plan: ChunkPlan, k: int, out: torch.Tensor, state: SequenceBatch
+    ) -> Pending:
         """The reverse: each received row's gradient goes back to its owner, which puts it
         at the row it sent, divided by the world size where TorchRec divides it."""
         rows, counts = state.sent[k]
         recv_counts = state.received[k][0]
         recv = grad.new_empty(sum(counts) * self.dim)
         work = dist.all_to_all_single(
-            recv, grad.reshape(-1), output_split_sizes=[c * self.dim for c in counts],
-            input_split_sizes=[c * self.dim for c in recv_counts], group=self.pg,
-            async_op=True)  # fmt: skip
+            recv,
+            grad.reshape(-1),
+            output_split_sizes=[c * self.dim for c in counts],
+            input_split_sizes=[c * self.dim for c in recv_counts],
+            group=self.pg,
+            async_op=True,
+        )
 
         def finish() -> torch.Tensor:
             if get_gradient_division():  # as TorchRec's sequence all-to-all backward
@@ -404,8 +448,9 @@ class _Reduced(Awaitable[torch.Tensor]):
     """The reduce-scatter in flight, launched when the output dist is called (as TorchRec's
     is, so a pipeline can overlap it); waiting sums what arrived."""
 
-    def __init__(self, local: torch.Tensor, exchange: ChunkedReduceScatter,
-                 plan: ChunkPlan) -> None:  # fmt: skip
+    def __init__(
+        self, local: torch.Tensor, exchange: ChunkedReduceScatter, plan: ChunkPlan
+    ) -> None:
         super().__init__()
         self._local, self._exchange, self._plan = local, exchange, plan
         self._pending = exchange.forward(local.detach(), plan, 0)
@@ -425,8 +470,9 @@ class OrderedReduceScatter(torch.nn.Module):
         super().__init__()
         self._pg = pg
 
-    def forward(self, local_embs: torch.Tensor,
-                input_splits: list[int] | None = None) -> Awaitable[torch.Tensor]:  # fmt: skip
+    def forward(
+        self, local_embs: torch.Tensor, input_splits: list[int] | None = None
+    ) -> Awaitable[torch.Tensor]:
         world = dist.get_world_size(self._pg)
         splits = list(input_splits) if input_splits else [local_embs.shape[0] // world] * world
         exchange = ChunkedReduceScatter(self._pg, [local_embs.shape[1]])

@@ -52,8 +52,11 @@ from pipelines.exchange import (
     SequenceBatch,
 )
 
-_EXCHANGED = {ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value,
-              ShardingType.TABLE_COLUMN_WISE.value}  # fmt: skip
+_EXCHANGED = {
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+}
 
 
 @dataclass
@@ -101,8 +104,9 @@ class _Group:
             return self.exchange.forward(values, plan, k, state)
         return self.exchange.forward(values, plan, k)
 
-    def send_back(self, grad: torch.Tensor, plan: ChunkPlan, state, k: int,
-                  out: torch.Tensor) -> Pending:  # fmt: skip
+    def send_back(
+        self, grad: torch.Tensor, plan: ChunkPlan, state, k: int, out: torch.Tensor
+    ) -> Pending:
         if self.dedup is not None and self.dedup.grads:
             return self.dedup.backward(grad, state, k, out)
         if self.sequence:
@@ -192,8 +196,9 @@ def _group_exchange(module: torch.nn.Module, g: int, fqn: str):
 def _sequence_exchange(module: ShardedEmbeddingCollection, g: int, fqn: str):
     sharding_type, sharding = list(module._sharding_type_to_sharding.items())[g]
     d = module._output_dists[g]
-    if not (isinstance(d, TwSequenceEmbeddingDist)
-            and sharding_type == ShardingType.TABLE_WISE.value):  # fmt: skip
+    if not (
+        isinstance(d, TwSequenceEmbeddingDist) and sharding_type == ShardingType.TABLE_WISE.value
+    ):
         raise NotImplementedError(
             f"pipeline=nested: '{fqn}' is a sequence EmbeddingCollection sharded "
             f"{sharding_type}; the nested pipeline exchanges table-wise sequence tables (what "
@@ -206,12 +211,12 @@ def _sequence_exchange(module: ShardedEmbeddingCollection, g: int, fqn: str):
             f"not replicate; use pipeline=sparse_dist for this plan"
         )
     per_rank = [len(f) for f in sharding.feature_names_per_rank()]
-    return ChunkedSequenceExchange(d._dist._pg, per_rank, module._embedding_dim,
-                                   module._embedding_names_per_sharding[g])  # fmt: skip
+    return ChunkedSequenceExchange(
+        d._dist._pg, per_rank, module._embedding_dim, module._embedding_names_per_sharding[g]
+    )
 
 
-def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict,
-                    grads: bool) -> DedupExchange:  # fmt: skip
+def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict, grads: bool) -> DedupExchange:
     """The unique-row exchange of a sum-pooled table-wise / column-wise group."""
     if not isinstance(group.exchange, ChunkedPooledExchange):
         raise NotImplementedError(
@@ -226,9 +231,15 @@ def _dedup_exchange(group: _Group, sharding, fqn: str, stats: dict,
             f"{sorted(p.name for p in pooling)}; unique rows are pooled by sum only. Use "
             f"pipeline.dedup=false"
         )
-    return DedupExchange(group.exchange.pg, sharding.feature_names_per_rank(),
-                         sharding._emb_dim_per_rank_per_feature(), group.columns, fqn,
-                         stats, grads)  # fmt: skip
+    return DedupExchange(
+        group.exchange.pg,
+        sharding.feature_names_per_rank(),
+        sharding._emb_dim_per_rank_per_feature(),
+        group.columns,
+        fqn,
+        stats,
+        grads,
+    )
 
 
 class Lookups:
@@ -236,9 +247,16 @@ class Lookups:
     stages 1-4 (clustering order, copy, key routing, the local lookups, the dual-buffer
     refresh) and the lookups' backward (the fused update, once per batch)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, micro_batches: int,
-                 cluster: bool, dedup: bool, stats: dict,
-                 dedup_grads: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        micro_batches: int,
+        cluster: bool,
+        dedup: bool,
+        stats: dict,
+        dedup_grads: bool = True,
+    ) -> None:
         self._device = device
         self._n = micro_batches
         self._cluster = cluster
@@ -248,8 +266,9 @@ class Lookups:
         self._train = model
         self.modules = self._find_modules(model, dedup, dedup_grads)
 
-    def _find_modules(self, model: torch.nn.Module, dedup: bool,
-                      dedup_grads: bool) -> list[_Module]:  # fmt: skip
+    def _find_modules(
+        self, model: torch.nn.Module, dedup: bool, dedup_grads: bool
+    ) -> list[_Module]:
         found = []
         for fqn, m in model.named_modules():
             if not isinstance(m, ShardedModule):
@@ -265,17 +284,20 @@ class Lookups:
             else:
                 shardings = list(zip(m._sharding_types, m._embedding_shardings, strict=True))
             groups = [
-                _Group(st, lookup, _group_exchange(m, g, fqn),
-                       callbacks=list(getattr(od, "_callbacks", None) or []))
+                _Group(
+                    st,
+                    lookup,
+                    _group_exchange(m, g, fqn),
+                    callbacks=list(getattr(od, "_callbacks", None) or []),
+                )
                 for g, ((st, _), lookup, od) in enumerate(
                     zip(shardings, m._lookups, m._output_dists, strict=True)
                 )
-            ]  # fmt: skip
+            ]
             for group, (_, sharding) in zip(groups, shardings, strict=True):
                 # sequence groups already send each lookup's own row
                 if dedup and group.exchange is not None and not group.sequence:
-                    group.dedup = _dedup_exchange(group, sharding, fqn, self.stats,
-                                                  dedup_grads)  # fmt: skip
+                    group.dedup = _dedup_exchange(group, sharding, fqn, self.stats, dedup_grads)
             found.append(_Module(fqn, m, groups))
         if not found:
             raise ValueError("pipeline=nested: the model has no sharded embedding modules")
@@ -305,8 +327,9 @@ class Lookups:
         kjt = batch.sparse_features
         if not any(g.dedup is not None for g in m.groups):
             return kjt, states
-        own = ChunkPlan([len(batch.labels)], self._n, None if order is None else [order],
-                        self._align)  # fmt: skip
+        own = ChunkPlan(
+            [len(batch.labels)], self._n, None if order is None else [order], self._align
+        )
         lookups = BatchLookups(kjt, [own.samples(0, k) for k in range(self._n)])
         finish = []
         for g, group in enumerate(m.groups):
@@ -367,8 +390,10 @@ class Lookups:
         """Per module: which samples of every rank's batch each micro-batch takes."""
         if step.plans is None:
             size, orders = step.batch.dense_features.shape[0], self._orders(step)
-            step.plans = [ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders,
-                                    self._align) for ms in step.modules]  # fmt: skip
+            step.plans = [
+                ChunkPlan(_batch_per_rank(ms.ctx, size, self._world), self._n, orders, self._align)
+                for ms in step.modules
+            ]
         return step.plans
 
     # stage 4: the local lookups (graph kept: their backward is the fused update)
@@ -411,8 +436,9 @@ class Lookups:
                     continue
                 self._refresh_group(group, ms.inputs[g], us.features[g], ms.looked_up[g])
 
-    def _refresh_group(self, group: _Group, kjt: KeyedJaggedTensor, touched: KeyedJaggedTensor,
-                       out: torch.Tensor) -> None:  # fmt: skip
+    def _refresh_group(
+        self, group: _Group, kjt: KeyedJaggedTensor, touched: KeyedJaggedTensor, out: torch.Tensor
+    ) -> None:
         """Bags of `kjt` holding a row that `touched` (the batch just updated) looked up are
         looked up again through the group's own kernel; their values in `out` are replaced."""
         if not kjt.keys():  # this rank holds none of the group's tables
@@ -446,8 +472,13 @@ class Lookups:
             c0, c1 = group.columns[key]
             values[samples, c0:c1] = fresh[samples, c0:c1]
 
-    def _refresh_rows(self, group: _Group, kjt: KeyedJaggedTensor,
-                      rows: dict[str, torch.Tensor], out: torch.Tensor) -> None:  # fmt: skip
+    def _refresh_rows(
+        self,
+        group: _Group,
+        kjt: KeyedJaggedTensor,
+        rows: dict[str, torch.Tensor],
+        out: torch.Tensor,
+    ) -> None:
         """A sequence group's `_refresh_group`: its lookup output holds one row per id (in
         `kjt`'s order), so the ids holding a touched row are looked up again."""
         tables = group.tables

@@ -89,16 +89,26 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         self._world = dist.get_world_size()
         # lookahead: bags looked up again / seen; dedup: rows sent / the pooled vectors
         # they replace (as owner); where the step waited on the network, summed over steps
-        self.stats = {"refreshed_bags": 0, "bags": 0, "dedup_rows": 0, "dedup_bags": 0,
-                      "steps": 0, "wait_ms": dict.fromkeys(WAITS, 0.0)}  # fmt: skip
-        self._lookups = Lookups(self._model, device, micro_batches, cluster, dedup, self.stats,
-                                dedup_grads)  # fmt: skip
+        self.stats = {
+            "refreshed_bags": 0,
+            "bags": 0,
+            "dedup_rows": 0,
+            "dedup_bags": 0,
+            "steps": 0,
+            "wait_ms": dict.fromkeys(WAITS, 0.0),
+        }
+        self._lookups = Lookups(
+            self._model, device, micro_batches, cluster, dedup, self.stats, dedup_grads
+        )
         # the dense layers: their gradients once per batch, averaged over ranks here as the
         # model's backward does (with the data-parallel tables' when the model's reduction
         # holds them; under TorchRec's DDP buckets, inside their lookups' own DDP)
         tables = {id(p) for m in self._lookups.modules for p in m.module.parameters()}
-        dense = {n: p for n, p in in_backward_optimizer_filter(self._model.named_parameters())
-                 if id(p) not in tables}  # fmt: skip
+        dense = {
+            n: p
+            for n, p in in_backward_optimizer_filter(self._model.named_parameters())
+            if id(p) not in tables
+        }
         self._dense = list(dense.values())
         self._deferred = DeferredGrads(dense)
         # the model's own reduction (its backward hooks unused: the dense gradients are
@@ -186,11 +196,15 @@ class NestedPipeline(TrainPipeline[Any, Any]):
         step.sends = []  # [module][chunk][group]
         for m, ms, plan in zip(self._lookups.modules, step.modules, plans, strict=True):
             values = [None if t is None else t.detach() for t in ms.looked_up]  # DP: later
-            step.sends.append([
-                [g.send(v, plan, state, k) if g.exchange else None
-                 for g, v, state in zip(m.groups, values, ms.states, strict=True)]
-                for k in range(self._n)
-            ])  # fmt: skip
+            step.sends.append(
+                [
+                    [
+                        g.send(v, plan, state, k) if g.exchange else None
+                        for g, v, state in zip(m.groups, values, ms.states, strict=True)
+                    ]
+                    for k in range(self._n)
+                ]
+            )
 
     def _micro_batches(self, step: Step):
         """Batch `step` in micro-batches: its (loss, logits, labels), and the gradient
@@ -235,8 +249,9 @@ class NestedPipeline(TrainPipeline[Any, Any]):
             self._placeholders[key] = _placeholder(kjt, batch)
         return self._placeholders[key]
 
-    def _micro_batch(self, step: Step, k: int, b: int, plans, sends, grads,
-                     backs: list[Pending]) -> torch.Tensor:  # fmt: skip
+    def _micro_batch(
+        self, step: Step, k: int, b: int, plans, sends, grads, backs: list[Pending]
+    ) -> torch.Tensor:
         """Micro-batch k (`b` of my samples): its dense forward and backward on the chunk's
         embeddings, its gradients sent back under the next one's work; its logits."""
         batch, rank, deferred = step.batch, dist.get_rank(), self._deferred
@@ -271,12 +286,12 @@ class NestedPipeline(TrainPipeline[Any, Any]):
                     grads[mi][g][mine] = leaf[g].grad
                 else:  # in flight under the next micro-batch's dense work
                     state = step.modules[mi].states[g]
-                    backs.append(group.send_back(leaf[g].grad, plans[mi], state, k,
-                                                 grads[mi][g]))  # fmt: skip
+                    backs.append(group.send_back(leaf[g].grad, plans[mi], state, k, grads[mi][g]))
         return logit.detach()
 
-    def _empty_micro_batch(self, step: Step, k: int, plans, sends, grads,
-                           backs: list[Pending]) -> None:  # fmt: skip
+    def _empty_micro_batch(
+        self, step: Step, k: int, plans, sends, grads, backs: list[Pending]
+    ) -> None:
         """Keep every rank's collectives in step when this rank's micro-batch k is empty (a
         batch smaller than N): receive its (empty) chunk, send back an empty gradient."""
         for mi, (m, plan) in enumerate(zip(self._lookups.modules, plans, strict=True)):

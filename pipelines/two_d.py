@@ -53,11 +53,18 @@ def two_d_env(size: int, device: torch.device) -> ShardingEnv2D:
     calls it (making groups is collective); `size` divides the world (checked before any
     rank starts, `sharding.two_d.group_inputs`)."""
     world = dist.get_world_size()
-    mesh = DeviceMesh(device.type, [list(range(g, g + size)) for g in range(0, world, size)],
-                      mesh_dim_names=("replicate", "shard"))  # fmt: skip
-    return ShardingEnv2D(sharding_pg=mesh.get_group("shard"),
-                         replica_pg=mesh.get_group("replicate"), global_pg=dist.group.WORLD,
-                         device_mesh=mesh, use_inter_host_allreduce=True)  # fmt: skip
+    mesh = DeviceMesh(
+        device.type,
+        [list(range(g, g + size)) for g in range(0, world, size)],
+        mesh_dim_names=("replicate", "shard"),
+    )
+    return ShardingEnv2D(
+        sharding_pg=mesh.get_group("shard"),
+        replica_pg=mesh.get_group("replicate"),
+        global_pg=dist.group.WORLD,
+        device_mesh=mesh,
+        use_inter_host_allreduce=True,
+    )
 
 
 def place_group_plan(plan: ShardingPlan, size: int) -> ShardingPlan:
@@ -156,8 +163,9 @@ class _LookupTables:
         )
         return kjt, stride
 
-    def scatter(self, rows: list[torch.Tensor], grads: list[torch.Tensor], stride: int,
-                like: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def scatter(
+        self, rows: list[torch.Tensor], grads: list[torch.Tensor], stride: int, like: torch.Tensor
+    ) -> torch.Tensor:
         """The output gradient of `single_id_bags(rows)` that gives each row its gradient."""
         if self.sequence:  # the output: each key's ids' rows, in key order
             return torch.cat([g.reshape(-1) for g in grads]).to(like.dtype)
@@ -176,15 +184,18 @@ def _feature_columns_in_key_order(tables: _LookupTables) -> bool:
     return order == tables.keys
 
 
-def replica_row_grads(ids: list[torch.Tensor], grads: list[torch.Tensor], dims: list[int],
-                      replicas: dist.ProcessGroup) -> tuple[list, list]:  # fmt: skip
+def replica_row_grads(
+    ids: list[torch.Tensor], grads: list[torch.Tensor], dims: list[int], replicas: dist.ProcessGroup
+) -> tuple[list, list]:
     """Per table, the union of the rows any replica's ids touch (sorted) and each row's
     gradient summed over every replica's ids: two all-gathers (how many rows, which) and
     one all-reduce of the rows' gradients."""
     device = ids[0].device
     mine = [torch.unique(i, return_inverse=True) for i in ids]
-    summed = [torch.zeros(len(u), d, device=device).index_add_(0, inv, g.float())
-              for (u, inv), g, d in zip(mine, grads, dims, strict=True)]  # fmt: skip
+    summed = [
+        torch.zeros(len(u), d, device=device).index_add_(0, inv, g.float())
+        for (u, inv), g, d in zip(mine, grads, dims, strict=True)
+    ]
     n = dist.get_world_size(replicas)
     counts = torch.tensor([len(u) for u, _ in mine], dtype=torch.int64, device=device)
     every = [torch.empty_like(counts) for _ in range(n)]
@@ -227,9 +238,11 @@ class _ReplicaSync(torch.autograd.Function):
             grad = grad / dist.get_world_size(ctx.replicas)
         pairs = tables.per_id(ctx.kjt, grad)
         rows, row_grads = replica_row_grads(
-            [i for i, _ in pairs], [g for _, g in pairs], [t.dim for t in tables.tables],
+            [i for i, _ in pairs],
+            [g for _, g in pairs],
+            [t.dim for t in tables.tables],
             ctx.replicas,
-        )  # fmt: skip
+        )
         kjt, stride = tables.single_id_bags(rows)
         with torch.enable_grad():
             out = ctx.lookup.forward(kjt)  # the lookup's own kernels, no hook
@@ -244,8 +257,9 @@ def install_replica_sync(model: torch.nn.Module, env: ShardingEnv2D) -> None:
         sequence = isinstance(module, ShardedEmbeddingCollection)
         if not (sequence or isinstance(module, ShardedEmbeddingBagCollection)):
             continue
-        shardings = (module._sharding_type_to_sharding.values() if sequence
-                     else module._embedding_shardings)  # fmt: skip
+        shardings = (
+            module._sharding_type_to_sharding.values() if sequence else module._embedding_shardings
+        )
         for i, (sharding, lookup) in enumerate(zip(shardings, module._lookups, strict=True)):
             if isinstance(sharding, DpPooledEmbeddingSharding):
                 continue  # TorchRec's DDP on the 2D env's global group: every rank averages

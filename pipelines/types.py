@@ -22,8 +22,13 @@ class PipelineName(str, Enum):
 
 # what 2D groups train under (pipelines/two_d.py): the nested pipeline's exchanges span every
 # rank, and semi_sync's stale lookups would miss the replicas' update
-TWO_D_PIPELINES = (PipelineName.plain, PipelineName.base, PipelineName.sparse_dist,
-                   PipelineName.sparse_dist_lite, PipelineName.fused_sparse_dist)  # fmt: skip
+TWO_D_PIPELINES = (
+    PipelineName.plain,
+    PipelineName.base,
+    PipelineName.sparse_dist,
+    PipelineName.sparse_dist_lite,
+    PipelineName.fused_sparse_dist,
+)
 
 
 @dataclass

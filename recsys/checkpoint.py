@@ -342,8 +342,13 @@ def first_model_difference(saved: dict, model: dict) -> str | None:
 
 
 def _kinds(layout: list[dict]) -> dict[str, tuple[str, str]]:
-    return {f"{r['module']}.{r['table']}": (r["table"], "data_parallel"
-            if r["sharding_type"] == "data_parallel" else "sharded") for r in layout}  # fmt: skip
+    return {
+        f"{r['module']}.{r['table']}": (
+            r["table"],
+            "data_parallel" if r["sharding_type"] == "data_parallel" else "sharded",
+        )
+        for r in layout
+    }
 
 
 def check_resumable(path: str | Path, layout: list[dict]) -> None:
@@ -355,8 +360,10 @@ def check_resumable(path: str | Path, layout: list[dict]) -> None:
         return
     then, now = _kinds(run["plan_layout"]), _kinds(layout)
     ckpt = latest_checkpoint(path)
-    fix = (f"resume under the plan it was saved with (the same planner, cluster and batch "
-           f"size; its layout is in {ckpt / RUN_FILE}) or start afresh")  # fmt: skip
+    fix = (
+        f"resume under the plan it was saved with (the same planner, cluster and batch "
+        f"size; its layout is in {ckpt / RUN_FILE}) or start afresh"
+    )
     for key in sorted(set(then) | set(now)):
         if key not in now or key not in then:
             where = "only in the checkpoint's plan" if key in then else "only in this plan"

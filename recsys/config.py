@@ -158,17 +158,18 @@ def validate_model_config(cfg: ModelConfig) -> None:
                     f"that many projected vectors"
                 )
     features = len(cfg.num_embeddings_per_feature)
-    if arch == Arch.two_tower and not (0 < cfg.query_features < features
-                                       and cfg.tower_layer_sizes):  # fmt: skip
+    if arch == Arch.two_tower and not (0 < cfg.query_features < features and cfg.tower_layer_sizes):
         raise ModelConfigError(
             f"model '{cfg.name}' (arch=two_tower): query_features={cfg.query_features} must "
             f"leave each tower at least one of the {features} categorical features (1 to "
             f"{features - 1}), and tower_layer_sizes ({list(cfg.tower_layer_sizes)}) at least "
             f"one layer"
         )
-    if arch == Arch.deepfm and (len(cfg.dense_arch_layer_sizes) != 2
-                                or list(cfg.over_arch_layer_sizes) != [1]
-                                or cfg.deep_fm_dimension < 1):  # fmt: skip
+    if arch == Arch.deepfm and (
+        len(cfg.dense_arch_layer_sizes) != 2
+        or list(cfg.over_arch_layer_sizes) != [1]
+        or cfg.deep_fm_dimension < 1
+    ):
         raise ModelConfigError(
             f"model '{cfg.name}' (arch=deepfm): TorchRec's SimpleDeepFMNN has a dense arch of "
             f"two layers (dense_arch_layer_sizes=[hidden, {cfg.embedding_dim}], got "
@@ -293,8 +294,15 @@ def check_train_config(cfg: TrainConfig) -> None:
     """Every key a run reads that can be checked before any rank starts, each refused in one
     line naming it (the model's, the cluster's and the planner's own checks run beside)."""
     t = cfg.trainer
-    lows = {"batch_size": 1, "max_steps": 1, "warmup_steps": 0, "log_every": 1,
-            "eval_every": 0, "checkpoint_every": 0, "threads_per_rank": 0}  # fmt: skip
+    lows = {
+        "batch_size": 1,
+        "max_steps": 1,
+        "warmup_steps": 0,
+        "log_every": 1,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "threads_per_rank": 0,
+    }
     if t.prefetch_batches is not None:
         lows["prefetch_batches"] = 0
     for key, low in lows.items():
@@ -312,16 +320,20 @@ def check_train_config(cfg: TrainConfig) -> None:
             f"({t.max_steps}), got {list(steps)}"
         )
     if t.tensorboard and not tensorboard_installed():
-        raise TrainConfigError("trainer.tensorboard=true needs the tensorboard package: pip "
-                               "install -e '.[tensorboard]' (or leave it unset: written where "
-                               "installed)")  # fmt: skip
+        raise TrainConfigError(
+            "trainer.tensorboard=true needs the tensorboard package: pip "
+            "install -e '.[tensorboard]' (or leave it unset: written where "
+            "installed)"
+        )
     if t.log_level not in ("info", "debug"):
         raise TrainConfigError(f"trainer.log_level must be info or debug, got '{t.log_level}'")
     if t.sharding_group_size or cfg.planner.two_d:
         _check_two_d(cfg)
     if not cfg.pipeline.micro_batches >= 1:
-        raise TrainConfigError(f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
-                               f"{cfg.pipeline.micro_batches}")  # fmt: skip
+        raise TrainConfigError(
+            f"pipeline.micro_batches must be >= 1 (1: no micro-batches), got "
+            f"{cfg.pipeline.micro_batches}"
+        )
     eval_batches = cfg.dataset.eval_batches
     if eval_batches is None and DataKind(cfg.dataset.kind) == DataKind.synthetic:
         raise TrainConfigError(
@@ -329,8 +341,10 @@ def check_train_config(cfg: TrainConfig) -> None:
             "has no end; give a number of batches"
         )
     if eval_batches is not None and not eval_batches >= 0:
-        raise TrainConfigError(f"dataset.eval_batches must be >= 0 (0: no evaluation; null: the "
-                               f"whole split), got {eval_batches}")  # fmt: skip
+        raise TrainConfigError(
+            f"dataset.eval_batches must be >= 0 (0: no evaluation; null: the "
+            f"whole split), got {eval_batches}"
+        )
     if Mode(t.mode) == Mode.evaluate:
         if not t.resume_from:
             raise TrainConfigError(
@@ -350,8 +364,10 @@ def _check_two_d(cfg: TrainConfig) -> None:
     t = cfg.trainer
     what = "trainer.sharding_group_size" if t.sharding_group_size else "planner.two_d=true"
     if t.sharding_group_size < 0:
-        raise TrainConfigError(f"trainer.sharding_group_size must be >= 0 (0: one group of every "
-                               f"rank), got {t.sharding_group_size}")  # fmt: skip
+        raise TrainConfigError(
+            f"trainer.sharding_group_size must be >= 0 (0: one group of every "
+            f"rank), got {t.sharding_group_size}"
+        )
     if cfg.planner.two_d and cfg.planner.name == "torchrec":
         raise TrainConfigError(
             "planner.two_d=true is for our planners (hybrid, greedy_size, round_robin); "

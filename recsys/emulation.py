@@ -56,8 +56,9 @@ class EmulationError(UserError, RuntimeError):
     """An emulated cluster cannot be set up here; the message says why and what to do."""
 
 
-def quota_periods(proc_cgroup: Path = Path("/proc/self/cgroup"),
-                  v1: Path = _CGROUP_V1, v2: Path = _CGROUP_V2) -> tuple[int, int]:  # fmt: skip
+def quota_periods(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), v1: Path = _CGROUP_V1, v2: Path = _CGROUP_V2
+) -> tuple[int, int]:
     """This process's cgroup's CFS periods so far and how many of them it ran out of its
     quota in (`cpu.stat`'s nr_periods and nr_throttled; cgroup v1's cpu controller or v2):
     an emulated rank's, in its own cgroup. (0, 0) where no quota applies or none is found."""
@@ -102,8 +103,10 @@ def refuse_reason(spec: ClusterSpec, ranks: list[RankDevice] | None = None) -> s
     ranks = ranks or resolve_cluster(spec)
     name = f"emulated cluster '{spec.name}'"
     if os.geteuid() != 0:
-        return (f"{name} needs root (it makes network namespaces and cpu cgroups): run as "
-                f"root, or pick a local cluster such as cluster=local_cpu2")  # fmt: skip
+        return (
+            f"{name} needs root (it makes network namespaces and cpu cgroups): run as "
+            f"root, or pick a local cluster such as cluster=local_cpu2"
+        )
     if not shutil.which("ip") or not shutil.which("tc"):
         return f"{name} needs iproute2 (ip, tc): apt-get install iproute2"
     if _cgroup_root() is None:
@@ -131,8 +134,21 @@ def run_tool(*args: str) -> None:
 def add_veth(ends: tuple[tuple[str, str], tuple[str, str]]) -> None:
     """A veth pair: `((namespace, interface), (namespace, interface))`, one end in each."""
     (ns_a, if_a), (ns_b, if_b) = ends
-    run_tool("ip", "link", "add", if_a, "netns", ns_a, "type", "veth", "peer", "name", if_b,
-             "netns", ns_b)  # fmt: skip
+    run_tool(
+        "ip",
+        "link",
+        "add",
+        if_a,
+        "netns",
+        ns_a,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        if_b,
+        "netns",
+        ns_b,
+    )
 
 
 def address_end(ns: str, ifname: str, address: str) -> None:
@@ -144,8 +160,23 @@ def address_end(ns: str, ifname: str, address: str) -> None:
 
 def shape(ns: str, ifname: str, rate: str, burst: str) -> None:
     """What leaves `ifname` goes at most `rate` (tc's units), tbf's bucket `burst`."""
-    run_tool("tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", "tbf", "rate", rate, "burst",
-             burst, "latency", "50ms")  # fmt: skip
+    run_tool(
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "add",
+        "dev",
+        ifname,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        burst,
+        "latency",
+        "50ms",
+    )
 
 
 @dataclass(frozen=True)
@@ -195,12 +226,20 @@ class Emulation:
         r = self.ranks[rank]
         on_node = [x for x in self.ranks if x.node == r.node]
         path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
-        return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(len(self.ranks)),
-                    LOCAL_RANK=str(r.local_rank), LOCAL_WORLD_SIZE=str(len(on_node)),
-                    MASTER_ADDR=self.address(0), MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                    GLOO_SOCKET_IFNAME=self.node_if(r.node), PYTHONPATH=path,
-                    # c10d warns on every connection that a namespace has no hostname
-                    TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))  # fmt: skip
+        return dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(len(self.ranks)),
+            LOCAL_RANK=str(r.local_rank),
+            LOCAL_WORLD_SIZE=str(len(on_node)),
+            MASTER_ADDR=self.address(0),
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            GLOO_SOCKET_IFNAME=self.node_if(r.node),
+            PYTHONPATH=path,
+            # c10d warns on every connection that a namespace has no hostname
+            TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+        )
 
     def command(self, node: int, cgroup: Path, argv: list[str]) -> list[str]:
         """`argv` run inside `cgroup` and node `node`'s namespace: the shell joins the
@@ -212,9 +251,13 @@ class Emulation:
         """Bytes the nodes have sent to each other so far (their veths' tx counters)."""
         total = 0
         for n in range(self.nodes):
-            out = subprocess.run(["ip", "-n", self.node_ns(n), "-j", "-s", "link", "show",
-                                  "dev", self.node_if(n)], check=True, capture_output=True,
-                                 text=True, timeout=30)  # fmt: skip
+            out = subprocess.run(
+                ["ip", "-n", self.node_ns(n), "-j", "-s", "link", "show", "dev", self.node_if(n)],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             total += json.loads(out.stdout)[0]["stats64"]["tx"]["bytes"]
         return total
 
@@ -369,8 +412,10 @@ def run_ranks(
     each placed there as it starts; a `launch.LaunchResult`. `fn` must be importable by name."""
     from recsys.launch import Placement, spawn_ranks
 
-    places = [Placement(emu.rank_env(r.rank), emu.node_ns(r.node), str(emu.rank_cgroup(r.rank)))
-              for r in emu.ranks]  # fmt: skip
+    places = [
+        Placement(emu.rank_env(r.rank), emu.node_ns(r.node), str(emu.rank_cgroup(r.rank)))
+        for r in emu.ranks
+    ]
     return spawn_ranks(fn, len(emu.ranks), args, timeout_s, grace_s, places)
 
 
@@ -432,8 +477,10 @@ def main(argv: list[str]) -> int:
             return 2
         node = int(argv[2])
         if not 0 <= node < emu.nodes or not emu.node_cgroup(node).exists():
-            raise EmulationError(f"node {node} of '{name}' is not up: python -m recsys.emulation "
-                                 f"up {name} (nodes 0..{emu.nodes - 1})")  # fmt: skip
+            raise EmulationError(
+                f"node {node} of '{name}' is not up: python -m recsys.emulation "
+                f"up {name} (nodes 0..{emu.nodes - 1})"
+            )
         env = dict(os.environ, GLOO_SOCKET_IFNAME=emu.node_if(node), OMP_NUM_THREADS="1")
         cmd = emu.command(node, emu.node_cgroup(node), argv[4:])
         return subprocess.run(cmd, env=env).returncode
@@ -447,24 +494,35 @@ def torchrun_args(emu: Emulation, node: int, port: int = 29400) -> list[str]:
     namespace's own (the machine's hostname means nothing inside them), node 0 hosts the
     c10d store."""
     per_node = sum(r.node == node for r in emu.ranks)
-    return [f"--nnodes={emu.nodes}", f"--nproc-per-node={per_node}",
-            f"--node-rank={node}", "--rdzv-backend=c10d", "--rdzv-id=emu",
-            f"--rdzv-endpoint={emu.address(0)}:{port}", f"--rdzv-conf=is_host={int(node == 0)}",
-            f"--local-addr={emu.address(node)}"]  # fmt: skip
+    return [
+        f"--nnodes={emu.nodes}",
+        f"--nproc-per-node={per_node}",
+        f"--node-rank={node}",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=emu",
+        f"--rdzv-endpoint={emu.address(0)}:{port}",
+        f"--rdzv-conf=is_host={int(node == 0)}",
+        f"--local-addr={emu.address(node)}",
+    ]
 
 
 def _print_up(emu: Emulation) -> None:
     per_node = [sum(r.node == n for r in emu.ranks) for n in range(emu.nodes)]
-    print(f"emulated cluster '{emu.tag}' is up: {emu.nodes} nodes, "
-          f"{link_rate(emu.spec)} between them")  # fmt: skip
+    print(
+        f"emulated cluster '{emu.tag}' is up: {emu.nodes} nodes, {link_rate(emu.spec)} between them"
+    )
     for n in range(emu.nodes):
-        print(f"  node {n}: namespace {emu.node_ns(n)}, address {emu.address(n)}, "
-              f"{per_node[n]} ranks, cgroup {emu.node_cgroup(n)}")  # fmt: skip
+        print(
+            f"  node {n}: namespace {emu.node_ns(n)}, address {emu.address(n)}, "
+            f"{per_node[n]} ranks, cgroup {emu.node_cgroup(n)}"
+        )
     print("torchrun, one node per namespace (c10d rendezvous hosted by node 0):")
     for n in range(emu.nodes):
         torchrun = shlex.join(["torchrun", *torchrun_args(emu, n)])
-        print(f"  python -m recsys.emulation exec {emu.tag} {n} -- {torchrun} -m recsys.train "
-              f"cluster={emu.tag} hydra.run.dir=outputs/emu")  # fmt: skip
+        print(
+            f"  python -m recsys.emulation exec {emu.tag} {n} -- {torchrun} -m recsys.train "
+            f"cluster={emu.tag} hydra.run.dir=outputs/emu"
+        )
     print(f"remove it: python -m recsys.emulation down {emu.tag}")
 
 

@@ -107,8 +107,11 @@ def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
     the unsharded train module names them (the checkpoint's without its leading 'model.')."""
     reader = dcp.FileSystemReader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.items()
-             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}  # fmt: skip
+    state = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in metadata.items()
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
     with warnings.catch_warnings():  # "assuming ... a single process": that is the intent
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, storage_reader=reader)  # no process group: one process, every shard
@@ -134,15 +137,24 @@ def _merged_tables(tensors: dict[str, torch.Tensor], cfg: ModelConfig, path: Pat
         ]
         found = {}
         for name in names:
-            key = next((p + name + ".weight" for p in (_BAGS, _SEQUENCES)
-                        if p + name + ".weight" in tensors), None)  # fmt: skip
+            key = next(
+                (
+                    p + name + ".weight"
+                    for p in (_BAGS, _SEQUENCES)
+                    if p + name + ".weight" in tensors
+                ),
+                None,
+            )
             if key is None:
-                raise ExportError(f"checkpoint '{path}' has no part {name} of split table "
-                                  f"{t.name}: incomplete, or not from recsys.train")  # fmt: skip
+                raise ExportError(
+                    f"checkpoint '{path}' has no part {name} of split table "
+                    f"{t.name}: incomplete, or not from recsys.train"
+                )
             found[name] = tensors.pop(key)
         hot = found.pop(t.name + HOT, None)
-        whole = merge_weights(hot, torch.from_numpy(hot_ids[feature]), list(found.values()),
-                              t.num_embeddings)  # fmt: skip
+        whole = merge_weights(
+            hot, torch.from_numpy(hot_ids[feature]), list(found.values()), t.num_embeddings
+        )
         tensors[_BAGS + t.name + ".weight"] = whole
 
 
@@ -153,8 +165,11 @@ def _prepare_settings(dataset: dict | None) -> dict | None:
     if summary is None or not summary.exists():
         return None
     s = json.loads(summary.read_text())
-    return {"dense": s.get("dense"), "hotness": s.get("hotness"),
-            "remapped": (Path(path) / "remap.json").exists()}  # fmt: skip
+    return {
+        "dense": s.get("dense"),
+        "hotness": s.get("hotness"),
+        "remapped": (Path(path) / "remap.json").exists(),
+    }
 
 
 def export_checkpoint(checkpoint: str | Path, output: str | Path, overwrite: bool = False) -> dict:
@@ -172,8 +187,10 @@ def export_checkpoint(checkpoint: str | Path, output: str | Path, overwrite: boo
     try:
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as e:
-        raise ExportError(f"checkpoint '{path}' does not hold model '{cfg.name}' as its run.json "
-                          f"says: {str(e).splitlines()[0][:300]}") from None  # fmt: skip
+        raise ExportError(
+            f"checkpoint '{path}' does not hold model '{cfg.name}' as its run.json "
+            f"says: {str(e).splitlines()[0][:300]}"
+        ) from None
     from recsys.trainer.outputs import versions
 
     meta = {
@@ -201,13 +218,17 @@ def load_exported(path: str | Path) -> tuple[torch.nn.Module, dict]:
     """The exported train module (eval mode) and its export.json."""
     root = Path(path)
     if not (root / META_FILE).exists() or not (root / MODEL_FILE).exists():
-        raise ExportError(f"'{root}' is not an exported model (model.pt and export.json): "
-                          f"make one with `python -m recsys.export checkpoint=<checkpoint> "
-                          f"output={root}`")  # fmt: skip
+        raise ExportError(
+            f"'{root}' is not an exported model (model.pt and export.json): "
+            f"make one with `python -m recsys.export checkpoint=<checkpoint> "
+            f"output={root}`"
+        )
     meta = json.loads((root / META_FILE).read_text())
     if meta.get("format") != FORMAT:
-        raise ExportError(f"'{root / META_FILE}' is format {meta.get('format')!r}, this "
-                          f"version reads {FORMAT!r}: export the checkpoint again")  # fmt: skip
+        raise ExportError(
+            f"'{root / META_FILE}' is format {meta.get('format')!r}, this "
+            f"version reads {FORMAT!r}: export the checkpoint again"
+        )
     model = unsharded_model(model_config_of(meta["model"]))
     model.load_state_dict(torch.load(root / MODEL_FILE, weights_only=True, map_location="cpu"))
     return model, meta
@@ -226,8 +247,13 @@ def score_batches(model: torch.nn.Module, batches) -> tuple[np.ndarray, np.ndarr
     return np.concatenate(scores), np.concatenate(labels)
 
 
-def prepared_batches(root: Path, model_cfg: ModelConfig, hotness: list[int] | None,
-                     batch_size: int, progress: bool = False):  # fmt: skip
+def prepared_batches(
+    root: Path,
+    model_cfg: ModelConfig,
+    hotness: list[int] | None,
+    batch_size: int,
+    progress: bool = False,
+):
     """Batches of every row of every prepared file in `root` (`<name>_dense.npy`, name
     order, Kaggle's unlabeled test file too), ids hashed to the model's tables."""
     from recsys.data.convert import natural_key
@@ -237,15 +263,20 @@ def prepared_batches(root: Path, model_cfg: ModelConfig, hotness: list[int] | No
     from recsys.models.dlrm import feature_names
     from recsys.progress import Progress
 
-    names = sorted((p.name[: -len("_dense.npy")] for p in root.glob("*_dense.npy")),
-                   key=lambda n: natural_key(Path(n)))  # fmt: skip
+    names = sorted(
+        (p.name[: -len("_dense.npy")] for p in root.glob("*_dense.npy")),
+        key=lambda n: natural_key(Path(n)),
+    )
     if not names:
-        raise ExportError(f"'{root}' holds no prepared files (<name>_dense.npy); give a "
-                          f"directory `recsys.data.prepare` wrote, or Criteo text")  # fmt: skip
+        raise ExportError(
+            f"'{root}' holds no prepared files (<name>_dense.npy); give a "
+            f"directory `recsys.data.prepare` wrote, or Criteo text"
+        )
     hashes = np.asarray(model_cfg.num_embeddings_per_feature, dtype=np.int64)[:, None]
     keys = feature_names(model_cfg)
-    arrays = {n: [open_npy(root / f"{n}_{k}.npy") for k in ("dense", "sparse", "labels")]
-              for n in names}  # fmt: skip
+    arrays = {
+        n: [open_npy(root / f"{n}_{k}.npy") for k in ("dense", "sparse", "labels")] for n in names
+    }
     total = sum(len(a[0]) for a in arrays.values())
     bar = Progress(total, desc="scoring", unit="sample", enabled=progress)
     for n in names:
@@ -261,9 +292,15 @@ def prepared_batches(root: Path, model_cfg: ModelConfig, hotness: list[int] | No
             bags = read_multi_hot(root, n, len(sparse), hotness, len(keys))
         for a in range(0, len(dense), batch_size):
             b = min(a + batch_size, len(dense))
-            yield assemble_batch(dense[a:b], labels[a:b], sparse[a:b], hashes, keys,
-                                 None if bags is None else [x[a:b] for x in bags],
-                                 padded=padded)  # fmt: skip
+            yield assemble_batch(
+                dense[a:b],
+                labels[a:b],
+                sparse[a:b],
+                hashes,
+                keys,
+                None if bags is None else [x[a:b] for x in bags],
+                padded=padded,
+            )
             bar.update(b - a)
     bar.close()
 
@@ -273,11 +310,14 @@ def _table_to_prepared(source: Path, tmp: Path, export: Path) -> Path:
     from recsys.data.tabular import TabularConfig, convert_tabular
 
     if source.is_file() and not source.name.lower().endswith(TABLE_SUFFIXES):
-        raise ExportError(f"input '{source}': the model was trained on tabular data; give "
-                          f"{', '.join(TABLE_SUFFIXES)} files or a prepared directory")  # fmt: skip
+        raise ExportError(
+            f"input '{source}': the model was trained on tabular data; give "
+            f"{', '.join(TABLE_SUFFIXES)} files or a prepared directory"
+        )
     out = tmp / "prepared"
-    convert_tabular(TabularConfig(input=str(source), output=str(out), vocab_from=str(export),
-                                  progress=False))  # fmt: skip
+    convert_tabular(
+        TabularConfig(input=str(source), output=str(out), vocab_from=str(export), progress=False)
+    )
     return out
 
 
@@ -299,10 +339,16 @@ def _text_to_prepared(source: str, tmp: Path, meta: dict) -> Path:
             "directory instead"
         )
     dense = prepared["dense"]
-    cfg = PrepareConfig(input=source, output=str(tmp / "prepared"), progress=False,
-                        dense_transform=dense["transform"], dense_shift=dense["shift"],
-                        dense_floor=dense["floor"], clip_dense=dense["clip"],
-                        hotness=prepared.get("hotness"))  # fmt: skip
+    cfg = PrepareConfig(
+        input=source,
+        output=str(tmp / "prepared"),
+        progress=False,
+        dense_transform=dense["transform"],
+        dense_shift=dense["shift"],
+        dense_floor=dense["floor"],
+        clip_dense=dense["clip"],
+        hotness=prepared.get("hotness"),
+    )
     prepare(cfg)
     return Path(cfg.output)
 
@@ -334,8 +380,9 @@ def score(cfg: ScoreConfig) -> dict:
         if out.suffix == ".npy":
             np.save(written, table)
         else:
-            np.savetxt(written, table, fmt=["%d", "%.7g"], delimiter=",", header="label,score",
-                       comments="")  # fmt: skip
+            np.savetxt(
+                written, table, fmt=["%d", "%.7g"], delimiter=",", header="label,score", comments=""
+            )
         os.replace(written, out)
     summary = {"samples": len(scores), "output": str(out.resolve()), "export": str(cfg.export)}
     known = labels >= 0

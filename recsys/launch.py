@@ -137,9 +137,17 @@ def _join_netns(name: str) -> None:
 
 
 def _rank_entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any, alive: int,
-    env: dict[str, str], fds: tuple[int, int], place: Placement | None,
-) -> None:  # fmt: skip
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    port: int,
+    args: tuple,
+    out: Any,
+    alive: int,
+    env: dict[str, str],
+    fds: tuple[int, int],
+    place: Placement | None,
+) -> None:
     # forked by the fork server, whose life this rank prolongs: it watches the launcher
     die_with_parent()
     # Ctrl-C stops a rank even where the fork server started with it ignored (its launcher
@@ -295,8 +303,10 @@ def spawn_ranks(
     alive_r, alive_w = os.pipe()  # the ranks read; they stop once this end closes
     rank_args = (world_size, port, args, out, _Fd(alive_r), dict(os.environ), (_Fd(1), _Fd(2)))
     places = list(placements) if placements is not None else [None] * world_size
-    procs = [_ForkedRank(target=_rank_entry, args=(fn, r, *rank_args, places[r]), daemon=False)
-             for r in range(world_size)]  # fmt: skip
+    procs = [
+        _ForkedRank(target=_rank_entry, args=(fn, r, *rank_args, places[r]), daemon=False)
+        for r in range(world_size)
+    ]
 
     def reports(block_s: float) -> list[tuple[int, str, Any]]:
         try:
@@ -419,8 +429,10 @@ def _silent_exit(code: int) -> str:
         "trainer.batch_size or model) or by a user",
         -signal.SIGSEGV: "a crash in native code",
     }.get(code, "a native abort")
-    return (f"exited with code {code} without reporting an error ({why}: its message is in "
-            f"the run's log)")  # fmt: skip
+    return (
+        f"exited with code {code} without reporting an error ({why}: its message is in "
+        f"the run's log)"
+    )
 
 
 def stop_ranks(
@@ -467,13 +479,19 @@ def _wait(procs, drain, note_dead_ranks, errors, deadline, timeout_s, grace_s) -
 
 # what a rank's last error line means, and what to do; first match wins
 KNOWN_FAILURES = (
-    (("Connection closed by peer", "Connection reset by peer", "Broken pipe"),
-     "it lost a peer: another rank failed first"),
-    (("Timed out", "timed out", "Timeout", "timeout caused pair closure"),
-     "a peer hung, died or was too slow; see the other ranks (trainer.dist_timeout_s)"),
-    (("can't allocate memory", "MemoryError", "out of memory"),
-     "out of memory: a smaller trainer.batch_size or model, or a cluster with more memory"),
-)  # fmt: skip
+    (
+        ("Connection closed by peer", "Connection reset by peer", "Broken pipe"),
+        "it lost a peer: another rank failed first",
+    ),
+    (
+        ("Timed out", "timed out", "Timeout", "timeout caused pair closure"),
+        "a peer hung, died or was too slow; see the other ranks (trainer.dist_timeout_s)",
+    ),
+    (
+        ("can't allocate memory", "MemoryError", "out of memory"),
+        "out of memory: a smaller trainer.batch_size or model, or a cluster with more memory",
+    ),
+)
 
 
 def known_fix(error_line: str) -> str | None:
@@ -525,8 +543,11 @@ def nccl_timeouts(log_text: str) -> dict[int, str]:
     found: dict[int, str] = {}
     for m in _NCCL_TIMEOUT.finditer(log_text):
         rank, seq, op, ms = int(m[1]), m[2], m[3], int(m[4])
-        found.setdefault(rank, f"NCCL's watchdog aborted it: collective #{seq} ({op}) timed "
-                               f"out after {ms / 1000:g} s (trainer.dist_timeout_s)")  # fmt: skip
+        found.setdefault(
+            rank,
+            f"NCCL's watchdog aborted it: collective #{seq} ({op}) timed "
+            f"out after {ms / 1000:g} s (trainer.dist_timeout_s)",
+        )
     return found
 
 
@@ -556,8 +577,11 @@ def raise_on_failure(launch: LaunchResult, what: str, log_file: Path | None = No
         same.setdefault(cause_line(launch.errors[r]), []).append(r)
     for last, ranks in same.items():
         fix = known_fix(last)
-        who = (f"rank {ranks[0]} (exit code {launch.exitcodes[ranks[0]]})" if len(ranks) == 1
-               else f"ranks {', '.join(map(str, ranks))} (the same error)")  # fmt: skip
+        who = (
+            f"rank {ranks[0]} (exit code {launch.exitcodes[ranks[0]]})"
+            if len(ranks) == 1
+            else f"ranks {', '.join(map(str, ranks))} (the same error)"
+        )
         lines.append(f"  {who}: {last[:400]}" + (f" [{fix}]" if fix else ""))
     first = first_cause(launch.errors)
     try:

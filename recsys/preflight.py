@@ -54,8 +54,9 @@ def check_writable(path: Path, key: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
             pass
     except OSError as e:
-        raise TrainConfigError(f"{key}: cannot write to '{path}' ({e.strerror}); name a "
-                               f"writable directory") from None  # fmt: skip
+        raise TrainConfigError(
+            f"{key}: cannot write to '{path}' ({e.strerror}); name a writable directory"
+        ) from None
 
 
 def check_outputs(cfg: TrainConfig, run_dir: Path) -> None:

@@ -16,17 +16,31 @@ class Progress:
     line carries the loss last given to `set_postfix` (training). `scale`: units per shown
     unit (1e6 for bytes shown as MB)."""
 
-    def __init__(self, total: float, initial: float = 0, desc: str = "", unit: str = "step",
-                 enabled: bool = True, stream: IO[str] | None = None, loss: bool = False,
-                 scale: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: float,
+        initial: float = 0,
+        desc: str = "",
+        unit: str = "step",
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+        loss: bool = False,
+        scale: float = 1.0,
+    ) -> None:
         self.stream = stream or sys.stderr
         self.tty = enabled and self.stream.isatty()
         self.enabled, self.total, self.desc, self.unit = enabled, total, desc, unit
         self.done = self.initial = self.shown_done = initial
         self.show_loss, self.loss, self.scale = loss, "", scale
-        self.bar = tqdm(total=self._shown(total), initial=self._shown(initial), desc=desc,
-                        unit=unit, dynamic_ncols=True, file=self.stream,
-                        disable=not self.tty)  # fmt: skip
+        self.bar = tqdm(
+            total=self._shown(total),
+            initial=self._shown(initial),
+            desc=desc,
+            unit=unit,
+            dynamic_ncols=True,
+            file=self.stream,
+            disable=not self.tty,
+        )
         self.every = max(1.0, (total - initial) / 10)
         self.next = initial + self.every
         self.t0 = self.last = time.monotonic()
@@ -51,9 +65,13 @@ class Progress:
             speed = (self.done - self.initial) / self.scale / max(now - self.t0, 1e-9)
             share = self.done / self.total if self.total else 1.0
             loss = f"loss {self.loss or 'n/a'}, " if self.show_loss else ""
-            print(f"{self.desc}: {self.unit} {self.done / self.scale:,.0f}/"
-                  f"{self.total / self.scale:,.0f} ({share:.0%}), {loss}{speed:,.1f} "
-                  f"{self.unit}/s", file=self.stream, flush=True)  # fmt: skip
+            print(
+                f"{self.desc}: {self.unit} {self.done / self.scale:,.0f}/"
+                f"{self.total / self.scale:,.0f} ({share:.0%}), {loss}{speed:,.1f} "
+                f"{self.unit}/s",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         self.bar.close()

@@ -64,8 +64,11 @@ def remove_emulation(tag: str, cgroup: Path) -> list[str]:
     cgroup tree `cgroup`; returns what it removed."""
     removed = namespaces(tag)
     for ns in removed:
-        kill(subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                            timeout=30).stdout.split())  # fmt: skip
+        kill(
+            subprocess.run(
+                ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30
+            ).stdout.split()
+        )
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     if cgroup.exists():
         remove_cgroup(cgroup)
@@ -80,9 +83,12 @@ class Guard:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-S", str(Path(__file__).resolve())],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, text=True,  # Ctrl-C to the command's group spares it
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,  # Ctrl-C to the command's group spares it
+        )
         self.pid = os.getpid()
 
     def _tell(self, item: dict) -> None:

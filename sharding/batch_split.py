@@ -33,9 +33,14 @@ def proportional_batch(global_batch: int, weights: list[float]) -> list[int]:
 
 def dense_s_per_sample(inputs: PlanInputs) -> np.ndarray:
     """Per rank: seconds of dense work (MLPs and feature interaction) per sample."""
-    return np.array([cost_model.dense_s_per_sample(d, inputs.dense_params,
-                                                   inputs.interaction_flops_per_sample)
-                     for d in inputs.devices])  # fmt: skip
+    return np.array(
+        [
+            cost_model.dense_s_per_sample(
+                d, inputs.dense_params, inputs.interaction_flops_per_sample
+            )
+            for d in inputs.devices
+        ]
+    )
 
 
 def capped_time(global_batch: int, sample_s: np.ndarray, caps: np.ndarray) -> np.ndarray:

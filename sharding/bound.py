@@ -51,8 +51,9 @@ def lookup_rates(inputs: PlanInputs) -> list[float]:
 
 
 def _emb_bytes(inputs: PlanInputs) -> float:
-    return sum(inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes
-               for t in inputs.tables)  # fmt: skip
+    return sum(
+        inputs.global_batch * t.lookups_per_sample * t.dim * t.weight_bytes for t in inputs.tables
+    )
 
 
 def lookups_spread_s(inputs: PlanInputs) -> float:
@@ -72,8 +73,10 @@ def lookups_and_reduce_s(inputs: PlanInputs, allreduce: float) -> float:
         return max(lookups_spread_s(inputs), allreduce)
     emb = _emb_bytes(inputs)
     fwd = emb / sum(d.emb_read_bytes_per_s for d in inputs.devices)
-    bwd = emb / sum(d.emb_read_bytes_per_s / d.emb_bwd_factor if d.emb_bwd_factor > 0
-                    else math.inf for d in inputs.devices)  # fmt: skip
+    bwd = emb / sum(
+        d.emb_read_bytes_per_s / d.emb_bwd_factor if d.emb_bwd_factor > 0 else math.inf
+        for d in inputs.devices
+    )
     return fwd + max(bwd, allreduce)
 
 
@@ -84,8 +87,9 @@ def lower_bound_ms(inputs: PlanInputs) -> float:
     if all(c > 0 for c in per_sample_s):
         per_sample = inputs.global_batch / sum(1 / c for c in per_sample_s)
     per_node = ranks_per_node([r.node for r in inputs.ranks])
-    allreduce = allreduce_s(inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network,
-                            per_node)  # fmt: skip
+    allreduce = allreduce_s(
+        inputs.dense_params * FLOAT_BYTES, inputs.world, inputs.network, per_node
+    )
     overhead = min(d.step_overhead_s for d in devs)
     dense_and_exchange = bound_guide(inputs).ms / 1000
     device = lookups_and_reduce_s(inputs, allreduce) + dense_and_exchange + per_sample + overhead
@@ -187,15 +191,23 @@ class _Exchanged:
             # interval [h_i, h_i+1]: exchange and pooling at its hot end, all-reduce at its
             # cold end (both shrink with more hot rows, the all-reduce grows)
             nxt = lambda x: np.append(x[1:], x[-1])  # noqa: E731
-            self.parts.append((np.minimum(share, nxt(share)) * t.dim, ar_s * h * t.dim,
-                               np.minimum(pool, nxt(pool))))  # fmt: skip
+            self.parts.append(
+                (
+                    np.minimum(share, nxt(share)) * t.dim,
+                    ar_s * h * t.dim,
+                    np.minimum(pool, nxt(pool)),
+                )
+            )
             self.rows[t.name] = h
 
     def choose(self, c: float, s: float) -> dict[str, int]:
         """Per table, the replicated rows of its cheapest part at prices c and s."""
-        return {name: int(h[np.argmin(c * vol + ar + s * pool)])
-                for name, h, (vol, ar, pool) in zip(self.rows, self.rows.values(), self.parts,
-                                                    strict=True)}  # fmt: skip
+        return {
+            name: int(h[np.argmin(c * vol + ar + s * pool)])
+            for name, h, (vol, ar, pool) in zip(
+                self.rows, self.rows.values(), self.parts, strict=True
+            )
+        }
 
     def __call__(self, c: np.ndarray, s: np.ndarray) -> np.ndarray:
         c, s = np.atleast_1d(c)[:, None], np.atleast_1d(s)[:, None]
@@ -211,8 +223,11 @@ def _rank_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
     sample_s = dense_s_per_sample(inputs)
     # the largest batch b on a grid; on an interval [b_i, b_i+1] the dense stage is at
     # least the fastest rank's at b_i and the best split capped at b_i+1 (capped_time)
-    b = np.unique(np.concatenate([np.geomspace(math.ceil(big_b / w), big_b, 200).round(),
-                                  [math.ceil(big_b / w), big_b]]))  # fmt: skip
+    b = np.unique(
+        np.concatenate(
+            [np.geomspace(math.ceil(big_b / w), big_b, 200).round(), [math.ceil(big_b / w), big_b]]
+        )
+    )
     b_hi = np.append(b[1:], b[-1])
     dense_at = np.maximum(b * sample_s.min(), capped_time(big_b, sample_s, b_hi))
     f = b * (big_b - b) / big_b  # concave: its minimum on an interval is at an end
@@ -229,8 +244,9 @@ def _rank_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
     # the largest-batch rank pools at least its own b samples' cold lookups
     total = dense_at + phi(c, b)
     i = int(np.argmin(total))
-    return BoundGuide(float(total[i]), phi.split, largest_batch=float(b[i]),
-                      price=float(c[i]), pooled=float(b[i]))  # fmt: skip
+    return BoundGuide(
+        float(total[i]), phi.split, largest_batch=float(b[i]), price=float(c[i]), pooled=float(b[i])
+    )
 
 
 def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
@@ -260,12 +276,14 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
         passes * FLOAT_BYTES * big_b / (net.alltoall.bytes_per_s + net.intra_alltoall.bytes_per_s)
     )
     ranks = np.array([sum(r.node == m for r in inputs.ranks) for m in nodes], dtype=np.float64)
-    dense = np.array([1.0 / np.sum(1.0 / sample_s[[r.node == m for r in inputs.ranks]])
-                      for m in nodes])  # fmt: skip  # seconds per sample, in perfect balance
+    dense = np.array(
+        [1.0 / np.sum(1.0 / sample_s[[r.node == m for r in inputs.ranks]]) for m in nodes]
+    )  # seconds per sample, in perfect balance
     t_min = big_b / np.sum(1.0 / dense)
     t_max = big_b * dense.max()  # the slowest node alone: every cap is 1
-    levels = np.unique(np.concatenate([t_min * np.geomspace(1.0, 2.0, 120),
-                                       np.geomspace(t_min, t_max, 240)]))  # fmt: skip
+    levels = np.unique(
+        np.concatenate([t_min * np.geomspace(1.0, 2.0, 120), np.geomspace(t_min, t_max, 240)])
+    )
     caps = np.minimum(1.0, levels[:, None] / (big_b * dense[None, :]))  # u_m(T)
     fastest = np.array([sample_s[[r.node == m for r in inputs.ranks]].min() for m in nodes])
     # the busiest rank's batch, as a share of B, is at most what its dense work allows
@@ -282,8 +300,13 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
         """Per level, the largest total share with every c_m(x_m) <= lam within the caps:
         the feasible x form intervals that end at the cap or at a smaller root."""
         one = np.ones_like(ranks)
-        ends = [caps, tau, _root(lam, per_float / ranks, one), _root(lam, both * one, ranks),
-                _root(lam, both * one, one)]  # fmt: skip
+        ends = [
+            caps,
+            tau,
+            _root(lam, per_float / ranks, one),
+            _root(lam, both * one, ranks),
+            _root(lam, both * one, one),
+        ]
         best = np.zeros_like(caps)
         for end in ends:
             x = np.minimum(end, caps)
@@ -303,8 +326,13 @@ def _node_level(inputs: PlanInputs, phi: _Exchanged) -> BoundGuide:
     j = min(i + 1, len(levels) - 1)
     x = _shares_at(float(nxt(price)[i]), caps[j], per_float / ranks, both, ranks)
     shares = {m: float(x[q]) for q, m in enumerate(nodes)}
-    return BoundGuide(float(total[i]), phi.split, node_shares=shares,
-                      price=float(nxt(price)[i]), pooled=float(nxt(pooled)[i]))  # fmt: skip
+    return BoundGuide(
+        float(total[i]),
+        phi.split,
+        node_shares=shares,
+        price=float(nxt(price)[i]),
+        pooled=float(nxt(pooled)[i]),
+    )
 
 
 def _root(lam: np.ndarray, scale: np.ndarray, stretch: np.ndarray) -> np.ndarray:
@@ -323,13 +351,15 @@ def _least(reach: Callable[[np.ndarray], np.ndarray], top: float, n: int) -> np.
     return lo  # a level no larger than the least feasible one: still a bound
 
 
-def _shares_at(price: float, caps: np.ndarray, inter: np.ndarray, both: float,
-               ranks: np.ndarray) -> np.ndarray:  # fmt: skip
+def _shares_at(
+    price: float, caps: np.ndarray, inter: np.ndarray, both: float, ranks: np.ndarray
+) -> np.ndarray:
     """Node shares at the optimum: each node up to what the price allows (the smaller root);
     the rest to one node, the one with the most room (only one node can hold over half)."""
     lam, one = np.array([price]), np.ones_like(ranks)
-    x = np.minimum(caps, np.minimum.reduce([_root(lam, inter, one)[0],
-                                            _root(lam, both * one, ranks)[0]]))  # fmt: skip
+    x = np.minimum(
+        caps, np.minimum.reduce([_root(lam, inter, one)[0], _root(lam, both * one, ranks)[0]])
+    )
     big = int(np.argmax(caps - x))
     x[big] = 0.0
     x[big] = max(0.0, 1 - x.sum())

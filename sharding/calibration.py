@@ -93,8 +93,12 @@ def gpu_device_cost(r: RankDevice, precision: str = "fp32") -> DeviceCost:
         return sheet
     kind = DEVICE_CATALOG.get(r.kind)  # None: a device described by its figures
     mem, compute = (r.hbm_gbyte_s / kind.hbm_gbyte_s, r.speed / kind.speed) if kind else (1.0, 1.0)
-    scale = {"emb_read_bytes_per_s": mem, "dense_flops_per_s": compute,
-             "sequence_s_per_lookup": 1 / mem, "sequence_s_per_byte": 1 / mem}  # fmt: skip
+    scale = {
+        "emb_read_bytes_per_s": mem,
+        "dense_flops_per_s": compute,
+        "sequence_s_per_lookup": 1 / mem,
+        "sequence_s_per_byte": 1 / mem,
+    }
     measured = dict(probe["device"])
     dense = probe.get("dense_flops_per_s_by_precision", {})
     if precision in dense:
@@ -123,33 +127,35 @@ def constants_source(kind: str) -> str:
     if probe is None:
         return "datasheet with assumed efficiencies (not measured)"
     m = probe["measured"]
-    return (f"measured by benchmarks.gpu_probe on {m['device_name']}, {m['date'][:10]} "
-            f"(calibration/gpu/{kind}.json; {', '.join(m['assumed'])} assumed)")  # fmt: skip
+    return (
+        f"measured by benchmarks.gpu_probe on {m['device_name']}, {m['date'][:10]} "
+        f"(calibration/gpu/{kind}.json; {', '.join(m['assumed'])} assumed)"
+    )
 
 
 # where each DeviceCost field of a GPU comes from without a probe (the datasheet model,
 # sharding.constants.datasheet_rates)
 _GPU_FIELDS = {
     "emb_read_bytes_per_s": "derived: HBM GB/s (datasheet, or the cluster's hbm_gbyte_s) x "
-                            "assumed embedding efficiency (GPU_EMB_EFFICIENCY)",
+    "assumed embedding efficiency (GPU_EMB_EFFICIENCY)",
     "host_read_bytes_per_s": "cluster config: host_to_device_gbyte_s",
     "emb_bwd_factor": "assumed (GPU_BWD_FACTOR)",
     "dense_flops_per_s": "derived: dense TFLOP/s at the run's precision (datasheet, or the "
-                         "cluster's dense_tflops) x assumed MFU (GPU_DENSE_MFU)",
+    "cluster's dense_tflops) x assumed MFU (GPU_DENSE_MFU)",
     "step_overhead_s": "assumed (GPU_STEP_OVERHEAD_S)",
     "input_s_per_sample": "assumed 0: batches built ahead on a worker thread",
     "interaction_flops_per_s": "assumed: the dense rate",
     "sample_overhead_s": "assumed 0",
     "host_s_per_sample": "calibrated on this machine's CPU (local_cpu.json input_s_per_sample: "
-                         "batch assembly at one core, the trainer's one prefetch thread a rank)",
+    "batch assembly at one core, the trainer's one prefetch thread a rank)",
     "sequence_s_per_lookup": "derived: HBM GB/s x assumed bytes a lookup "
-                             "(GPU_SEQUENCE_INDEX_BYTES)",
+    "(GPU_SEQUENCE_INDEX_BYTES)",
     "sequence_s_fixed": "assumed (GPU_SEQUENCE_FIXED_S)",
     "sequence_s_per_byte": "derived: HBM GB/s x assumed passes (GPU_SEQUENCE_PASSES)",
     "split_s_per_table": "assumed 0 (not measured on GPUs)",
     "split_s_per_lookup": "assumed 0 (not measured on GPUs)",
     "core_speed": "not used for GPUs",
-}  # fmt: skip
+}
 
 
 def constants_provenance(kind: str) -> dict:
@@ -205,16 +211,32 @@ def device_costs(
 
 
 # a CPU rank's rates, and the CPU work only training runs measure (the calibration fits them)
-RATE_FIELDS = ("emb_read_bytes_per_s", "host_read_bytes_per_s", "dense_flops_per_s",
-               "interaction_flops_per_s")  # fmt: skip
-OVERHEAD_FIELDS = ("step_overhead_s", "sample_overhead_s", "sequence_s_per_lookup",
-                   "sequence_s_fixed", "sequence_s_per_byte", "split_s_per_table",
-                   "split_s_per_lookup", "micro_batch_overhead_s")  # fmt: skip
+RATE_FIELDS = (
+    "emb_read_bytes_per_s",
+    "host_read_bytes_per_s",
+    "dense_flops_per_s",
+    "interaction_flops_per_s",
+)
+OVERHEAD_FIELDS = (
+    "step_overhead_s",
+    "sample_overhead_s",
+    "sequence_s_per_lookup",
+    "sequence_s_fixed",
+    "sequence_s_per_byte",
+    "split_s_per_table",
+    "split_s_per_lookup",
+    "micro_batch_overhead_s",
+)
 
 
 # split tables' CPU work: what the split calibration fits (benchmarks.calibrate.measure_split)
-SPLIT_WORK_FIELDS = ("sequence_s_per_lookup", "sequence_s_fixed", "sequence_s_per_byte",
-                     "split_s_per_table", "split_s_per_lookup")  # fmt: skip
+SPLIT_WORK_FIELDS = (
+    "sequence_s_per_lookup",
+    "sequence_s_fixed",
+    "sequence_s_per_byte",
+    "split_s_per_table",
+    "split_s_per_lookup",
+)
 
 
 def without_split_work(cal: Calibration) -> Calibration:
@@ -228,9 +250,12 @@ def at_speed(d: DeviceCost, scale: float) -> DeviceCost:
     CPU times (batch assembly and the overheads) over it; every other field, the backward
     factor included, as it is."""
     times = ("input_s_per_sample", *OVERHEAD_FIELDS)
-    return replace(d, core_speed=d.core_speed * scale,
-                   **{k: getattr(d, k) * scale for k in RATE_FIELDS},
-                   **{k: getattr(d, k) / scale for k in times})  # fmt: skip
+    return replace(
+        d,
+        core_speed=d.core_speed * scale,
+        **{k: getattr(d, k) * scale for k in RATE_FIELDS},
+        **{k: getattr(d, k) / scale for k in times},
+    )
 
 
 def calibrated_link(spec: ClusterSpec, link: str | None) -> str:

@@ -48,16 +48,21 @@ def resolve_cluster(spec: ClusterSpec) -> list[RankDevice]:
             for local, dev in enumerate(devices):
                 # a kind the catalog lacks has all its figures given (_check_device)
                 kind = DEVICE_CATALOG.get(dev.kind) or DeviceKind(0.0, 0.0, 0.0, "its figures")
-                ranks.append(RankDevice(
-                    rank=len(ranks), node=node, local_rank=local, kind=dev.kind,
-                    hbm_bytes=int((dev.hbm_gib or kind.hbm_gib) * GIB),
-                    hbm_gbyte_s=dev.hbm_gbyte_s or kind.hbm_gbyte_s,
-                    speed=device_speed(dev, kind),
-                    host_bytes=int(group.host_memory_gib * GIB / per_node),
-                    host_to_device_gbyte_s=group.host_to_device_gbyte_s,
-                    cores=tuple(dev.cores) if dev.cores is not None else None,
-                    share=dev.share,
-                ))  # fmt: skip
+                ranks.append(
+                    RankDevice(
+                        rank=len(ranks),
+                        node=node,
+                        local_rank=local,
+                        kind=dev.kind,
+                        hbm_bytes=int((dev.hbm_gib or kind.hbm_gib) * GIB),
+                        hbm_gbyte_s=dev.hbm_gbyte_s or kind.hbm_gbyte_s,
+                        speed=device_speed(dev, kind),
+                        host_bytes=int(group.host_memory_gib * GIB / per_node),
+                        host_to_device_gbyte_s=group.host_to_device_gbyte_s,
+                        cores=tuple(dev.cores) if dev.cores is not None else None,
+                        share=dev.share,
+                    )
+                )
             node += 1
     return ranks
 
@@ -78,14 +83,19 @@ def _check_network(spec: ClusterSpec) -> None:
     net = spec.network
     gpus = any(d.kind != "cpu" for g in spec.nodes for d in g.devices)
     nodes = sum(g.count for g in spec.nodes)
-    needed = {"intra_node_gbit_s": gpus and any(g.intra_node_gbit_s is None for g in spec.nodes),
-              "inter_node_gbit_s": (gpus and nodes > 1) or spec.emulation.enabled}  # fmt: skip
+    needed = {
+        "intra_node_gbit_s": gpus and any(g.intra_node_gbit_s is None for g in spec.nodes),
+        "inter_node_gbit_s": (gpus and nodes > 1) or spec.emulation.enabled,
+    }
     for key, required in needed.items():
         value = getattr(net, key)
         if value is None and required:
-            what = ("NVLink or PCIe between the devices of a node; or per node group, "
-                    "nodes[..].intra_node_gbit_s" if key.startswith("intra")
-                    else "each device's share of its node's NIC")  # fmt: skip
+            what = (
+                "NVLink or PCIe between the devices of a node; or per node group, "
+                "nodes[..].intra_node_gbit_s"
+                if key.startswith("intra")
+                else "each device's share of its node's NIC"
+            )
             raise ClusterConfigError(
                 f"cluster '{spec.name}': network.{key} is required (Gbit/s, bits, per device "
                 f"one way: {what}); a cluster is never planned on made-up links. Give it in "
@@ -143,8 +153,11 @@ def shortest_cfs_period_us(share: float) -> int:
 
 def _check_device(spec: ClusterSpec, dev: DeviceGroup, where: str) -> None:
     """One device group's kind, counts and figures; its share and cores where they apply."""
-    figures = [n for n in FIGURES if getattr(dev, n) is None
-               and not (n == "dense_tflops" and dev.speed is not None)]  # fmt: skip
+    figures = [
+        n
+        for n in FIGURES
+        if getattr(dev, n) is None and not (n == "dense_tflops" and dev.speed is not None)
+    ]
     if dev.kind not in DEVICE_CATALOG and (figures or dev.kind == ""):
         raise ClusterConfigError(
             f"cluster '{spec.name}': {where}.kind '{dev.kind}' is not in the catalog "

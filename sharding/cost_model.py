@@ -69,20 +69,36 @@ from sharding.types import (
 # (one step stale), which the nested schedule's many-micro-batch limit approximates.
 # Lite keeps the ids' all-to-all in the step; the fused pipeline's lookup under the optimizer
 # step is not priced (the dense optimizer step is not a stage of the model)
-_PIPELINE_SCHEDULES = {"plain": "plain", "base": "plain", "sparse_dist": "sparse_dist",
-                       "sparse_dist_lite": "plain", "fused_sparse_dist": "sparse_dist",
-                       "semi_sync": "nested", "nested": "nested"}  # fmt: skip
+_PIPELINE_SCHEDULES = {
+    "plain": "plain",
+    "base": "plain",
+    "sparse_dist": "sparse_dist",
+    "sparse_dist_lite": "plain",
+    "fused_sparse_dist": "sparse_dist",
+    "semi_sync": "nested",
+    "nested": "nested",
+}
 
 
 def schedule_of(pipeline: str) -> Schedule:
     if pipeline not in _PIPELINE_SCHEDULES:
-        raise ValueError(f"no cost model schedule for pipeline '{pipeline}'; "
-                         f"known: {sorted(_PIPELINE_SCHEDULES)}")  # fmt: skip
+        raise ValueError(
+            f"no cost model schedule for pipeline '{pipeline}'; "
+            f"known: {sorted(_PIPELINE_SCHEDULES)}"
+        )
     return Schedule(_PIPELINE_SCHEDULES[pipeline])
 
 
-STEP_PARTS = ("lookups", "dense", "all-reduce", "overhead + input", "split tables",
-              "exchange left exposed", "quota-bound CPU", "feeding the batch")  # fmt: skip
+STEP_PARTS = (
+    "lookups",
+    "dense",
+    "all-reduce",
+    "overhead + input",
+    "split tables",
+    "exchange left exposed",
+    "quota-bound CPU",
+    "feeding the batch",
+)
 
 
 def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> dict[str, float]:
@@ -103,8 +119,10 @@ def step_parts_s(cost: StepCost, schedule: Schedule, micro_batches: int = 1) -> 
         "overhead + input": cost.fixed_s(schedule, micro_batches),
         "split tables": max(cost.split_s, default=0.0),
     }
-    critical, device = cost.critical_path_s(schedule, micro_batches), cost.device_step_s(
-        schedule, micro_batches)  # fmt: skip
+    critical, device = (
+        cost.critical_path_s(schedule, micro_batches),
+        cost.device_step_s(schedule, micro_batches),
+    )
     parts["exchange left exposed"] = critical - sum(parts.values())
     parts["quota-bound CPU"] = device - critical
     parts["feeding the batch"] = cost.step_s(schedule, micro_batches) - device
@@ -159,8 +177,9 @@ def ring_bytes(nbytes: float, world: int) -> float:
     return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
 
 
-def allreduce_s(nbytes: float, world: int, network: NetworkCost,
-                per_node: Sequence[int] | None = None) -> float:  # fmt: skip
+def allreduce_s(
+    nbytes: float, world: int, network: NetworkCost, per_node: Sequence[int] | None = None
+) -> float:
     """One all-reduce of `nbytes` over `world` ranks: a ring, 2(W-1) latency hops and
     2(W-1)/W of the bytes each way; with `network.tree_allreduce`, NCCL's double binary tree
     where it is faster (2 log2 W hops, the bytes twice). The ring's per-byte cost is the
@@ -179,8 +198,7 @@ def allreduce_s(nbytes: float, world: int, network: NetworkCost,
     return min(ring, hops * link.latency_s + 2 * nbytes / link.bytes_per_s)
 
 
-def hierarchical_allreduce_s(nbytes: float, per_node: Sequence[int],
-                             network: NetworkCost) -> float:  # fmt: skip
+def hierarchical_allreduce_s(nbytes: float, per_node: Sequence[int], network: NetworkCost) -> float:
     """Summed within each node onto its first rank, all-reduced among the nodes' first
     ranks, sent back within the node (`pipelines.dense_reduce`, hierarchical): within the
     largest node a reduce and a broadcast over the intra-node link (each ceil(log2 L) hops
@@ -238,12 +256,15 @@ def step_cost(
         tables, shards, devices, ex
     )
     emb, ids, sent, (emb_parts, ids_parts), emb_latency = ex.times(network)
-    dense = [float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
-             for n, d in zip(b, devices, strict=True)]  # fmt: skip
+    dense = [
+        float(n * dense_s_per_sample(d, dense_params, interaction_flops_per_sample))
+        for n, d in zip(b, devices, strict=True)
+    ]
     grad_bytes = dense_params * FLOAT_BYTES + dp_bytes
     allreduce = allreduce_s(grad_bytes, world, network, ranks_per_node(node))
-    comm_cpu = _comm_cpu_s(ex, network, grad_bytes, devices,
-                           {"ids": ids, "emb": emb, "allreduce": [allreduce] * world})  # fmt: skip
+    comm_cpu = _comm_cpu_s(
+        ex, network, grad_bytes, devices, {"ids": ids, "emb": emb, "allreduce": [allreduce] * world}
+    )
     split_work = [
         n * d.sequence_s_per_lookup
         + nb * d.sequence_s_per_byte
@@ -252,11 +273,13 @@ def step_cost(
         + r_b * split_lookups * d.split_s_per_lookup
         for n, nb, r_b, d in zip(
             seq_lookups.tolist(), seq_bytes.tolist(), b.tolist(), devices, strict=True
-        )  # fmt: skip
+        )
     ]
     lookup_bwd = [x * d.emb_bwd_factor for x, d in zip(lookup, devices, strict=True)]
-    per_sample = [float(n) * (d.input_s_per_sample + d.sample_overhead_s)
-                  for n, d in zip(b, devices, strict=True)]  # fmt: skip
+    per_sample = [
+        float(n) * (d.input_s_per_sample + d.sample_overhead_s)
+        for n, d in zip(b, devices, strict=True)
+    ]
     fixed = [d.step_overhead_s + x for d, x in zip(devices, per_sample, strict=True)]
     return StepCost(
         lookup_fwd_s=lookup.tolist(),
@@ -295,8 +318,12 @@ def _quota_work_s(devices: Sequence[DeviceCost], stages: tuple) -> dict:
     }
 
 
-def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
-                devices: Sequence[DeviceCost], ex: _Exchange) -> tuple:  # fmt: skip
+def _shard_work(
+    tables: Sequence[TableStats],
+    shards: Sequence[Shard],
+    devices: Sequence[DeviceCost],
+    ex: _Exchange,
+) -> tuple:
     """Each shard's part of a step: per rank its lookup time, its sequence lookups and their
     bytes, the bytes of data-parallel copies (all-reduced), and the tables split into hot
     and cold parts with their lookups a sample; its exchange added to `ex`."""
@@ -344,9 +371,12 @@ def _shard_work(tables: Sequence[TableStats], shards: Sequence[Shard],
 
 
 def _comm_cpu_s(
-    ex: _Exchange, network: NetworkCost, grad_bytes: float, devices: Sequence[DeviceCost],
+    ex: _Exchange,
+    network: NetworkCost,
+    grad_bytes: float,
+    devices: Sequence[DeviceCost],
     wall_s: dict[str, list[float]],
-) -> dict[str, list[float]]:  # fmt: skip
+) -> dict[str, list[float]]:
     """Per rank, the compute time each exchange's CPU work takes (`StepCost.comm_cpu_s`):
     the bytes it sends and receives on each link times that link's CPU cost, over the
     rank's core speed, at most the exchange's own time on that rank (`wall_s`): the link's
@@ -412,8 +442,9 @@ class _Exchange:
         self.sent_intra[owner] += vec * local
         self.sent_inter[owner] += vec * remote
 
-    def times(self, network: NetworkCost) -> tuple[list[float], list[float], list[float], tuple,
-                                                   float]:  # fmt: skip
+    def times(
+        self, network: NetworkCost
+    ) -> tuple[list[float], list[float], list[float], tuple, float]:
         """Per rank: the embedding exchange's time (one way), the ids', the bytes it sends
         in all of them (forward, backward and ids), and both times split by link: per
         rank, on its NIC share (`nic`, across nodes) and within its node (`fabric`), each
@@ -439,8 +470,10 @@ class _Exchange:
         emb, emb_latency = time(si, ri, se, re)
         ids, _ = time(isi, iri, ise, ire)
         sent = 2 * (si + se) + isi + ise
-        parts = ({"nic": on(inter, se, re), "fabric": on(intra, si, ri)},
-                 {"nic": on(inter, ise, ire), "fabric": on(intra, isi, iri)})  # fmt: skip
+        parts = (
+            {"nic": on(inter, se, re), "fabric": on(intra, si, ri)},
+            {"nic": on(inter, ise, ire), "fabric": on(intra, isi, iri)},
+        )
         return emb, ids, sent.tolist(), parts, emb_latency
 
     def _bytes(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
@@ -448,9 +481,16 @@ class _Exchange:
         for the embeddings (one way) and for the ids."""
         b, node = self.b, self.node
         sent_intra, sent_inter, vec_own, ids_own, cross_own, member_vec = map(
-            np.array, (self.sent_intra, self.sent_inter, self.vec_own, self.ids_own,
-                       self.cross_own, self.member_vec)
-        )  # fmt: skip
+            np.array,
+            (
+                self.sent_intra,
+                self.sent_inter,
+                self.vec_own,
+                self.ids_own,
+                self.cross_own,
+                self.member_vec,
+            ),
+        )
         per_node = lambda x: np.bincount(node, weights=x, minlength=len(self.node_batch))  # noqa: E731
         vec_node, ids_node, cross_node = per_node(vec_own), per_node(ids_own), per_node(cross_own)
         # vectors arrive for a rank's own samples from every owner but itself
@@ -463,8 +503,10 @@ class _Exchange:
         ids_sent_inter = b * (ids_node.sum() - ids_node[node])
         ids_recv_intra = ids_own * (self.node_batch[node] - b)
         ids_recv_inter = ids_own * (self.total - self.node_batch[node])
-        return ((sent_intra, recv_intra, sent_inter, recv_inter),
-                (ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter))  # fmt: skip
+        return (
+            (sent_intra, recv_intra, sent_inter, recv_inter),
+            (ids_sent_intra, ids_recv_intra, ids_sent_inter, ids_recv_inter),
+        )
 
 
 def dot_interaction_flops(features: int, dim: int) -> float:

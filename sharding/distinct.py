@@ -83,8 +83,9 @@ def dedup_volume(
                 vec_new += s.cols * FLOAT_BYTES * samples
                 continue
             if t.name not in distinct:
-                distinct[t.name] = _distinct(t.name, t.rows, ids, samples, inputs, profile,
-                                             clustered)  # fmt: skip
+                distinct[t.name] = _distinct(
+                    t.name, t.rows, ids, samples, inputs, profile, clustered
+                )
             d = distinct[t.name]
             ids_new += min(d, ids) * ID_BYTES
             vec_new += s.cols * FLOAT_BYTES * d
@@ -139,5 +140,5 @@ def with_dedup(cost: StepCost, volume: DedupVolume, grads: bool = True) -> StepC
         comm_cpu_s={
             k: scale(v, by_exchange[k]) if k in by_exchange else v
             for k, v in cost.comm_cpu_s.items()
-        },  # fmt: skip
+        },
     )

@@ -47,8 +47,14 @@ def split_table_configs(plan: Plan, feature_of: dict[str, str]) -> list[Embeddin
     for t in plan.tables:
         parts = _parts(t)
         for name, rows in parts:
-            configs.append(EmbeddingBagConfig(name=name, embedding_dim=t.dim, num_embeddings=rows,
-                                              feature_names=[feature_of[t.name]]))  # fmt: skip
+            configs.append(
+                EmbeddingBagConfig(
+                    name=name,
+                    embedding_dim=t.dim,
+                    num_embeddings=rows,
+                    feature_names=[feature_of[t.name]],
+                )
+            )
     return configs
 
 
@@ -99,9 +105,11 @@ def _parameter_shardings(
                 # and the smallest cache (a piece whole in HBM counts as cached whole)
                 share = min(s.cache_rows / s.rows if s.tier == Tier.cached else 1.0 for s in cold)
                 k = kernel(t.tier, name, share)
-                per_param[name] = column_wise(ranks=[s.rank for s in cold],
-                                              size_per_rank=[s.cols for s in cold],
-                                              compute_kernel=k)  # fmt: skip
+                per_param[name] = column_wise(
+                    ranks=[s.rank for s in cold],
+                    size_per_rank=[s.cols for s in cold],
+                    compute_kernel=k,
+                )
     return per_param, caches, row_kernels
 
 
@@ -126,18 +134,33 @@ def to_torchrec_plan(
     nodes = [d["node"] for d in plan.devices] or [0] * world  # ranks per node: TWRW's hosts
     local = max(nodes.count(n) for n in set(nodes))
     bag_params = {n: g for n, g in per_param.items() if n not in cold_names}
-    plans = {MODULE: construct_module_sharding_plan(
-        ebc, bag_params, local_size=local, world_size=world, device_type=device_type)}  # fmt: skip
+    plans = {
+        MODULE: construct_module_sharding_plan(
+            ebc, bag_params, local_size=local, world_size=world, device_type=device_type
+        )
+    }
     if cold_names:
         ec = EmbeddingCollection(
-            [EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim,
-                             num_embeddings=c.num_embeddings, feature_names=c.feature_names)
-             for c in configs if c.name in cold_names], device=meta)  # fmt: skip
+            [
+                EmbeddingConfig(
+                    name=c.name,
+                    embedding_dim=c.embedding_dim,
+                    num_embeddings=c.num_embeddings,
+                    feature_names=c.feature_names,
+                )
+                for c in configs
+                if c.name in cold_names
+            ],
+            device=meta,
+        )
         plans[SEQUENCE_MODULE] = construct_module_sharding_plan(
-            ec, {c.name: per_param[c.name] for c in configs if c.name in cold_names},
-            local_size=local, world_size=world,
-            device_type=device_type, sharder=EmbeddingCollectionSharder(),
-        )  # fmt: skip
+            ec,
+            {c.name: per_param[c.name] for c in configs if c.name in cold_names},
+            local_size=local,
+            world_size=world,
+            device_type=device_type,
+            sharder=EmbeddingCollectionSharder(),
+        )
     for module_plan in plans.values():  # the cache the plan sized, not TorchRec's default
         for name, ps in module_plan.items():
             if name in caches:
@@ -162,13 +185,20 @@ def for_cpu_ranks(plan: ShardingPlan) -> ShardingPlan:
         for name, ps in module_plan.items():
             spec = ps.sharding_spec
             if spec is not None:
-                spec = EnumerableShardingSpec([
-                    ShardMetadata(m.shard_offsets, m.shard_sizes, f"rank:{m.placement.rank()}/cpu")
-                    for m in spec.shards
-                ])  # fmt: skip
+                spec = EnumerableShardingSpec(
+                    [
+                        ShardMetadata(
+                            m.shard_offsets, m.shard_sizes, f"rank:{m.placement.rank()}/cpu"
+                        )
+                        for m in spec.shards
+                    ]
+                )
             converted[name] = dataclasses.replace(
-                ps, compute_kernel=_CPU_KERNEL.get(ps.compute_kernel, ps.compute_kernel),
-                sharding_spec=spec, cache_params=None, enforce_hbm=None,
-            )  # fmt: skip
+                ps,
+                compute_kernel=_CPU_KERNEL.get(ps.compute_kernel, ps.compute_kernel),
+                sharding_spec=spec,
+                cache_params=None,
+                enforce_hbm=None,
+            )
         plans[module] = type(module_plan)(converted)
     return ShardingPlan(plans)

@@ -106,11 +106,13 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
     # batch splits ranked on the speed shares' placement; the two most promising that are
     # not near copies of one already placed are placed anew (greedy), the best then polished
     try:
-        best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs,
-                        False)  # fmt: skip
+        best = evaluate(_hybrid(inputs, speed_batch(inputs), options, polish=False), inputs, False)
     except PlanDoesNotFitError:  # a fast rank's larger batch left its tables no room
-        best = evaluate(_hybrid(inputs, equal_batch(inputs.global_batch, inputs.world), options,
-                                polish=False), inputs, False)  # fmt: skip
+        best = evaluate(
+            _hybrid(inputs, equal_batch(inputs.global_batch, inputs.world), options, polish=False),
+            inputs,
+            False,
+        )
     ranked = sorted(
         distinct_batches(other_batches(inputs, guides, best), best.batch_per_rank),
         key=lambda batch: _step_ms(
@@ -141,8 +143,7 @@ def hybrid(inputs: PlanInputs, options: HybridOptions | None = None) -> Plan:
         candidates = [(best, _Recipe(best.batch_per_rank, options))]
     if inputs.world > SEARCH_FULL_RANKS:  # planning time: the searches refine the best only
         candidates = [min(candidates, key=lambda x: _step_ms(x[0]))]
-    plan = min((_reshape(inputs, *_tune_replication(inputs, *c)) for c in candidates),
-               key=_step_ms)  # fmt: skip
+    plan = min((_reshape(inputs, *_tune_replication(inputs, *c)) for c in candidates), key=_step_ms)
     # the final placement with whichever batch split suits it best
     return with_speed_aware_batch(plan, inputs, guides)
 
@@ -163,8 +164,17 @@ class _Recipe:
         return evaluate(self.placement(inputs, polish).plan(), inputs, bound=False)
 
     def placement(self, inputs: PlanInputs, polish: bool = True) -> _Placement:
-        return _placement(inputs, self.batch, self.options, self.hot, polish, self.uncut,
-                          self.groups, self.shapes, self.pooled)  # fmt: skip
+        return _placement(
+            inputs,
+            self.batch,
+            self.options,
+            self.hot,
+            polish,
+            self.uncut,
+            self.groups,
+            self.shapes,
+            self.pooled,
+        )
 
 
 def _fitting(make: Callable[[], tuple[Plan, _Recipe]]) -> list[tuple[Plan, _Recipe]]:
@@ -268,9 +278,13 @@ def _climb(made: _Placement, inputs: PlanInputs) -> dict | None:
     tiers: dict[str, set] = {}
     for p, s in placer.placed:
         tiers.setdefault(p.table.name, set()).add(s.tier)
-    wholes = [p for name, p in made.wholes.items()
-              if not p.sparse_exchange and made.plans[name].cold_parts == 1
-              and tiers.get(name) == {Tier.hbm}]  # fmt: skip
+    wholes = [
+        p
+        for name, p in made.wholes.items()
+        if not p.sparse_exchange
+        and made.plans[name].cold_parts == 1
+        and tiers.get(name) == {Tier.hbm}
+    ]
     wholes.sort(key=lambda p: -float(placer.cost(p).min()))
     shapes = {p.table.name: 0 for p in wholes}
     for q, s in placer.placed:
@@ -309,8 +323,11 @@ def _shapes(p: Piece, inputs: PlanInputs, grouping: bool) -> list:
     """The shapes `_reshape` tries for a table's whole cold part: a group, then 1, 2, 4, ...
     column pieces (at most one a rank, dims multiples of MIN_COLS)."""
     dim = p.table.dim
-    cols = [k for k in (2**j for j in range(12)) if k <= inputs.world and dim % k == 0
-            and dim // k >= MIN_COLS]  # fmt: skip
+    cols = [
+        k
+        for k in (2**j for j in range(12))
+        if k <= inputs.world and dim % k == 0 and dim // k >= MIN_COLS
+    ]
     return ([GROUP] if grouping and _groupable(p, inputs) else []) + cols
 
 
@@ -357,8 +374,10 @@ def distinct_batches(batches: list[list[int]], *placed: list[int]) -> list[list[
     kept: list[list[int]] = []
     for batch in batches:
         tolerance = DISTINCT_BATCH * sum(batch)
-        if all(max(abs(a - b) for a, b in zip(batch, other, strict=True)) > tolerance
-               for other in (*placed, *kept)):  # fmt: skip
+        if all(
+            max(abs(a - b) for a, b in zip(batch, other, strict=True)) > tolerance
+            for other in (*placed, *kept)
+        ):
             kept.append(batch)
     return kept
 
@@ -456,8 +475,11 @@ def group_ready(inputs: PlanInputs) -> bool:
 
 def pooled_cold(plan: Plan) -> frozenset[str]:
     """The tables of `plan` that keep a hot part and exchange their cold part pooled."""
-    return frozenset(t.name for t in plan.tables if 0 < t.replicated_rows < t.rows
-                     and not any(s.sparse_exchange for s in t.shards))  # fmt: skip
+    return frozenset(
+        t.name
+        for t in plan.tables
+        if 0 < t.replicated_rows < t.rows and not any(s.sparse_exchange for s in t.shards)
+    )
 
 
 def best_options(plan: Plan, options: HybridOptions) -> HybridOptions:
@@ -494,8 +516,11 @@ def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
     exchange taken as balanced (`exchange_s_per_byte`)."""
     big_b, w = inputs.global_batch, inputs.world
     by_name = {t.name: t for t in inputs.tables}
-    volume = sum(s.cols * FLOAT_BYTES * vectors_per_sample(s, by_name[s.table])
-                 for s in plan.shards() if not s.dp)  # fmt: skip
+    volume = sum(
+        s.cols * FLOAT_BYTES * vectors_per_sample(s, by_name[s.table])
+        for s in plan.shards()
+        if not s.dp
+    )
     sample_s = dense_s_per_sample(inputs)
     input_s = np.array([d.input_s_per_sample + d.sample_overhead_s for d in inputs.devices])
     caps = np.unique(np.linspace(math.ceil(big_b / w), max(plan.batch_per_rank), 64).round())
@@ -504,8 +529,12 @@ def _exchange_aware_batch(plan: Plan, inputs: PlanInputs) -> list[int]:
     level = capped_time(big_b, sample_s, caps)
     shares = np.minimum(caps[:, None], level[:, None] / sample_s[None, :])
     shares *= big_b / shares.sum(axis=1, keepdims=True)
-    cost = [np.max(b * sample_s) + np.max(b * input_s)
-            + passes / 2 * exchange_s_per_byte(inputs, b) * volume for b in shares]  # fmt: skip
+    cost = [
+        np.max(b * sample_s)
+        + np.max(b * input_s)
+        + passes / 2 * exchange_s_per_byte(inputs, b) * volume
+        for b in shares
+    ]
     return capped_batch(big_b, sample_s, int(caps[int(np.argmin(cost))]))
 
 
@@ -537,8 +566,17 @@ def _placement(
     limit, share, reserve = math.inf, MAX_REPLICATED_SHARE, 1.0
     for _ in range(MAX_FIT_TRIES):
         try:
-            return _place(inputs, batch, options, (limit, share, reserve), (hot, pooled),
-                          polish, uncut, groups, shapes or {})  # fmt: skip
+            return _place(
+                inputs,
+                batch,
+                options,
+                (limit, share, reserve),
+                (hot, pooled),
+                polish,
+                uncut,
+                groups,
+                shapes or {},
+            )
         except _NoBufferRoom:
             if reserve >= inputs.world:
                 break
@@ -566,9 +604,13 @@ class _NoBufferRoom(Exception):
 
 
 def _replicate(
-    inputs: PlanInputs, batch: list[int], options: HybridOptions, share: float,
-    asked: tuple[dict | None, frozenset], placer: Placer,
-) -> tuple[dict[str, TablePlan], list[tuple[float, int, Piece]]]:  # fmt: skip
+    inputs: PlanInputs,
+    batch: list[int],
+    options: HybridOptions,
+    share: float,
+    asked: tuple[dict | None, frozenset],
+    placer: Placer,
+) -> tuple[dict[str, TablePlan], list[tuple[float, int, Piece]]]:
     """The replicated hot rows of every table, within `share` of the smallest device's memory
     (hottest-per-byte tables first; `asked`: the rows asked for and the tables whose cold
     part stays pooled, or None: `_replicated_rows` decides), taken from `placer`'s room;
@@ -592,8 +634,17 @@ def _replicate(
         everyone = list(range(inputs.world)) if h else []
         shards = [Shard(t.name, ALL_RANKS, h, t.dim, dp=True, lookup_share=cov_h)] if h else []
         kind = "data_parallel" if h == t.rows else ""
-        plans[t.name] = TablePlan(t.name, t.rows, t.dim, kind, everyone, Tier.hbm,
-                                  hot_rows=h, replicated_rows=h, shards=shards)  # fmt: skip
+        plans[t.name] = TablePlan(
+            t.name,
+            t.rows,
+            t.dim,
+            kind,
+            everyone,
+            Tier.hbm,
+            hot_rows=h,
+            replicated_rows=h,
+            shards=shards,
+        )
         if h < t.rows:
             whole = Piece(t, t.rows - h, t.dim, 1.0 - cov_h, sparse_exchange=sparse, hot=h)
             pieces.append((float(placer.cost(whole).min()), len(pieces), whole))
@@ -729,19 +780,25 @@ class _Prices:
     @staticmethod
     def of(inputs: PlanInputs, batch: list[int]) -> _Prices:
         devs = inputs.devices
-        return _Prices(exchange_s_per_byte(inputs, batch),
-                       np.array([d.sequence_s_per_lookup for d in devs]),
-                       np.array([d.sequence_s_per_byte for d in devs]),
-                       np.array([d.split_s_per_table for d in devs]),
-                       np.array([d.split_s_per_lookup for d in devs]),
-                       np.asarray(batch, dtype=np.float64),
-                       1 / max(lookup_rates(inputs)), lookups_spread_s(inputs))  # fmt: skip
+        return _Prices(
+            exchange_s_per_byte(inputs, batch),
+            np.array([d.sequence_s_per_lookup for d in devs]),
+            np.array([d.sequence_s_per_byte for d in devs]),
+            np.array([d.split_s_per_table for d in devs]),
+            np.array([d.split_s_per_lookup for d in devs]),
+            np.asarray(batch, dtype=np.float64),
+            1 / max(lookup_rates(inputs)),
+            lookups_spread_s(inputs),
+        )
 
 
 def _replicated_rows(
-    inputs: PlanInputs, t: TableStats, budget_bytes: float, prices: _Prices,
+    inputs: PlanInputs,
+    t: TableStats,
+    budget_bytes: float,
+    prices: _Prices,
     options: HybridOptions,
-) -> tuple[int, bool]:  # fmt: skip
+) -> tuple[int, bool]:
     """Hottest rows worth replicating, and whether the cold rest exchanges only its own
     lookups (True) or stays pooled. With `options.pooled_hot`: the least, over the table
     kept whole, replicated whole or split at each h either way, of `_table_cost`.
@@ -757,9 +814,17 @@ def _replicated_rows(
     if options.pooled_hot:
         cost = _table_cost(inputs, t, prices)
         modes = [False, True] if inputs.cold_only_exchange else [False]
-        best = min([(cost(0, False), 0, False),
-                    *((cost(h, sparse), h, sparse) for h in fits for sparse in modes
-                      if not (sparse and h == t.rows))])  # fmt: skip
+        best = min(
+            [
+                (cost(0, False), 0, False),
+                *(
+                    (cost(h, sparse), h, sparse)
+                    for h in fits
+                    for sparse in modes
+                    if not (sparse and h == t.rows)
+                ),
+            ]
+        )
         return best[1], best[2]
     cov = inputs.coverage[t.name]
     exchange_s = prices.exchange_s * t.dim * FLOAT_BYTES
@@ -785,8 +850,9 @@ def _replicated_rows(
 def _split_s(t: TableStats, prices: _Prices) -> float:
     """A split table's own work a step (its remap, keys and sum; either exchange), at the
     rank where it is most."""
-    return float(np.max(prices.split_table + prices.batch * t.lookups_per_sample
-                        * prices.split_lookup))  # fmt: skip
+    return float(
+        np.max(prices.split_table + prices.batch * t.lookups_per_sample * prices.split_lookup)
+    )
 
 
 def _sequence_s(inputs: PlanInputs, t: TableStats, prices: _Prices) -> float:
@@ -861,8 +927,18 @@ def _cut(
         while need(math.ceil(p.rows / k), p.cols) > limit and 2 * k <= most:
             k *= 2
         rows = cold_part_rows(p.rows, k)
-        return [Piece(t, rows[j], p.cols, p.lookup_share * rows[j] / p.rows, p.sparse_exchange,
-                      part=j, hot=p.hot) for j in range(k)]  # fmt: skip
+        return [
+            Piece(
+                t,
+                rows[j],
+                p.cols,
+                p.lookup_share * rows[j] / p.rows,
+                p.sparse_exchange,
+                part=j,
+                hot=p.hot,
+            )
+            for j in range(k)
+        ]
 
     if p.sparse_exchange:
         k = 1

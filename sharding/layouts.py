@@ -33,15 +33,24 @@ def random_layout(seed: int, max_ranks: int = 512) -> ClusterSpec:
         count = max(1, share // per_node)
         left -= count * per_node
         hbm = DEVICE_CATALOG[kind].hbm_gib * (rng.uniform(0.1, 0.4) if short_hbm else 1.0)
-        nodes.append(NodeGroup(
-            count=count,
-            host_memory_gib=float(rng.uniform(16, 64) if tight_host else rng.uniform(512, 2048)),
-            devices=[DeviceGroup(str(kind), per_node, hbm_gib=float(hbm))],
-            intra_node_gbit_s=float(rng.choice([200.0, 900.0, 2400.0]) if per_node > 1 else 200.0),
-        ))  # fmt: skip
+        nodes.append(
+            NodeGroup(
+                count=count,
+                host_memory_gib=float(
+                    rng.uniform(16, 64) if tight_host else rng.uniform(512, 2048)
+                ),
+                devices=[DeviceGroup(str(kind), per_node, hbm_gib=float(hbm))],
+                intra_node_gbit_s=float(
+                    rng.choice([200.0, 900.0, 2400.0]) if per_node > 1 else 200.0
+                ),
+            )
+        )
     inter = float(np.exp(rng.uniform(np.log(10), np.log(400))))
-    network = NetworkSpec(intra_node_gbit_s=900.0, inter_node_gbit_s=inter,
-                          allreduce=str(rng.choice(["ring", "nccl"])))  # fmt: skip
+    network = NetworkSpec(
+        intra_node_gbit_s=900.0,
+        inter_node_gbit_s=inter,
+        allreduce=str(rng.choice(["ring", "nccl"])),
+    )
     return ClusterSpec(name=f"layout_{seed}", nodes=nodes, network=network)
 
 

@@ -106,7 +106,11 @@ def rank_memory(
     per_sample = batch_bytes_per_sample(inputs)
     out = []
     for r in range(inputs.world):
-        parts = {"tables": float(tables[r]["hbm"]), "buffers": float(buffers[r]),
-                 "dense": dense_bytes(inputs), "batch": float(batch[r]) * per_sample}  # fmt: skip
+        parts = {
+            "tables": float(tables[r]["hbm"]),
+            "buffers": float(buffers[r]),
+            "dense": dense_bytes(inputs),
+            "batch": float(batch[r]) * per_sample,
+        }
         out.append({"hbm": sum(parts.values()), "host": float(tables[r]["host"]), **parts})
     return out

@@ -65,8 +65,9 @@ class Piece:
 
     def buffer_bytes(self, samples: float) -> float:
         """Its input and output buffers in device memory for `samples` (`sharding.memory`)."""
-        return piece_buffer_bytes(self.table, self.cols, self.lookup_share, self.sparse_exchange,
-                                  samples)  # fmt: skip
+        return piece_buffer_bytes(
+            self.table, self.cols, self.lookup_share, self.sparse_exchange, samples
+        )
 
     def looked_up_bytes(self, samples: float) -> float:
         t = self.table
@@ -141,8 +142,9 @@ class Placer:
         )
 
     def _exchange_s(self, si, ri, se, re) -> np.ndarray:
-        return np.maximum(np.maximum(si, ri) * self.intra_per_byte,
-                          np.maximum(se, re) * self.inter_per_byte)  # fmt: skip
+        return np.maximum(
+            np.maximum(si, ri) * self.intra_per_byte, np.maximum(se, re) * self.inter_per_byte
+        )
 
     def exchange(self) -> np.ndarray:
         """Each rank's predicted exchange so far."""
@@ -264,9 +266,13 @@ class Placer:
             self.free_hbm[r] -= need
             self._commit(r, p, lookup_s[r])
             shard = Shard(
-                p.table.name, r, p.rows, p.cols,
-                lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
-            )  # fmt: skip
+                p.table.name,
+                r,
+                p.rows,
+                p.cols,
+                lookup_share=p.lookup_share,
+                sparse_exchange=p.sparse_exchange,
+            )
             self.placed.append((p, shard))
             return shard
         need = self.table_bytes(p)
@@ -293,9 +299,17 @@ class Placer:
         self.free_hbm[r] -= cache_rows[r] * row_bytes + buffers
         self._commit(r, p, lookup_s[r])
         tier = Tier.cached if cache_rows[r] > 0 else Tier.host
-        shard = Shard(p.table.name, r, p.rows, p.cols, tier, hit_rate=float(hit[r]),
-                      lookup_share=p.lookup_share, sparse_exchange=p.sparse_exchange,
-                      cache_rows=int(cache_rows[r]))  # fmt: skip
+        shard = Shard(
+            p.table.name,
+            r,
+            p.rows,
+            p.cols,
+            tier,
+            hit_rate=float(hit[r]),
+            lookup_share=p.lookup_share,
+            sparse_exchange=p.sparse_exchange,
+            cache_rows=int(cache_rows[r]),
+        )
         self.placed.append((p, shard))
         return shard
 
@@ -319,8 +333,10 @@ class Placer:
         shards = [self.placed[i][1] for i in idx]
         whole = [self.table_bytes(p) for p in pieces]
         row_w = [p.cols * p.table.weight_bytes for p in pieces]  # a cache holds weights
-        in_hbm = [w if s.tier == Tier.hbm else s.cache_rows * rw
-                  for s, w, rw in zip(shards, whole, row_w, strict=True)]  # fmt: skip
+        in_hbm = [
+            w if s.tier == Tier.hbm else s.cache_rows * rw
+            for s, w, rw in zip(shards, whole, row_w, strict=True)
+        ]
         in_host = [0.0 if s.tier == Tier.hbm else w for s, w in zip(shards, whole, strict=True)]
         hbm = self.free_hbm[r] + sum(in_hbm)
         if sum(whole) > self.free_host[r] + sum(in_host):
@@ -330,8 +346,10 @@ class Placer:
         hits = [s.hit_rate if s.tier != Tier.hbm else 1.0 for s in shards]
         coverage = [self.inputs.coverage[p.table.name] for p in pieces]
         rows = _cache_sizes(pieces, coverage, looked, row_w, whole, hbm)
-        hit = [1.0 if n == WHOLE else p.cache_hit(c, n)
-               for p, c, n in zip(pieces, coverage, rows, strict=True)]  # fmt: skip
+        hit = [
+            1.0 if n == WHOLE else p.cache_hit(c, n)
+            for p, c, n in zip(pieces, coverage, rows, strict=True)
+        ]
         gain = saved * sum(x * (h - g) for x, h, g in zip(looked, hit, hits, strict=True))
         if gain <= 1e-12 * self.load[r]:
             return
@@ -339,8 +357,9 @@ class Placer:
         self.free_hbm[r] = hbm - sum(
             w if n == WHOLE else n * rw for w, n, rw in zip(whole, rows, row_w, strict=True)
         )
-        self.free_host[r] += sum(in_host) - sum(w for w, n in zip(whole, rows, strict=True)
-                                                if n != WHOLE)  # fmt: skip
+        self.free_host[r] += sum(in_host) - sum(
+            w for w, n in zip(whole, rows, strict=True) if n != WHOLE
+        )
         for i, s, n, h in zip(idx, shards, rows, hit, strict=True):
             if n == WHOLE:
                 new = replace(s, tier=Tier.hbm, hit_rate=1.0, cache_rows=0)
@@ -386,9 +405,11 @@ class Placer:
                 continue
             look_n = look[members] + lookup_s
             exch_n = self._exchange_s(
-                self.sent_intra[members] + scatter, self.recv_intra[members] + scatter,
-                self.sent_inter[members] + remote, self.recv_inter[members] - self.b[members] * v,
-            )  # fmt: skip
+                self.sent_intra[members] + scatter,
+                self.recv_intra[members] + scatter,
+                self.sent_inter[members] + remote,
+                self.recv_inter[members] - self.b[members] * v,
+            )
             key = (
                 max(look_n.max(), look_outside[n]) + max(exch_n.max(), exch_outside[n]),
                 float(look_n.sum() + exch_n.sum()),
@@ -403,8 +424,9 @@ class Placer:
         shards = []
         for r, n_rows in zip(members, rows, strict=True):
             share = float(p.lookup_share * n_rows / p.rows)
-            shard = Shard(p.table.name, int(r), int(n_rows), p.cols, lookup_share=share,
-                          node_reduce=True)  # fmt: skip
+            shard = Shard(
+                p.table.name, int(r), int(n_rows), p.cols, lookup_share=share, node_reduce=True
+            )
             self.placed.append((p, shard))
             shards.append(shard)
         return shards
@@ -417,8 +439,12 @@ class Placer:
         scatter = v * self.total * (size - 1) / size
         remote = (self.total - self.node_batch[members]) * v / size
         # each member's buffers: its ids, and its partial sums for every sample both ways
-        buffers = np.array([piece_buffer_bytes(p.table, p.cols, p.lookup_share * n / p.rows,
-                                               False, self.total) for n in rows])  # fmt: skip
+        buffers = np.array(
+            [
+                piece_buffer_bytes(p.table, p.cols, p.lookup_share * n / p.rows, False, self.total)
+                for n in rows
+            ]
+        )
         return rows * self.inputs.row_bytes(p.cols) + buffers, lookup_s, scatter, remote
 
     def _commit_group(self, members, need, lookup_s, scatter, remote, v, sign=1.0) -> None:
@@ -447,8 +473,15 @@ class Placer:
                 self._commit(s.rank, p, float(self._lookup_s(p)[s.rank]), sign=-1.0)
                 self.free_hbm[s.rank] += self.hbm_need(p)
 
-    _STATE = ("free_hbm", "free_host", "load", "sent_intra", "sent_inter", "recv_intra",
-              "recv_inter")  # fmt: skip  # what placing changes, besides `placed`
+    _STATE = (
+        "free_hbm",
+        "free_host",
+        "load",
+        "sent_intra",
+        "sent_inter",
+        "recv_intra",
+        "recv_inter",
+    )  # what placing changes, besides `placed`
 
     def snapshot(self) -> tuple:
         """The placement so far, for `restore`."""
@@ -508,9 +541,13 @@ def _top_two(values: np.ndarray) -> tuple[int, float]:
 
 
 def _cache_sizes(
-    pieces: list[Piece], coverage: list[Callable[[int], float]], looked: list[float],
-    row_bytes: list[int], whole: list[float], room: float,
-) -> list[int]:  # fmt: skip
+    pieces: list[Piece],
+    coverage: list[Callable[[int], float]],
+    looked: list[float],
+    row_bytes: list[int],
+    whole: list[float],
+    room: float,
+) -> list[int]:
     """Per piece, the rows of its HBM cache, or WHOLE (in device memory whole), within
     `room` bytes, greedily by the lookups a byte serves (`looked`: bytes a step per piece).
     Cache sizes step through powers of two of rows (coverage curves are concave, so a step

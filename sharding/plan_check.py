@@ -54,14 +54,21 @@ def check_inputs(inputs: PlanInputs) -> None:
     if not (_finite(inputs.dense_params) and inputs.dense_params >= 0):
         raise PlanInputError(f"dense_params must be >= 0, got {inputs.dense_params}")
     net = inputs.network
-    for name, link in (("all-to-all", net.alltoall), ("all-reduce", net.allreduce),
-                       ("intra-node all-to-all", net.intra_alltoall)):  # fmt: skip
+    for name, link in (
+        ("all-to-all", net.alltoall),
+        ("all-reduce", net.allreduce),
+        ("intra-node all-to-all", net.intra_alltoall),
+    ):
         if not (_finite(link.bytes_per_s) and link.bytes_per_s > 0):
-            raise PlanInputError(f"the {name} link's bandwidth must be > 0, got "
-                                 f"{link.bytes_per_s} bytes/s (cluster.network)")  # fmt: skip
+            raise PlanInputError(
+                f"the {name} link's bandwidth must be > 0, got "
+                f"{link.bytes_per_s} bytes/s (cluster.network)"
+            )
         if not (_finite(link.latency_s) and link.latency_s >= 0):
-            raise PlanInputError(f"the {name} link's latency must be >= 0, got "
-                                 f"{link.latency_s} s (cluster.network.latency_us)")  # fmt: skip
+            raise PlanInputError(
+                f"the {name} link's latency must be >= 0, got "
+                f"{link.latency_s} s (cluster.network.latency_us)"
+            )
     if len(inputs.devices) != w:
         raise PlanInputError(f"{len(inputs.devices)} device costs for {w} ranks")
     for r, d in enumerate(inputs.devices):
@@ -74,8 +81,9 @@ def check_inputs(inputs: PlanInputs) -> None:
             raise PlanInputError(f"table '{t.name}' is listed twice")
         seen.add(t.name)
         if t.rows < 1 or t.dim < 1:
-            raise PlanInputError(f"table '{t.name}': rows and dim must be >= 1, got "
-                                 f"{t.rows} x {t.dim}")  # fmt: skip
+            raise PlanInputError(
+                f"table '{t.name}': rows and dim must be >= 1, got {t.rows} x {t.dim}"
+            )
         if not (_finite(t.lookups_per_sample) and t.lookups_per_sample >= 0):
             raise PlanInputError(
                 f"table '{t.name}': lookups per sample must be >= 0, got {t.lookups_per_sample}"

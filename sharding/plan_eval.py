@@ -126,16 +126,24 @@ def evaluate(plan: Plan, inputs: PlanInputs, bound: bool = True, check_tables: b
     for r, rank in enumerate(inputs.ranks):
         lookup = cost.lookup_fwd_s[r] + cost.lookup_bwd_s[r]
         exchange = cost.ids_a2a_s[r] + cost.emb_a2a_fwd_s[r] + cost.emb_a2a_bwd_s[r]
-        plan.devices.append({
-            "rank": r, "node": rank.node, "kind": rank.kind,
-            "hbm_used_bytes": mem[r]["hbm"], "hbm_cap_bytes": int(hbm_cap[r]),
-            "host_used_bytes": mem[r]["host"], "host_cap_bytes": int(host_cap[r]),
-            "hbm_parts_bytes": {k: mem[r][k] for k in ("tables", "buffers", "dense", "batch")},
-            "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]), "batch": plan.batch_per_rank[r],
-            "lookup_ms": 1000 * lookup, "exchange_ms": 1000 * exchange,
-            "dense_ms": 1000 * cost.dense_s[r],
-            "split_ms": 1000 * (cost.split_s[r] if cost.split_s else 0.0),
-        })  # fmt: skip
+        plan.devices.append(
+            {
+                "rank": r,
+                "node": rank.node,
+                "kind": rank.kind,
+                "hbm_used_bytes": mem[r]["hbm"],
+                "hbm_cap_bytes": int(hbm_cap[r]),
+                "host_used_bytes": mem[r]["host"],
+                "host_cap_bytes": int(host_cap[r]),
+                "hbm_parts_bytes": {k: mem[r][k] for k in ("tables", "buffers", "dense", "batch")},
+                "est_ms": 1000 * (lookup + exchange + cost.dense_s[r]),
+                "batch": plan.batch_per_rank[r],
+                "lookup_ms": 1000 * lookup,
+                "exchange_ms": 1000 * exchange,
+                "dense_ms": 1000 * cost.dense_s[r],
+                "split_ms": 1000 * (cost.split_s[r] if cost.split_s else 0.0),
+            }
+        )
     plan.feasible = all(
         d["hbm_used_bytes"] <= d["hbm_cap_bytes"] + 1
         and d["host_used_bytes"] <= d["host_cap_bytes"] + 1

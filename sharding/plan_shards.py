@@ -39,9 +39,17 @@ def plan_layout(plan: ShardingPlan) -> list[dict]:
                 for md in (ps.sharding_spec.shards if ps.sharding_spec is not None else [])
             ]
             clf = ps.cache_params.load_factor if ps.cache_params is not None else None
-            rows.append({"module": module, "table": name, "sharding_type": ps.sharding_type,
-                         "compute_kernel": ps.compute_kernel, "ranks": ps.ranks,
-                         "cache_load_factor": clf, "shards": shards})  # fmt: skip
+            rows.append(
+                {
+                    "module": module,
+                    "table": name,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": ps.ranks,
+                    "cache_load_factor": clf,
+                    "shards": shards,
+                }
+            )
     return rows
 
 
@@ -57,8 +65,10 @@ def check_layout(layout: object) -> None:
             if not isinstance(s, dict) or any(
                 not isinstance(s.get(k), int) or s[k] < 0 for k in ("rank", "rows", "cols")
             ):
-                raise LayoutError(f"row {i} ({row['table']}): a shard needs integer rank, rows "
-                                 f"and cols >= 0, got {s}")  # fmt: skip
+                raise LayoutError(
+                    f"row {i} ({row['table']}): a shard needs integer rank, rows "
+                    f"and cols >= 0, got {s}"
+                )
 
 
 def shards_from_layout(
@@ -74,8 +84,10 @@ def shards_from_layout(
     for row in layout:
         name = row["table"]
         if name not in by_name:
-            raise LayoutError(f"the layout names table '{name}', which the model does not have; "
-                             f"its tables: {sorted(by_name)[:8]}")  # fmt: skip
+            raise LayoutError(
+                f"the layout names table '{name}', which the model does not have; "
+                f"its tables: {sorted(by_name)[:8]}"
+            )
         t = by_name[name]
         if any(not 0 <= s["rank"] < world for s in row["shards"]):
             raise LayoutError(f"the layout places table '{name}' on a rank outside 0..{world - 1}")
@@ -90,8 +102,18 @@ def shards_from_layout(
         reduce = row["sharding_type"] == "table_row_wise"
         for s in row["shards"]:
             cache_rows = int(clf * s["rows"]) if tier == Tier.cached else 0
-            shards.append(Shard(name, s["rank"], s["rows"], s["cols"], tier, hit_rate=hit,
-                                cache_rows=cache_rows, node_reduce=reduce))  # fmt: skip
+            shards.append(
+                Shard(
+                    name,
+                    s["rank"],
+                    s["rows"],
+                    s["cols"],
+                    tier,
+                    hit_rate=hit,
+                    cache_rows=cache_rows,
+                    node_reduce=reduce,
+                )
+            )
     return shards
 
 
@@ -111,9 +133,17 @@ def _table_plan(t: TableStats, own: list[Shard], kind: str | None) -> TablePlan:
     if not own:
         raise LayoutError(f"the layout does not place table '{t.name}'")
     dp = all(s.dp for s in own)
-    tp = TablePlan(t.name, t.rows, t.dim, "data_parallel" if dp else "", [], own[0].tier,
-                   hot_rows=t.rows if dp else 0, replicated_rows=t.rows if dp else 0,
-                   shards=own)  # fmt: skip
+    tp = TablePlan(
+        t.name,
+        t.rows,
+        t.dim,
+        "data_parallel" if dp else "",
+        [],
+        own[0].tier,
+        hot_rows=t.rows if dp else 0,
+        replicated_rows=t.rows if dp else 0,
+        shards=own,
+    )
     tp = finish_table(tp)
     tp.sharding_type = kind
     return tp
@@ -136,9 +166,13 @@ class LayoutShards:
             row = rows.get(t.name)
             if row is None:
                 raise LayoutError(f"the layout does not place table '{t.name}'")
-            key = (t.name, row["sharding_type"], row["compute_kernel"],
-                   row.get("cache_load_factor"),
-                   tuple((s["rank"], s["rows"], s["cols"]) for s in row["shards"]))  # fmt: skip
+            key = (
+                t.name,
+                row["sharding_type"],
+                row["compute_kernel"],
+                row.get("cache_load_factor"),
+                tuple((s["rank"], s["rows"], s["cols"]) for s in row["shards"]),
+            )
             if key not in self.kept:
                 own = shards_from_layout([row], inputs.tables, inputs.world, inputs.coverage)
                 self.kept[key] = _table_plan(t, own, row["sharding_type"]).shards

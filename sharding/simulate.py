@@ -90,9 +90,12 @@ class SimResult:
 
 
 def simulate(
-    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4,
+    cost: StepCost,
+    schedule: Schedule,
+    micro_batches: int = 1,
+    steps: int = 4,
     stale: bool = False,
-) -> SimResult:  # fmt: skip
+) -> SimResult:
     """Steady-state step time of `cost`'s stages under `schedule` (`stale`: SemiSync's),
     and its exposed communication (the step less the same run's with instant communication)."""
     timeline = run(step_tasks(cost, schedule, micro_batches, steps, stale=stale))
@@ -107,9 +110,13 @@ def _period(t: Timeline, steps: int) -> float:
 
 
 def step_tasks(
-    cost: StepCost, schedule: Schedule, micro_batches: int = 1, steps: int = 4,
-    network: bool = True, stale: bool = False,
-) -> list[Task]:  # fmt: skip
+    cost: StepCost,
+    schedule: Schedule,
+    micro_batches: int = 1,
+    steps: int = 4,
+    network: bool = True,
+    stale: bool = False,
+) -> list[Task]:
     """The tasks of `steps` consecutive training steps (module docstring); `stale`: SemiSync,
     the next batch's lookups and embedding exchange under this batch's dense work."""
     b = _StepTasks(cost, schedule, micro_batches, network)
@@ -168,17 +175,25 @@ class _StepTasks:
         self.emb_cpu = [x / self.n for x in self.cpu.get("emb", ())]  # one chunk's, each way
         self.tasks: list[Task] = []
 
-    def parts(self, durations: Sequence[float], split: dict[str, list[float]],
-              chunks: int = 1) -> dict[str, list[float]]:  # fmt: skip
+    def parts(
+        self, durations: Sequence[float], split: dict[str, list[float]], chunks: int = 1
+    ) -> dict[str, list[float]]:
         """An exchange's per-rank durations by queue: split by link where the cost has it;
         one of `chunks` chunks of it (`StepCost.chunk_s`: each pays the latency again)."""
         chosen = split or {"net": list(durations)}
-        return {link: [self.cost.chunk_s(x, chunks) * self.net for x in xs]
-                for link, xs in chosen.items()}  # fmt: skip
+        return {
+            link: [self.cost.chunk_s(x, chunks) * self.net for x in xs]
+            for link, xs in chosen.items()
+        }
 
-    def collective(self, name: str, by_link: dict[str, Sequence[float]], deps: Sequence[str],
-                   cpu_s: Sequence[float] = (), inputs: Sequence[str] = ()
-                   ) -> list[str]:  # fmt: skip
+    def collective(
+        self,
+        name: str,
+        by_link: dict[str, Sequence[float]],
+        deps: Sequence[str],
+        cpu_s: Sequence[float] = (),
+        inputs: Sequence[str] = (),
+    ) -> list[str]:
         """One task per rank and link on its queue and its CPU work (`cpu_s`, per rank) on
         the rank's compute queue; returns the barrier after them. Each rank's tasks start
         after `deps` and the rank's own input (`inputs[r]`: an all-to-all, whose sends leave
@@ -215,14 +230,17 @@ class _StepTasks:
         cost = self.cost
         lookups = [f"s{k}:lookup@{r}" for r in self.ranks]
         for r in self.ranks:
-            self.tasks.append(Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + self.seq[r],
-                                   tuple(deps)))  # fmt: skip
+            self.tasks.append(
+                Task(lookups[r], f"compute:{r}", cost.lookup_fwd_s[r] + self.seq[r], tuple(deps))
+            )
         fwd = self.parts(cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s, self.n)
-        return [self.collective(f"s{k}:emb{c}", fwd, (), self.emb_cpu, lookups)
-                for c in range(self.n)]  # fmt: skip
+        return [
+            self.collective(f"s{k}:emb{c}", fwd, (), self.emb_cpu, lookups) for c in range(self.n)
+        ]
 
-    def chunks(self, k: int, fwd: list[list[str]], per_sample_s: float = 0.0
-               ) -> tuple[list[str], list[str]]:  # fmt: skip
+    def chunks(
+        self, k: int, fwd: list[list[str]], per_sample_s: float = 0.0
+    ) -> tuple[list[str], list[str]]:
         """Step k's dense work chunk by chunk (each waits for its own chunk only; with
         `per_sample_s`, its share of that too, and every chunk past the first its fixed
         work), each chunk's gradient exchange, and the all-reduce after the last chunk: the
@@ -234,17 +252,24 @@ class _StepTasks:
         for c in range(self.n):
             dense = [f"{p}:dense{c}@{r}" for r in self.ranks]
             for r in self.ranks:
-                self.tasks.append(Task(dense[r], f"compute:{r}",
-                                       (cost.dense_s[r] + per_sample_s) / self.n + fixed,
-                                       tuple(fwd[c])))  # fmt: skip
+                self.tasks.append(
+                    Task(
+                        dense[r],
+                        f"compute:{r}",
+                        (cost.dense_s[r] + per_sample_s) / self.n + fixed,
+                        tuple(fwd[c]),
+                    )
+                )
             grads += self.collective(f"{p}:grad{c}", bwd, (), self.emb_cpu, dense)
         reduce_on = cost.allreduce_link if cost.emb_a2a_parts_s else "net"
         allreduce = {reduce_on: [cost.allreduce_s * self.net] * self.world}
-        return grads, self.collective(f"{p}:allreduce", allreduce, dense,
-                                      self.cpu.get("allreduce", ()))  # fmt: skip
+        return grads, self.collective(
+            f"{p}:allreduce", allreduce, dense, self.cpu.get("allreduce", ())
+        )
 
-    def end_step(self, k: int, kind: str, durations: Sequence[float],
-                 deps: Sequence[str]) -> list[str]:  # fmt: skip
+    def end_step(
+        self, k: int, kind: str, durations: Sequence[float], deps: Sequence[str]
+    ) -> list[str]:
         """The compute (`kind`, per rank) that ends step k on every rank."""
         done = [f"s{k}:{kind}@{r}" for r in self.ranks]
         for r in self.ranks:

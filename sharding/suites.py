@@ -104,5 +104,5 @@ def random_suite(seed: int, spec: SuiteSpec | None = None) -> Workload:
             "tables": n,
             "skew": [float(skew.min()), float(skew.max())],
             "weights_gb": size / 2**30 if size <= budget else budget / 2**30,
-        },  # fmt: skip
+        },
     )

@@ -88,14 +88,18 @@ def torchrec_topology(inputs: PlanInputs) -> Topology:
     else:
         # at least a byte: TorchRec 1.9.2 sizes row-wise shards in proportion to the devices'
         # HBM and divides by its sum, which no room anywhere makes zero (a byte fits no shard)
-        caps = {"hbm_cap": [max(1, x) for x in room],
-                "ddr_cap": [int(x) for x in inputs.host_budget()]}  # fmt: skip
+        caps = {
+            "hbm_cap": [max(1, x) for x in room],
+            "ddr_cap": [int(x) for x in inputs.host_budget()],
+        }
     per_ms = 1e-3  # TorchRec's bandwidths are bytes per millisecond
     net = inputs.network
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
-    hbm = mean([d.emb_read_bytes_per_s for d in inputs.devices]) if inputs.cpu else mean(
-        [r.hbm_gbyte_s * 1e9 for r in ranks]
-    )  # fmt: skip
+    hbm = (
+        mean([d.emb_read_bytes_per_s for d in inputs.devices])
+        if inputs.cpu
+        else mean([r.hbm_gbyte_s * 1e9 for r in ranks])
+    )
     hardware = HardwareConfig(
         intra_host_bw=net.intra_alltoall.bytes_per_s * per_ms,
         inter_host_bw=min(net.alltoall.bytes_per_s, net.intra_alltoall.bytes_per_s) * per_ms,
@@ -147,13 +151,22 @@ def cache_load_factor(coverage: Coverage, rows: int) -> float:
 def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
     """Per table: every sharding type and kernel TorchRec supports here (module docstring)."""
     if inputs.cpu:
-        types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
-                 ShardingType.TABLE_COLUMN_WISE]  # fmt: skip
+        types = [
+            ShardingType.DATA_PARALLEL,
+            ShardingType.TABLE_WISE,
+            ShardingType.COLUMN_WISE,
+            ShardingType.TABLE_COLUMN_WISE,
+        ]
         kernels = [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED]
     else:
-        types = [ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
-                 ShardingType.TABLE_COLUMN_WISE, ShardingType.ROW_WISE,
-                 ShardingType.TABLE_ROW_WISE]  # fmt: skip
+        types = [
+            ShardingType.DATA_PARALLEL,
+            ShardingType.TABLE_WISE,
+            ShardingType.COLUMN_WISE,
+            ShardingType.TABLE_COLUMN_WISE,
+            ShardingType.ROW_WISE,
+            ShardingType.TABLE_ROW_WISE,
+        ]
         kernels = [EmbeddingComputeKernel.DENSE, EmbeddingComputeKernel.FUSED]
         if max(inputs.host_budget()) > 0:
             kernels += [EmbeddingComputeKernel.FUSED_UVM, EmbeddingComputeKernel.FUSED_UVM_CACHING]
@@ -173,8 +186,10 @@ def torchrec_constraints(inputs: PlanInputs, config: PlannerConfig) -> dict:
     for t in inputs.tables:
         cov = inputs.coverage[t.name]
         lookups = inputs.global_batch * t.lookups_per_sample
-        cache = CacheParams(load_factor=cache_load_factor(cov, t.rows),
-                            stats=CoverageCacheStats(cov, t.rows, lookups))  # fmt: skip
+        cache = CacheParams(
+            load_factor=cache_load_factor(cov, t.rows),
+            stats=CoverageCacheStats(cov, t.rows, lookups),
+        )
         out[t.name] = ParameterConstraints(
             sharding_types=[x.value for x in types],
             compute_kernels=[k.value for k in kernels],
@@ -204,11 +219,14 @@ class _Recorder(NoopPerfModel):
 
 
 def _layout_row(so: ShardingOption) -> dict:
-    return {"table": so.name, "sharding_type": so.sharding_type,
-            "compute_kernel": so.compute_kernel, "cache_load_factor": so.cache_load_factor,
-            "ranks": [sh.rank for sh in so.shards],
-            "shards": [{"rank": sh.rank, "rows": sh.size[0], "cols": sh.size[1]}
-                       for sh in so.shards]}  # fmt: skip
+    return {
+        "table": so.name,
+        "sharding_type": so.sharding_type,
+        "compute_kernel": so.compute_kernel,
+        "cache_load_factor": so.cache_load_factor,
+        "ranks": [sh.rank for sh in so.shards],
+        "shards": [{"rank": sh.rank, "rows": sh.size[0], "cols": sh.size[1]} for sh in so.shards],
+    }
 
 
 @dataclass
@@ -224,8 +242,12 @@ def _planner(
 ) -> tuple[EmbeddingShardingPlanner, _Recorder]:
     topology = torchrec_topology(inputs)
     recorder = _Recorder(topology)
-    proposers = [GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False),
-                 UniformProposer()]  # fmt: skip
+    proposers = [
+        GridSearchProposer(),
+        GreedyProposer(),
+        GreedyProposer(use_depth=False),
+        UniformProposer(),
+    ]
     if not inputs.cpu and max(inputs.host_budget()) > 0:
         proposers.append(EmbeddingOffloadScaleupProposer())
     timeout = config.torchrec_timeout_s
@@ -245,11 +267,15 @@ def _planner(
 def tables_module(inputs: PlanInputs) -> nn.Module:
     """An EmbeddingBagCollection of the inputs' tables on the meta device (no memory)."""
     configs = [
-        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                           feature_names=[f"f_{t.name}"],
-                           data_type=DataType.FP16 if t.weight_bytes == 2 else DataType.FP32)
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=[f"f_{t.name}"],
+            data_type=DataType.FP16 if t.weight_bytes == 2 else DataType.FP32,
+        )
         for t in inputs.tables
-    ]  # fmt: skip
+    ]
     return EmbeddingBagCollection(configs, device=torch.device("meta"))
 
 
@@ -390,9 +416,10 @@ def _fastest(chosen: Plan, layouts: list[list[dict]], inputs: PlanInputs) -> Pla
     step alone (`LayoutShards`), then checked in full fastest first until one fits: checking
     every plan in full took longer than TorchRec's own search on many tables."""
     shards, batch = LayoutShards(inputs), equal_batch(inputs.global_batch, inputs.world)
-    steps = [1000 * shards_cost(shards(x), batch, inputs).step_s(inputs.schedule,
-                                                                 inputs.micro_batches)
-             for x in layouts]  # fmt: skip
+    steps = [
+        1000 * shards_cost(shards(x), batch, inputs).step_s(inputs.schedule, inputs.micro_batches)
+        for x in layouts
+    ]
     order = sorted(range(len(layouts)), key=steps.__getitem__)  # stable: the first of equals
     fastest = None  # evaluated, where none fits
     for i in order:

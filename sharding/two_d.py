@@ -57,8 +57,9 @@ def replica_sync_bytes(group_plan: Plan, group: PlanInputs, world: int) -> float
     return max(per_rank)
 
 
-def two_d_cost(group_plan: Plan, group_cost: StepCost, group: PlanInputs, world: int,
-               network: NetworkCost) -> StepCost:  # fmt: skip
+def two_d_cost(
+    group_plan: Plan, group_cost: StepCost, group: PlanInputs, world: int, network: NetworkCost
+) -> StepCost:
     """The per-rank stage times of one 2D step on `world` ranks (`network`: the whole
     cluster's): the group's stages, with its all-reduce over every rank and the replica
     sync after it."""
@@ -90,15 +91,23 @@ def group_inputs(inputs: PlanInputs, size: int) -> PlanInputs:
         )
     for r in inputs.ranks[size:]:
         first = inputs.ranks[r.rank % size]
-        if (r.kind, r.hbm_bytes, r.speed, r.host_bytes) != \
-                (first.kind, first.hbm_bytes, first.speed, first.host_bytes):  # fmt: skip
+        if (r.kind, r.hbm_bytes, r.speed, r.host_bytes) != (
+            first.kind,
+            first.hbm_bytes,
+            first.speed,
+            first.host_bytes,
+        ):
             raise TwoDGroupError(
                 f"trainer.sharding_group_size={size}: rank {r.rank} ({_device(r)}) is not like "
                 f"rank {first.rank} ({_device(first)}), whose shards it would hold; every group "
                 f"must hold the same devices in the same order"
             )
-    return replace(inputs, ranks=inputs.ranks[:size], devices=inputs.devices[:size],
-                   global_batch=inputs.global_batch * size // world)  # fmt: skip
+    return replace(
+        inputs,
+        ranks=inputs.ranks[:size],
+        devices=inputs.devices[:size],
+        global_batch=inputs.global_batch * size // world,
+    )
 
 
 def _device(r) -> str:

@@ -398,8 +398,9 @@ class StepCost:
     def device_step_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         """The step once its batch is on the device (`step_s` without feeding it): its
         stages' critical path, at least the busiest rank's CPU work (`cpu_floor_s`)."""
-        return max(self.critical_path_s(schedule, micro_batches),
-                   self.cpu_floor_s(schedule, micro_batches))  # fmt: skip
+        return max(
+            self.critical_path_s(schedule, micro_batches), self.cpu_floor_s(schedule, micro_batches)
+        )
 
     def critical_path_s(self, schedule: Schedule = Schedule.plain, micro_batches: int = 1) -> float:
         """The stages of one step as the schedule overlaps them, each at its slowest rank."""
@@ -420,16 +421,26 @@ class StepCost:
             fwd, bwd = max(self.emb_a2a_fwd_s), max(self.emb_a2a_bwd_s)
             chunk_fwd, chunk_bwd = self.chunk_s(fwd, n), self.chunk_s(bwd, n)
             work = dense + self.input_s + cpu + (n - 1) * self.micro_batch_s
-            return (chunk_bwd + max(lookup, self.allreduce_s) + max(self.overhead_s, chunk_fwd)
-                    + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids) + seq)  # fmt: skip
+            return (
+                chunk_bwd
+                + max(lookup, self.allreduce_s)
+                + max(self.overhead_s, chunk_fwd)
+                + max(work, (chunk_fwd + chunk_bwd) * (n - 1) + ids)
+                + seq
+            )
         # each rank's part of the embedding exchange starts when its own work before it ends
         # (its lookups and split tables' work; its dense work for the gradients)
         split = self.split_s or [0.0] * len(self.dense_s)
         before = [f + s for f, s in zip(self.lookup_fwd_s, split, strict=True)]
         fwd = exchange_past_s(before, self.emb_a2a_fwd_s)
         bwd = exchange_past_s(self.dense_s, self.emb_a2a_bwd_s)
-        fixed = (max(self.lookup_fwd_s) + dense + self.backward_tail_s(bwd)
-                 + self.fixed_s(schedule) + seq)  # fmt: skip
+        fixed = (
+            max(self.lookup_fwd_s)
+            + dense
+            + self.backward_tail_s(bwd)
+            + self.fixed_s(schedule)
+            + seq
+        )
         if schedule == Schedule.plain:
             return fixed + ids + fwd + bwd
         # SparseDist, and nested in one micro-batch: the embedding exchange stays exposed,

@@ -53,8 +53,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from _pytest.nodeid import NodeId
 
     for item in items:
-        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                         for m in item.iter_markers("xdist_group")})  # fmt: skip
+        groups = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
         if groups and "@" not in item.nodeid and hasattr(item, "_id"):
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
@@ -72,13 +76,15 @@ def _composed(overrides: tuple[str, ...]) -> DictConfig:
 
 
 # The function each entry module calls (the entry modules of sharding/ call into the app)
-_ENTRY = {"recsys.train": ("recsys.app.train", "cli"),
-          "recsys.evaluate": ("recsys.app.train", "evaluate_cli"),
-          "recsys.score": ("recsys.export", "score_main"),
-          "sharding.plan": ("recsys.app.plan", "main"),
-          "sharding.predict": ("recsys.app.predict", "main"),
-          "sharding.profile": ("recsys.app.profile", "main"),
-          "sharding.describe": ("recsys.app.describe", "main")}  # fmt: skip
+_ENTRY = {
+    "recsys.train": ("recsys.app.train", "cli"),
+    "recsys.evaluate": ("recsys.app.train", "evaluate_cli"),
+    "recsys.score": ("recsys.export", "score_main"),
+    "sharding.plan": ("recsys.app.plan", "main"),
+    "sharding.predict": ("recsys.app.predict", "main"),
+    "sharding.profile": ("recsys.app.profile", "main"),
+    "sharding.describe": ("recsys.app.describe", "main"),
+}
 
 
 def run_command(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -155,8 +161,9 @@ def criteo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("criteo")
     synthesize(SynthConfig(output=str(root / "tsv"), rows=2000, scale=1000))
-    prepare(PrepareConfig(input=str(root / "tsv"), output=str(root / "bin"), workers=1,
-                          progress=False))  # fmt: skip
+    prepare(
+        PrepareConfig(input=str(root / "tsv"), output=str(root / "bin"), workers=1, progress=False)
+    )
     return root / "tsv", root / "bin"
 
 

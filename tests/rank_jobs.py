@@ -190,16 +190,19 @@ def train_variants(
     quiet_library_noise()
     from recsys.app.planning import run_context
 
-    todo = [(run_context(cfg, plan), None)
-            for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)]  # fmt: skip
+    todo = [
+        (run_context(cfg, plan), None)
+        for cfg, plan in zip(cfgs, plans or [None] * len(cfgs), strict=True)
+    ]
     from pipelines.clustering import permute_batch
 
     def shuffler(seed: int):
         gen = torch.Generator().manual_seed(seed)
         return lambda b: permute_batch(b, torch.randperm(len(b.labels), generator=gen))
 
-    todo += [(todo[i][0], shuffler(seed)) for i in shuffle if shuffled
-             for seed in range(1, shuffled + 1)]  # fmt: skip
+    todo += [
+        (todo[i][0], shuffler(seed)) for i in shuffle if shuffled for seed in range(1, shuffled + 1)
+    ]
     from torch.nn.parallel import DistributedDataParallel
 
     runs = []
@@ -207,8 +210,10 @@ def train_variants(
         stats = dict(getattr(job.pipeline, "stats", {}))
         params = _local_params(job.model, job.optimizer)
         # a sharded module keeps its lookups in a list: DDP there is not among modules()
-        held = [*job.model.modules(), *(x for m in job.model.modules()
-                                        for x in getattr(m, "_lookups", []))]  # fmt: skip
+        held = [
+            *job.model.modules(),
+            *(x for m in job.model.modules() for x in getattr(m, "_lookups", [])),
+        ]
         ddp = sum(isinstance(m, DistributedDataParallel) for m in held)
         runs.append({"losses": losses, "params": params, "stats": stats, "ddp_modules": ddp})
     return {"rank": dist.get_rank(), "runs": runs}
@@ -242,8 +247,11 @@ def train_slow_eval(cfg, run_dir: str) -> dict:
 
 
 # What a run works out once (docs/layout.md): counted in the parent and in every rank
-COUNTED = (("sharding.cluster", "resolve_cluster"), ("recsys.app.planning", "plan_inputs"),
-           ("recsys.models.dlrm", "build_model"))  # fmt: skip
+COUNTED = (
+    ("sharding.cluster", "resolve_cluster"),
+    ("recsys.app.planning", "plan_inputs"),
+    ("recsys.models.dlrm", "build_model"),
+)
 
 
 def count_calls(setattr_=setattr) -> dict[str, int]:
@@ -299,8 +307,15 @@ def sharded_scores(cfg, plan, run_dir: str, batches: int) -> dict:
             raw = job.source.batch(cfg.dataset.eval_split, i, rank)
             _, (_, logits, _) = job.model(batch)
             kjt = raw.sparse_features  # numpy: tensors would go by file descriptors
-            out.append({"dense": raw.dense_features.numpy(), "labels": raw.labels.numpy(),
-                        "keys": kjt.keys(), "values": kjt.values().numpy(),
-                        "lengths": kjt.lengths().numpy(), "logits": logits.numpy()})  # fmt: skip
+            out.append(
+                {
+                    "dense": raw.dense_features.numpy(),
+                    "labels": raw.labels.numpy(),
+                    "keys": kjt.keys(),
+                    "values": kjt.values().numpy(),
+                    "lengths": kjt.lengths().numpy(),
+                    "logits": logits.numpy(),
+                }
+            )
     hot_ids = {f: ids.numpy() for f, ids in job.remap.hot_ids.items()} if job.remap else {}
     return {"rank": rank, "batches": out, "hot_ids": hot_ids}

@@ -92,20 +92,36 @@ def local_slurm(root: Path, timeout_s: float = 60) -> Iterator[dict[str, str]]:
     conf.write_text(_conf(root, socket.gethostname()))
     env = dict(os.environ, SLURM_CONF=str(conf))
     procs: list[subprocess.Popen] = []
-    subprocess.run([_binary("munged"), f"--key-file={key}", f"--socket={munge / 'munge.socket'}",
-                    f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
-                    f"--seed-file={munge / 'seed'}", "--force"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            _binary("munged"),
+            f"--key-file={key}",
+            f"--socket={munge / 'munge.socket'}",
+            f"--pid-file={munge / 'munged.pid'}",
+            f"--log-file={munge / 'munged.log'}",
+            f"--seed-file={munge / 'seed'}",
+            "--force",
+        ],
+        check=True,
+    )
     try:
         for daemon in ("slurmctld", "slurmd"):
             log = open(root / f"{daemon}.out", "w")  # noqa: SIM115 - the daemon's for its life
             # a session of their own: nothing they signal reaches the tests' processes
-            procs.append(subprocess.Popen([_binary(daemon), "-D", "-f", str(conf)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [_binary(daemon), "-D", "-f", str(conf)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         while True:
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
-                                 text=True).stdout.split()  # fmt: skip
+            out = subprocess.run(
+                ["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True
+            ).stdout.split()
             if out and all(s == "idle" for s in out):
                 break
             if time.monotonic() > deadline:

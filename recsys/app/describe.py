@@ -59,8 +59,11 @@ def _cpu_devices(ranks: int | None) -> tuple[list[dict], str]:
         raise DescribeError(f"ranks={ranks}: give at least 1")
     device: dict = {"kind": "cpu", "count": count}
     pinned = count == len(cores)
-    note = (f"{len(cores)} usable cores: one rank each, pinned" if pinned
-            else f"{count} ranks sharing {len(cores)} usable cores (unpinned)")  # fmt: skip
+    note = (
+        f"{len(cores)} usable cores: one rank each, pinned"
+        if pinned
+        else f"{count} ranks sharing {len(cores)} usable cores (unpinned)"
+    )
     if pinned:  # one device group per core, each pinned
         return [{"kind": "cpu", "count": 1, "cores": [c]} for c in cores], note
     return [device], note
@@ -95,10 +98,13 @@ def _gpu_devices(probe: str | None) -> tuple[list[dict], dict, str]:
         kind = gpu_kind(props.name, memory)
         entry: dict = {"kind": kind, "count": 1}
         if kind is None:  # the catalog lacks it: its figures, measured or to be filled in
-            entry = {"kind": re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_"),
-                     "count": 1, "hbm_gib": int(memory * 10) / 10,
-                     "hbm_gbyte_s": figures.get("hbm_gbyte_s", MISSING),
-                     "dense_tflops": figures.get("dense_tflops", MISSING)}  # fmt: skip
+            entry = {
+                "kind": re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_"),
+                "count": 1,
+                "hbm_gib": int(memory * 10) / 10,
+                "hbm_gbyte_s": figures.get("hbm_gbyte_s", MISSING),
+                "dense_tflops": figures.get("dense_tflops", MISSING),
+            }
         if groups and {k: v for k, v in groups[-1].items() if k != "count"} == {
             k: v for k, v in entry.items() if k != "count"
         }:
@@ -136,14 +142,19 @@ def write_description(cfg: DescribeConfig) -> Path:
         raise DescribeError(f"'{out}' exists; choose a new file or pass overwrite=true")
     found = describe(cfg)
     spec, missing = found["spec"], _missing(found["spec"])
-    header = [f"# {spec['name']}: written by `python -m sharding.describe` on "
-              f"{socket.gethostname()}: {found['note']}."]  # fmt: skip
+    header = [
+        f"# {spec['name']}: written by `python -m sharding.describe` on "
+        f"{socket.gethostname()}: {found['note']}."
+    ]
     if missing:
-        header.append(f"# Fill in each ??? (nothing measured it): {', '.join(missing)}; "
-                      f"docs/clusters.md says what each is.")  # fmt: skip
+        header.append(
+            f"# Fill in each ??? (nothing measured it): {', '.join(missing)}; "
+            f"docs/clusters.md says what each is."
+        )
     if spec["nodes"][0]["devices"][0]["kind"] == "cpu":
-        header.append("# CPU ranks plan on the calibrated links (benchmarks.calibrate): no "
-                      "network figures.")  # fmt: skip
+        header.append(
+            "# CPU ranks plan on the calibrated links (benchmarks.calibrate): no network figures."
+        )
     body = OmegaConf.to_yaml(OmegaConf.create({"defaults": ["base_cluster", "_self_"], **spec}))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")

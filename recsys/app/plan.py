@@ -39,10 +39,15 @@ def plan_table(plan: Plan) -> str:
     ]
     for t in plan.tables:
         ranks = str(t.ranks) if len(t.ranks) <= 6 else f"{len(t.ranks)} ranks"
-        lines.append(f"{t.name:12} {t.rows:>12,} {t.dim:>4}  {t.sharding_type:{w}} "
-                     f"{t.tier.value:6} {t.replicated_rows:>10,}  {ranks}")  # fmt: skip
-    lines += ["", f"{'rank':>4} {'kind':10} {'batch':>6} {'fast GiB':>9} {'of':>7} {'host GiB':>9} "
-              f"{'of':>8} {'est ms':>8}"]  # fmt: skip
+        lines.append(
+            f"{t.name:12} {t.rows:>12,} {t.dim:>4}  {t.sharding_type:{w}} "
+            f"{t.tier.value:6} {t.replicated_rows:>10,}  {ranks}"
+        )
+    lines += [
+        "",
+        f"{'rank':>4} {'kind':10} {'batch':>6} {'fast GiB':>9} {'of':>7} {'host GiB':>9} "
+        f"{'of':>8} {'est ms':>8}",
+    ]
     for d in plan.devices[:16]:
         lines.append(
             f"{d['rank']:>4} {d['kind']:10} {d['batch']:>6} {d['hbm_used_bytes'] / gib:>9.3f} "
@@ -54,16 +59,25 @@ def plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-STAGE_COLORS = {"lookups": "tab:blue", "dense": "tab:green", "exchange": "tab:orange",
-                "split tables": "tab:purple", "all-reduce": "tab:red",
-                "overhead + input": "tab:gray", "exchange left exposed": "tab:orange",
-                "quota-bound CPU": "tab:olive", "feeding the batch": "tab:brown"}  # fmt: skip
+STAGE_COLORS = {
+    "lookups": "tab:blue",
+    "dense": "tab:green",
+    "exchange": "tab:orange",
+    "split tables": "tab:purple",
+    "all-reduce": "tab:red",
+    "overhead + input": "tab:gray",
+    "exchange left exposed": "tab:orange",
+    "quota-bound CPU": "tab:olive",
+    "feeding the batch": "tab:brown",
+}
 
 
 def _rank_labels(plan: Plan) -> list[str]:
     many = len(plan.devices) > 16
-    return [f"{d['rank']}:{d['kind']}" if many else f"rank {d['rank']}\n{d['kind']}"
-            for d in plan.devices]  # fmt: skip
+    return [
+        f"{d['rank']}:{d['kind']}" if many else f"rank {d['rank']}\n{d['kind']}"
+        for d in plan.devices
+    ]
 
 
 def plot(plan: Plan, path: Path) -> None:
@@ -80,8 +94,12 @@ def plot(plan: Plan, path: Path) -> None:
     fig, (mem, t) = plt.subplots(2, 1, figsize=(width, 8), height_ratios=[1, 1.3])
     _memory_panel(mem, plan)
     step_x = _time_panel(t, plan)
-    t.set_xticks(list(range(n)) + [step_x], labels + ["step"], fontsize=7 if n <= 16 else 6,
-                 rotation=0 if n <= 16 else 90)  # fmt: skip
+    t.set_xticks(
+        list(range(n)) + [step_x],
+        labels + ["step"],
+        fontsize=7 if n <= 16 else 6,
+        rotation=0 if n <= 16 else 90,
+    )
     mem.set_xticks(range(n), labels, fontsize=7 if n <= 16 else 6, rotation=0 if n <= 16 else 90)
     caption = (
         "The step (hatched bar) is not the tallest device: every stage waits for its "
@@ -89,8 +107,9 @@ def plot(plan: Plan, path: Path) -> None:
         "and the schedule hides part of the exchange. The lower bound: no plan of these "
         "tables on these devices is faster under the cost model (docs/planning.md)."
     )
-    fig.text(0.01, 0.005, "\n".join(textwrap.wrap(caption, int(width * 15))), fontsize=7,
-             va="bottom")  # fmt: skip
+    fig.text(
+        0.01, 0.005, "\n".join(textwrap.wrap(caption, int(width * 15))), fontsize=7, va="bottom"
+    )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -106,10 +125,22 @@ def _memory_panel(mem, plan: Plan) -> None:
     bar = 0.8 / len(tiers)
     for i, (tier, name, color) in enumerate(tiers):
         pos = [v + (i - (len(tiers) - 1) / 2) * bar for v in x]
-        mem.bar(pos, [d[f"{tier}_cap_bytes"] / gib for d in devices], bar, fill=False,
-                edgecolor=color, label=f"{name}: capacity after the reserve")  # fmt: skip
-        mem.bar(pos, [d[f"{tier}_used_bytes"] / gib for d in devices], bar, color=color,
-                alpha=0.8, label=f"{name}: used (weights + optimizer state)")  # fmt: skip
+        mem.bar(
+            pos,
+            [d[f"{tier}_cap_bytes"] / gib for d in devices],
+            bar,
+            fill=False,
+            edgecolor=color,
+            label=f"{name}: capacity after the reserve",
+        )
+        mem.bar(
+            pos,
+            [d[f"{tier}_used_bytes"] / gib for d in devices],
+            bar,
+            color=color,
+            alpha=0.8,
+            label=f"{name}: used (weights + optimizer state)",
+        )
     mem.set_ylabel("GiB")
     mem.set_title(f"{plan.planner} plan on {plan.cluster}: memory per device")
     mem.legend(fontsize=7, loc="upper right")
@@ -117,8 +148,15 @@ def _memory_panel(mem, plan: Plan) -> None:
     if len(devices) <= 16:  # the used amount, readable even when a sliver of the capacity
         for v, d in zip(x, devices, strict=True):
             used = (d["hbm_used_bytes"] + d["host_used_bytes"]) / gib
-            mem.annotate(f"{used:.3g} GiB used", (v, used), ha="center", va="bottom", fontsize=7,
-                         xytext=(0, 2), textcoords="offset points")  # fmt: skip
+            mem.annotate(
+                f"{used:.3g} GiB used",
+                (v, used),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
 
 
 def _time_panel(t, plan: Plan) -> float:
@@ -126,8 +164,12 @@ def _time_panel(t, plan: Plan) -> float:
     the lower bound as lines. Returns the step bar's x."""
     devices, n = plan.devices, len(plan.devices)
     bottom, named = [0.0] * n, set()
-    for key, name in (("lookup_ms", "lookups"), ("dense_ms", "dense"),
-                      ("exchange_ms", "exchange"), ("split_ms", "split tables")):  # fmt: skip
+    for key, name in (
+        ("lookup_ms", "lookups"),
+        ("dense_ms", "dense"),
+        ("exchange_ms", "exchange"),
+        ("split_ms", "split tables"),
+    ):
         values = [d.get(key, 0.0) for d in devices]
         if any(values):
             t.bar(range(n), values, 0.7, bottom=bottom, color=STAGE_COLORS[name], label=name)
@@ -137,13 +179,26 @@ def _time_panel(t, plan: Plan) -> float:
     top = 0.0
     for name, ms in plan.step_parts_ms.items():
         if ms > 0:
-            t.bar(step_x, ms, 0.9, bottom=top, color=STAGE_COLORS[name], hatch="//",
-                  edgecolor="white", label=None if name in named else name)  # fmt: skip
+            t.bar(
+                step_x,
+                ms,
+                0.9,
+                bottom=top,
+                color=STAGE_COLORS[name],
+                hatch="//",
+                edgecolor="white",
+                label=None if name in named else name,
+            )
             top += ms
     t.axhline(plan.est_step_ms, color="k", lw=1.2, label=f"step: {plan.est_step_ms:.2f} ms")
     if plan.lower_bound_ms:
-        t.axhline(plan.lower_bound_ms, color="k", ls="--", lw=1,
-                  label=f"lower bound: {plan.lower_bound_ms:.2f} ms")  # fmt: skip
+        t.axhline(
+            plan.lower_bound_ms,
+            color="k",
+            ls="--",
+            lw=1,
+            label=f"lower bound: {plan.lower_bound_ms:.2f} ms",
+        )
     t.set_ylim(0, 1.4 * max(top, plan.est_step_ms, *bottom))
     t.set_ylabel("predicted ms per step")
     t.set_title(
@@ -165,9 +220,11 @@ def main(typed: PlanAppConfig, out: Path) -> None:
     if typed.planner.name == PlannerName.torchrec:
         tr = torchrec_plans(typed, inputs)
         plan = tr.chosen
-        note = (f"TorchRec rated {tr.proposals} plans and chose the best under its own "
-                f"estimate ({tr.own_estimate_ms:.2f} ms by its model); the fastest of them "
-                f"under our cost model: {tr.best_ours.est_step_ms:.2f} ms")  # fmt: skip
+        note = (
+            f"TorchRec rated {tr.proposals} plans and chose the best under its own "
+            f"estimate ({tr.own_estimate_ms:.2f} ms by its model); the fastest of them "
+            f"under our cost model: {tr.best_ours.est_step_ms:.2f} ms"
+        )
     else:
         plan = make_plan(typed, inputs)
     (out / "plan.json").write_text(json.dumps(plan_json(plan), indent=1) + "\n")

@@ -99,21 +99,26 @@ def check_profile(profile: AccessProfile, tables: list[TableStats], where: str) 
     want = {t.name: t.rows for t in tables}
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
-    rows = [f"{n}: {have[n]:,} rows profiled, {want[n]:,} in the model"
-            for n in sorted(set(have) & set(want)) if have[n] != want[n]]  # fmt: skip
+    rows = [
+        f"{n}: {have[n]:,} rows profiled, {want[n]:,} in the model"
+        for n in sorted(set(have) & set(want))
+        if have[n] != want[n]
+    ]
     if missing or extra or rows:
         source = profile.source.get("model", "another model")
         raise PlanConfigError(
             f"profile {where} (of model '{source}') does not match this model's tables: "
             + "; ".join(
-                x for x in (
+                x
+                for x in (
                     f"missing {missing[:5]}" if missing else "",
                     f"not in the model {extra[:5]}" if extra else "",
                     "; ".join(rows[:3]),
-                ) if x
+                )
+                if x
             )
             + ". Fix: profile this model (python -m sharding.profile model=...) or drop profile="
-        )  # fmt: skip
+        )
 
 
 def plan_inputs(
@@ -154,7 +159,7 @@ def plan_inputs(
             network_cost(cfg.cluster, ranks, cal, link or cfg.planner.link),
             hierarchical_allreduce=DenseAllreduce(cfg.trainer.dense_allreduce)
             == DenseAllreduce.hierarchical,
-        ),  # fmt: skip
+        ),
         global_batch=cfg.trainer.batch_size * len(ranks),
         dense_params=mc.dense_params,
         interaction_flops_per_sample=mc.interaction_flops_per_sample,
@@ -209,8 +214,9 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
     return plan
 
 
-def _under(cfg: TrainConfig, inputs: PlanInputs,
-           mode: DenseAllreduce) -> tuple[TrainConfig, PlanInputs]:  # fmt: skip
+def _under(
+    cfg: TrainConfig, inputs: PlanInputs, mode: DenseAllreduce
+) -> tuple[TrainConfig, PlanInputs]:
     """`cfg` and `inputs` with the dense reduction `mode`."""
     hierarchical = mode == DenseAllreduce.hierarchical
     network = replace(inputs.network, hierarchical_allreduce=hierarchical)
@@ -255,16 +261,25 @@ def plan_json(plan: Plan) -> dict:
         "dense_allreduce": plan.dense_allreduce,  # the dense reduction it prices: flat or by node
         # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions,
         # and where each constant comes from
-        "constants": {k: constants_provenance(k)
-                      for k in sorted({d["kind"] for d in plan.devices})},  # fmt: skip
+        "constants": {
+            k: constants_provenance(k) for k in sorted({d["kind"] for d in plan.devices})
+        },
         "tables": [
-            {"name": t.name, "rows": t.rows, "dim": t.dim, "sharding_type": t.sharding_type,
-             "ranks": t.ranks, "tier": t.tier.value, "hot_rows": t.hot_rows,
-             "replicated_rows": t.replicated_rows, "cold_parts": t.cold_parts,
-             "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards]}
+            {
+                "name": t.name,
+                "rows": t.rows,
+                "dim": t.dim,
+                "sharding_type": t.sharding_type,
+                "ranks": t.ranks,
+                "tier": t.tier.value,
+                "hot_rows": t.hot_rows,
+                "replicated_rows": t.replicated_rows,
+                "cold_parts": t.cold_parts,
+                "shards": [asdict(s) | {"tier": s.tier.value} for s in t.shards],
+            }
             for t in plan.tables
         ],
-    }  # fmt: skip
+    }
 
 
 class SavedPlanError(UserError, ValueError):
@@ -278,11 +293,21 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
     where = Path(path)
     try:
         raw = json.loads(where.read_text())
-        tables = [TablePlan(
-            t["name"], t["rows"], t["dim"], t["sharding_type"], t["ranks"], Tier(t["tier"]),
-            t["hot_rows"], t["replicated_rows"],
-            [Shard(**(s | {"tier": Tier(s["tier"])})) for s in t["shards"]],
-            t.get("cold_parts", 1)) for t in raw["tables"]]  # fmt: skip
+        tables = [
+            TablePlan(
+                t["name"],
+                t["rows"],
+                t["dim"],
+                t["sharding_type"],
+                t["ranks"],
+                Tier(t["tier"]),
+                t["hot_rows"],
+                t["replicated_rows"],
+                [Shard(**(s | {"tier": Tier(s["tier"])})) for s in t["shards"]],
+                t.get("cold_parts", 1),
+            )
+            for t in raw["tables"]
+        ]
         batch = [d["batch"] for d in raw["devices"]]
         planner, cluster = raw["planner"], raw["cluster"]
         group = raw.get("sharding_group_size", 0)
@@ -292,9 +317,11 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
             f"or a training run wrote"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SavedPlanError(f"trainer.plan: '{where}' is not a plan.json of this version "
-                             f"({type(e).__name__}: {e}); plan again with python -m "
-                             f"sharding.plan") from None  # fmt: skip
+        raise SavedPlanError(
+            f"trainer.plan: '{where}' is not a plan.json of this version "
+            f"({type(e).__name__}: {e}); plan again with python -m "
+            f"sharding.plan"
+        ) from None
     if planner == PlannerName.torchrec.value:
         raise SavedPlanError(
             f"trainer.plan: '{where}' is TorchRec's plan, which TorchRec makes again in the ranks "

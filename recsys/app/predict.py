@@ -103,9 +103,11 @@ def main(typed: PredictConfig, run_dir: Path) -> None:
     result = predict(typed, layout, typed.link)
     out = run_dir / "predict.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['model']} on {result['cluster']}, {result['pipeline']}, batch "
-          f"{result['batch_size_per_rank']}/rank, link {result['link']}: "
-          f"{result['step_ms']:.1f} ms/step predicted")  # fmt: skip
+    print(
+        f"{result['model']} on {result['cluster']}, {result['pipeline']}, batch "
+        f"{result['batch_size_per_rank']}/rank, link {result['link']}: "
+        f"{result['step_ms']:.1f} ms/step predicted"
+    )
     for stage, ms in result["stages_ms"].items():
         print(f"  {stage:20} {ms:9.2f} ms (slowest rank)")
     for r, mem in enumerate(result["memory_bytes"]):

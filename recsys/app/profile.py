@@ -45,9 +45,15 @@ class ProfileConfigError(UserError, ValueError):
 
 def check_profile_config(cfg: ProfileAppConfig) -> None:
     """The keys `profile_dataset` reads, each refused by name before any batch is read."""
-    for key, low in (("batches", 1), ("batch_size", 1), ("hot_ids", 0), ("exact_max_rows", 0),
-                     ("sketch_capacity", 1), ("distinct_batches", 0),
-                     ("min_micro_samples", 1)):  # fmt: skip
+    for key, low in (
+        ("batches", 1),
+        ("batch_size", 1),
+        ("hot_ids", 0),
+        ("exact_max_rows", 0),
+        ("sketch_capacity", 1),
+        ("distinct_batches", 0),
+        ("min_micro_samples", 1),
+    ):
         value = getattr(cfg, key)
         if value < low:
             raise ProfileConfigError(f"{key} must be >= {low}, got {value}")
@@ -71,8 +77,11 @@ def profile_dataset(cfg: ProfileAppConfig) -> AccessProfile:
 
     profile = build_profile(batches(), rows, cfg.hot_ids, cfg.exact_max_rows, cfg.sketch_capacity)
     distinct.write_into(profile)
-    profile.source = {"dataset": cfg.dataset.name, "model": cfg.model.name,
-                      "batch_size": cfg.batch_size}  # fmt: skip
+    profile.source = {
+        "dataset": cfg.dataset.name,
+        "model": cfg.model.name,
+        "batch_size": cfg.batch_size,
+    }
     return profile
 
 
@@ -116,8 +125,11 @@ class MicroBatchDistinct:
         for f in self.features:
             t = profile.table(f"t_{f}")
             for clustered in (False, True):
-                out = {str(s): self.sums[(f, s, clustered)] / self.counts[(s, clustered)]
-                       for s in self.sizes if self.counts[(s, clustered)]}  # fmt: skip
+                out = {
+                    str(s): self.sums[(f, s, clustered)] / self.counts[(s, clustered)]
+                    for s in self.sizes
+                    if self.counts[(s, clustered)]
+                }
                 if clustered:
                     t.distinct_per_samples_clustered = out
                 else:
@@ -139,38 +151,66 @@ def plot(profile: AccessProfile, path: Path, named: int = 8) -> None:
         ax.plot([k / t.rows for k in t.curve_k], t.curve_share, lw=0.6, color="0.75")
     colors = plt.get_cmap("tab10").colors
     for t, color in zip(tables[:named], colors, strict=False):
-        ax.plot([k / t.rows for k in t.curve_k], t.curve_share, lw=1.4, color=color,
-                label=f"{t.name}: {t.rows:,} rows")  # fmt: skip
+        ax.plot(
+            [k / t.rows for k in t.curve_k],
+            t.curve_share,
+            lw=1.4,
+            color=color,
+            label=f"{t.name}: {t.rows:,} rows",
+        )
     if len(tables) > named:
         ax.plot([], [], lw=0.6, color="0.75", label=f"the other {len(tables) - named} tables")
     grid = np.geomspace(min(1 / t.rows for t in tables), 1.0, 200)
     weights = np.array([t.lookups_per_sample for t in tables])
     if weights.sum() > 0:
-        curves = [np.interp(np.log(grid), np.log([max(k, 1) / t.rows for k in t.curve_k]),
-                            t.curve_share, left=0.0, right=1.0) for t in tables]  # fmt: skip
-        ax.plot(grid, weights @ np.array(curves) / weights.sum(), color="k", lw=2.2,
-                label="all tables, weighted by lookups")  # fmt: skip
+        curves = [
+            np.interp(
+                np.log(grid),
+                np.log([max(k, 1) / t.rows for k in t.curve_k]),
+                t.curve_share,
+                left=0.0,
+                right=1.0,
+            )
+            for t in tables
+        ]
+        ax.plot(
+            grid,
+            weights @ np.array(curves) / weights.sum(),
+            color="k",
+            lw=2.2,
+            label="all tables, weighted by lookups",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("hottest share of a table's rows (kept in fast memory or replicated)")
     ax.set_ylabel("share of its lookups they serve")
-    ax.set_title(f"Access frequency: {profile.source.get('dataset', '')}, "
-                 f"{profile.samples:,} samples, {len(tables)} tables")  # fmt: skip
+    ax.set_title(
+        f"Access frequency: {profile.source.get('dataset', '')}, "
+        f"{profile.samples:,} samples, {len(tables)} tables"
+    )
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", title=f"the {min(named, len(tables))} largest "
-              "tables", title_fontsize=7)  # fmt: skip
+    ax.legend(
+        fontsize=7,
+        loc="upper left",
+        title=f"the {min(named, len(tables))} largest tables",
+        title_fontsize=7,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def summary_table(profile: AccessProfile) -> str:
-    lines = [f"{'table':10} {'rows':>11} {'lookups/sample':>14} {'distinct/batch':>14} "
-             f"{'top 0.1%':>8} {'top 1%':>7} {'top 10%':>7}  counting"]  # fmt: skip
+    lines = [
+        f"{'table':10} {'rows':>11} {'lookups/sample':>14} {'distinct/batch':>14} "
+        f"{'top 0.1%':>8} {'top 1%':>7} {'top 10%':>7}  counting"
+    ]
     for t in profile.tables:
         c = t.coverage
-        lines.append(f"{t.name:10} {t.rows:>11,} {t.lookups_per_sample:>14.2f} "
-                     f"{t.distinct_per_batch:>14,.0f} {c['0.1%']:>8.1%} {c['1%']:>7.1%} "
-                     f"{c['10%']:>7.1%}  {t.counting}")  # fmt: skip
+        lines.append(
+            f"{t.name:10} {t.rows:>11,} {t.lookups_per_sample:>14.2f} "
+            f"{t.distinct_per_batch:>14,.0f} {c['0.1%']:>8.1%} {c['1%']:>7.1%} "
+            f"{c['10%']:>7.1%}  {t.counting}"
+        )
     return "\n".join(lines)
 
 

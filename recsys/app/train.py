@@ -104,11 +104,17 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     if cfg.trainer.plan:
         plan = load_plan(cfg.trainer.plan, inputs)
         if DenseAllreduce(cfg.trainer.dense_allreduce) == DenseAllreduce.auto:  # priced both ways
-            by_node = load_plan(cfg.trainer.plan, replace(inputs, network=replace(
-                inputs.network, hierarchical_allreduce=True)))  # fmt: skip
+            by_node = load_plan(
+                cfg.trainer.plan,
+                replace(inputs, network=replace(inputs.network, hierarchical_allreduce=True)),
+            )
             plan = min(plan, by_node, key=lambda p: p.est_step_ms)
-        log.info("training the saved %s plan %s as it is (predicted %.2f ms/step here)",
-                 plan.planner, cfg.trainer.plan, plan.est_step_ms)  # fmt: skip
+        log.info(
+            "training the saved %s plan %s as it is (predicted %.2f ms/step here)",
+            plan.planner,
+            cfg.trainer.plan,
+            plan.est_step_ms,
+        )
         asked, made = cfg.trainer.sharding_group_size, plan.sharding_group_size or inputs.world
         if asked and asked != made:
             raise SavedPlanError(
@@ -144,8 +150,10 @@ def _resolve_auto_reduction(cfg: TrainConfig, inputs: PlanInputs, plan: Plan | N
         dense_bytes = inputs.dense_params * FLOAT_BYTES
         hierarchical = hierarchical_pays(dense_bytes, per_node, inputs.network)
     mode = DenseAllreduce.hierarchical if hierarchical else DenseAllreduce.buckets
-    log.info("trainer.dense_allreduce=auto: %s (the cost model's faster dense reduction here)",
-             mode.value)  # fmt: skip
+    log.info(
+        "trainer.dense_allreduce=auto: %s (the cost model's faster dense reduction here)",
+        mode.value,
+    )
     return replace(cfg, trainer=replace(cfg.trainer, dense_allreduce=mode))
 
 
@@ -154,18 +162,24 @@ def _say_if_plan_follows_pipeline(cfg: TrainConfig, inputs: PlanInputs, plan: Pl
     a pipeline equals the plain loop only under one plan. Say so when it happened here."""
     plain_cfg = replace(cfg, pipeline=replace(cfg.pipeline, name=PipelineName.plain))
     other = make_plan(plain_cfg, replace(inputs, schedule=schedule_of(PipelineName.plain.value)))
-    moved = [a.name for a, b in zip(plan.tables, other.tables, strict=True)
-             if (a.sharding_type, a.shards, a.replicated_rows) !=
-             (b.sharding_type, b.shards, b.replicated_rows)]  # fmt: skip
+    moved = [
+        a.name
+        for a, b in zip(plan.tables, other.tables, strict=True)
+        if (a.sharding_type, a.shards, a.replicated_rows)
+        != (b.sharding_type, b.shards, b.replicated_rows)
+    ]
     if moved or plan.batch_per_rank != other.batch_per_rank:
         log.info(
             "planner=%s priced pipeline=%s's schedule: its plan differs from the plain loop's "
             "(%d tables placed otherwise%s; batch shares %s vs %s), so the losses differ from "
             "a plain run's; under one plan they are equal (docs/pipelines.md)",
-            plan.planner, cfg.pipeline.name.value, len(moved),
+            plan.planner,
+            cfg.pipeline.name.value,
+            len(moved),
             f": {', '.join(moved[:4])}{' ...' if len(moved) > 4 else ''}" if moved else "",
-            plan.batch_per_rank, other.batch_per_rank,
-        )  # fmt: skip
+            plan.batch_per_rank,
+            other.batch_per_rank,
+        )
 
 
 def check_tables_fit(cfg: TrainConfig, inputs: PlanInputs) -> None:
@@ -199,9 +213,13 @@ def plan_only(ctx: RunContext, run_dir: Path) -> dict:
     """Dry run: plan the model for the cluster on the meta device; no process group needed."""
     cfg = ctx.cfg
     if ctx.plan is not None:
-        return {"dry_run": True, "world_size": len(ctx.ranks), "planner": cfg.planner.name.value,
-                "plan_file": str(run_dir / "plan.json"),
-                "est_step_ms": ctx.plan.est_step_ms}  # fmt: skip
+        return {
+            "dry_run": True,
+            "world_size": len(ctx.ranks),
+            "planner": cfg.planner.name.value,
+            "plan_file": str(run_dir / "plan.json"),
+            "est_step_ms": ctx.plan.est_step_ms,
+        }
     model = build_model(cfg.model, dense_device=torch.device("meta"))
     plan = plan_with_torchrec(model, ctx.inputs, cfg.planner).plan
     (run_dir / "plan.txt").write_text(str(plan))
@@ -283,10 +301,15 @@ def _settled(tcfg: TrainConfig) -> TrainConfig:
         # a saved plan of ours trains in place of any planner; the run is named by the
         # plan's own planner once it is read
         tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName.hybrid))
-    if (tcfg.pipeline.name == PipelineName.semi_sync and tcfg.planner.name == PlannerName.torchrec
-            and tcfg.planner.torchrec_data_parallel):  # fmt: skip
-        log.info("pipeline=semi_sync: TorchRec's planner replicates no table "
-                 "(planner.torchrec_data_parallel=false; SemiSync cannot train them)")  # fmt: skip
+    if (
+        tcfg.pipeline.name == PipelineName.semi_sync
+        and tcfg.planner.name == PlannerName.torchrec
+        and tcfg.planner.torchrec_data_parallel
+    ):
+        log.info(
+            "pipeline=semi_sync: TorchRec's planner replicates no table "
+            "(planner.torchrec_data_parallel=false; SemiSync cannot train them)"
+        )
         tcfg = replace(tcfg, planner=replace(tcfg.planner, torchrec_data_parallel=False))
     return tcfg
 
@@ -482,13 +505,21 @@ def _train_emulated(ctx: RunContext, run_dir: Path) -> dict:
 
     cfg = ctx.cfg
     with emulation.emulated(cfg.cluster) as emu:
-        log.info("emulated cluster '%s': %d nodes, %s between them, shares %s", cfg.cluster.name,
-                 emu.nodes, emulation.link_rate(cfg.cluster),
-                 [r.share for r in emu.ranks])  # fmt: skip
+        log.info(
+            "emulated cluster '%s': %d nodes, %s between them, shares %s",
+            cfg.cluster.name,
+            emu.nodes,
+            emulation.link_rate(cfg.cluster),
+            [r.share for r in emu.ranks],
+        )
         before = emu.link_bytes()
-        job = emulation.run_ranks(emu, rank_main, args=(ctx, str(run_dir)),
-                                  timeout_s=cfg.trainer.job_timeout_s,
-                                  grace_s=cfg.trainer.dist_timeout_s + 10)  # fmt: skip
+        job = emulation.run_ranks(
+            emu,
+            rank_main,
+            args=(ctx, str(run_dir)),
+            timeout_s=cfg.trainer.job_timeout_s,
+            grace_s=cfg.trainer.dist_timeout_s + 10,
+        )
         summary = launch.raise_on_failure(
             job, f"training ({len(emu.ranks)} emulated ranks)", run_dir / "train.log"
         )[0]
@@ -615,8 +646,18 @@ def exit_status_of_sweep() -> int:
 
 
 # Hydra's options that print and exit: no rank starts
-_HYDRA_INFO = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info",
-               "-sc", "--shell-completion"}  # fmt: skip
+_HYDRA_INFO = {
+    "-h",
+    "--help",
+    "--hydra-help",
+    "--version",
+    "-c",
+    "--cfg",
+    "-i",
+    "--info",
+    "-sc",
+    "--shell-completion",
+}
 
 
 def cli(serve_forks: bool = False) -> None:

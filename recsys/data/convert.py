@@ -95,8 +95,13 @@ def input_files(input_path: str | Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise InputNotFoundError(f"input '{path}' is neither a file nor a directory")
-    files = [p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TEXT_SUFFIXES)
-             and not p.name.lower().startswith(NOT_DATA)]  # fmt: skip
+    files = [
+        p
+        for p in path.iterdir()
+        if p.is_file()
+        and p.name.lower().endswith(TEXT_SUFFIXES)
+        and not p.name.lower().startswith(NOT_DATA)
+    ]
     files += [p for p in path.glob("day_*") if p.is_file() and "." not in p.name]  # 1TB: day_0
     if not files:
         raise InputNotFoundError(f"no Criteo text files (*.txt, *.tsv, *.gz, day_N) in '{path}'")
@@ -189,9 +194,14 @@ class _Tally:
 
 
 def _parsed(
-    stream, path: Path, opts: ConvertOptions, labeled: bool,
-    pool: ProcessPoolExecutor | None, workers: int, tally: _Tally,
-) -> Iterator[ParsedChunk]:  # fmt: skip
+    stream,
+    path: Path,
+    opts: ConvertOptions,
+    labeled: bool,
+    pool: ProcessPoolExecutor | None,
+    workers: int,
+    tally: _Tally,
+) -> Iterator[ParsedChunk]:
     """The file's chunks parsed, in order (their text counted in `tally`); with a pool, up to
     2 chunks per worker are parsed while the next is read."""
     pending: deque[Future[ParsedChunk]] = deque()
@@ -217,8 +227,13 @@ def convert_file(
     raw_dense_path = out_dir / f".{name}_dense_raw.npy"
     tally = _Tally()
     stream, raw = _open(path)
-    bar = Progress(path.stat().st_size, desc=f"prepare {path.name}", unit="MB", scale=1e6,
-                   enabled=opts.progress)  # fmt: skip
+    bar = Progress(
+        path.stat().st_size,
+        desc=f"prepare {path.name}",
+        unit="MB",
+        scale=1e6,
+        enabled=opts.progress,
+    )
     try:
         with (
             NpyAppender(out_dir / f"{name}_labels.npy", np.int32, 1) as labels,
@@ -233,11 +248,14 @@ def convert_file(
                 tally.add(chunk)
                 bar.update(raw.tell() - bar.done)
         if tally.text_bytes == 0:
-            raise BadInputError(f"{path}: the file is empty (no lines); remove it or fetch it "
-                                f"again")  # fmt: skip
+            raise BadInputError(
+                f"{path}: the file is empty (no lines); remove it or fetch it again"
+            )
         if tally.bad and labels.rows == 0:
-            raise BadInputError(f"{path}: every line is malformed ({tally.bad:,} lines); the "
-                                f"first: {tally.first_bad}")  # fmt: skip
+            raise BadInputError(
+                f"{path}: every line is malformed ({tally.bad:,} lines); the "
+                f"first: {tally.first_bad}"
+            )
         shift = _write_dense(raw_dense_path, out_dir / f"{name}_dense.npy", opts)
     finally:
         bar.close()
@@ -246,12 +264,18 @@ def convert_file(
         raw_dense_path.unlink(missing_ok=True)
     seen = labels.rows > 0
     return FileResult(
-        name=name, input=str(path), rows=labels.rows, bad_lines=tally.bad,
-        text_mb=tally.text_bytes / 1e6, seconds=time.perf_counter() - start, dense_shift=shift,
+        name=name,
+        input=str(path),
+        rows=labels.rows,
+        bad_lines=tally.bad,
+        text_mb=tally.text_bytes / 1e6,
+        seconds=time.perf_counter() - start,
+        dense_shift=shift,
         dense_min=tally.low_I.tolist() if seen else [],
-        dense_max=tally.high_I.tolist() if seen else [], dense_clipped=tally.clipped_I.tolist(),
+        dense_max=tally.high_I.tolist() if seen else [],
+        dense_clipped=tally.clipped_I.tolist(),
         unterminated_last_line=tally.unterminated,
-    )  # fmt: skip
+    )
 
 
 def _write_dense(
@@ -264,8 +288,10 @@ def _write_dense(
     if opts.dense_transform == DenseTransform.torchrec:
         shift = opts.dense_shift
         if shift is None:  # TorchRec's: the minimum over the whole file
-            shift = min((int(raw[i : i + block_rows].min())
-                         for i in range(0, len(raw), block_rows)), default=0)  # fmt: skip
+            shift = min(
+                (int(raw[i : i + block_rows].min()) for i in range(0, len(raw), block_rows)),
+                default=0,
+            )
     with NpyAppender(out_path, np.float32, INT_FEATURES) as out:
         for i in range(0, len(raw), block_rows):
             block = raw[i : i + block_rows]
@@ -299,9 +325,12 @@ def _start_pool(workers: int) -> ProcessPoolExecutor:
     it half made, printing a traceback, or the pool unable to stop. Spawned, not forked: a
     fork runs Python's fork hooks in this process, where a signal is lost to an 'Exception
     ignored' traceback."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start,
-                               initargs=(os.getpid(),),
-                               mp_context=multiprocessing.get_context("spawn"))  # fmt: skip
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        initializer=_worker_start,
+        initargs=(os.getpid(),),
+        mp_context=multiprocessing.get_context("spawn"),
+    )
     try:
         with interrupts.deferred():
             for started in [pool.submit(os.getpid) for _ in range(workers)]:

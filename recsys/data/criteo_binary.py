@@ -58,8 +58,9 @@ class CriteoBinary:
         (None: no evaluation is asked for)."""
         root = Path(path)
         if not root.is_dir():
-            raise CriteoDataError(f"dataset.path '{root}' is not a directory. "
-                                  f"{prepare_advice(root)}")  # fmt: skip
+            raise CriteoDataError(
+                f"dataset.path '{root}' is not a directory. {prepare_advice(root)}"
+            )
         self._open_files(root, dense_features, len(num_embeddings_per_feature))
         self.hotness = hotness
         # per table, per file: [rows, bag size] (loaded whole, as TorchRec's reader does);
@@ -67,13 +68,16 @@ class CriteoBinary:
         self.multi_hot = None
         self.padded = variable_bags(root)
         if hotness is not None or self.padded:
-            files = [read_multi_hot(root, n, len(s), hotness, len(num_embeddings_per_feature))
-                     for n, s in zip(self.names, self.sparse, strict=True)]  # fmt: skip
+            files = [
+                read_multi_hot(root, n, len(s), hotness, len(num_embeddings_per_feature))
+                for n, s in zip(self.names, self.sparse, strict=True)
+            ]
             self.multi_hot = [[f[t] for f in files] for t in range(len(feature_names))]
         self.batch_per_rank = list(batch_per_rank or [batch_size] * world_size)
         self.world_size = len(self.batch_per_rank)
-        self._lengths = {b: torch.ones(len(feature_names) * b, dtype=torch.int32)
-                         for b in self.batch_per_rank}  # fmt: skip
+        self._lengths = {
+            b: torch.ones(len(feature_names) * b, dtype=torch.int32) for b in self.batch_per_rank
+        }
         self.keys = list(feature_names)
         self.hashes_C = np.asarray(num_embeddings_per_feature, dtype=np.int64)[:, None]
         self.shuffle_chunk_batches = shuffle_chunk_batches
@@ -112,9 +116,11 @@ class CriteoBinary:
         lo, hi = self._splits[split]
         fix = "use more data or a smaller trainer.batch_size"
         if split != "train" and len(self.names) == 1:
-            fix = (f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the {split} split "
-                   f"is half the rows held out), use a smaller trainer.batch_size, or set "
-                   f"dataset.eval_batches=0 for no evaluation")  # fmt: skip
+            fix = (
+                f"raise dataset.holdout_fraction (now {holdout_fraction:g}; the {split} split "
+                f"is half the rows held out), use a smaller trainer.batch_size, or set "
+                f"dataset.eval_batches=0 for no evaluation"
+            )
         raise CriteoDataError(
             f"'{root}': the {split} split has {hi - lo:,} rows, fewer than one batch for each "
             f"rank (batches {self.batch_per_rank}); {fix}"
@@ -189,9 +195,16 @@ class CriteoBinary:
         bags = None
         if self.multi_hot is not None:
             bags = [self._rows(a, b, arrays) for arrays in self.multi_hot]
-        return assemble_batch(self._rows(a, b, self.dense), self._rows(a, b, self.labels),
-                              self._rows(a, b, self.sparse), self.hashes_C, self.keys, bags,
-                              self._lengths.get(size), self.padded)  # fmt: skip
+        return assemble_batch(
+            self._rows(a, b, self.dense),
+            self._rows(a, b, self.labels),
+            self._rows(a, b, self.sparse),
+            self.hashes_C,
+            self.keys,
+            bags,
+            self._lengths.get(size),
+            self.padded,
+        )
 
     def batches(self, split: str, start: int, stop: int, rank: int) -> Iterator[Batch]:
         if split != "train":
@@ -224,8 +237,12 @@ def assemble_batch(
         else:
             hashed = [b % hashes_C1[t] for t, b in enumerate(bags)]
         values, lengths = bags_to_jagged(hashed, padded)
-        kjt = KeyedJaggedTensor(keys=keys, values=torch.from_numpy(values),
-                                lengths=torch.from_numpy(lengths), stride=size)  # fmt: skip
+        kjt = KeyedJaggedTensor(
+            keys=keys,
+            values=torch.from_numpy(values),
+            lengths=torch.from_numpy(lengths),
+            stride=size,
+        )
         return Batch(dense, kjt, labels)
     ids_CB = ids_BC.T % hashes_C1
     kjt = KeyedJaggedTensor(

@@ -165,8 +165,13 @@ def _parse_ints(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
     return value, bad
 
 
-def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, blank: np.ndarray,
-            reasons: list[tuple[np.ndarray, str]]) -> np.ndarray:  # fmt: skip
+def _labels(
+    buf: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    blank: np.ndarray,
+    reasons: list[tuple[np.ndarray, str]],
+) -> np.ndarray:
     """The label column (first field) as 0/1; its faults appended to `reasons`."""
     lab_len = ends[:, 0] - starts[:, 0]
     lab = buf[np.minimum(starts[:, 0], len(buf) - 1)]
@@ -179,9 +184,11 @@ def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, blank: np.nda
 def _below_floor(ints_I: np.ndarray, below_I: np.ndarray, floor: int) -> str:
     """Why a line whose counts go below `dense_floor` is refused, naming its first such count."""
     c = int(np.flatnonzero(below_I)[0])
-    return (f"count I{c + 1} is {ints_I[c]}, below dense_floor={floor}; pass clip_dense=true "
-            f"to clip such counts to the floor and count them, or a lower dense_floor if such "
-            f"counts are real")  # fmt: skip
+    return (
+        f"count I{c + 1} is {ints_I[c]}, below dense_floor={floor}; pass clip_dense=true "
+        f"to clip such counts to the floor and count them, or a lower dense_floor if such "
+        f"counts are real"
+    )
 
 
 def parse_lines(
@@ -192,8 +199,13 @@ def parse_lines(
     # lines, kept in order, so the first bad line's first reason is the one reported.
     if not data:
         empty = np.zeros((0, INT_FEATURES), dtype=np.int64)
-        return ParsedChunk(np.zeros(0, np.int32), empty, np.zeros((0, CAT_FEATURES), np.int64), 0,
-                           clipped_I=np.zeros(INT_FEATURES, np.int64))  # fmt: skip
+        return ParsedChunk(
+            np.zeros(0, np.int32),
+            empty,
+            np.zeros((0, CAT_FEATURES), np.int64),
+            0,
+            clipped_I=np.zeros(INT_FEATURES, np.int64),
+        )
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n")
     unterminated = not data.endswith(b"\n")
@@ -212,9 +224,12 @@ def parse_lines(
         (blank, "blank line"),
         (counts_N > fields, f"more than {fields} fields"),
         (cut, "the file ends in the middle of this line: it was cut short"),
-        (short & ~cut, f"fewer than {least} fields: a missing field would shift the columns "
-                       f"after it{'' if rules.pad_short_lines else _PAD_HINT}"),
-    ]  # fmt: skip
+        (
+            short & ~cut,
+            f"fewer than {least} fields: a missing field would shift the columns "
+            f"after it{'' if rules.pad_short_lines else _PAD_HINT}",
+        ),
+    ]
     col = 1 if has_label else 0
     labels_N = _labels(buf, starts, ends, blank, reasons) if has_label else np.full(n, -1, np.int32)
     ints_NI, bad_int = _parse_ints(
@@ -223,8 +238,10 @@ def parse_lines(
     cats_NC, bad_hex = _parse_hex(
         buf, starts[:, col + INT_FEATURES :], ends[:, col + INT_FEATURES :]
     )
-    reasons += [(bad_int, "a count is not an integer that fits int64"),
-                (bad_hex, f"a category is not hex of at most {MAX_HEX_DIGITS} digits")]  # fmt: skip
+    reasons += [
+        (bad_int, "a count is not an integer that fits int64"),
+        (bad_hex, f"a category is not hex of at most {MAX_HEX_DIGITS} digits"),
+    ]
     below_NI = ints_NI < rules.dense_floor
     if not rules.clip_dense:
         reasons.append((below_NI.any(axis=1) & ~bad_int, "below"))
@@ -234,8 +251,9 @@ def parse_lines(
     clipped_I = (below_NI & ~bad_N[:, None]).sum(axis=0) if rules.clip_dense else None
     if rules.clip_dense:
         np.maximum(ints_NI, rules.dense_floor, out=ints_NI)
-    result = ParsedChunk(labels_N, ints_NI, cats_NC, 0, clipped_I=clipped_I,
-                         unterminated=unterminated)  # fmt: skip
+    result = ParsedChunk(
+        labels_N, ints_NI, cats_NC, 0, clipped_I=clipped_I, unterminated=unterminated
+    )
     if not bad_N.any():
         return result
     i = int(np.flatnonzero(bad_N)[0])

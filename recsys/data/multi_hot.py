@@ -24,8 +24,7 @@ from recsys.progress import Progress
 from sharding.errors import UserError
 
 # MLPerf Training DLRM-DCNv2 (Criteo 1TB multi-hot): bag size per table, cat_0 .. cat_25
-MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3,
-                  1, 1]  # fmt: skip
+MLPERF_HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
 _ID_SPACE = 1 << 31  # drawn ids stay in the raw id range; tables hash them to their rows
 MULTI_HOT_SUFFIX = "_sparse_multi_hot.npz"
 SCHEMA_FILE = "schema.json"  # a tabular conversion's columns (recsys.data.tabular)
@@ -70,8 +69,13 @@ def expand(ids_N: np.ndarray, table: int, hotness: int) -> np.ndarray:
     return np.concatenate([ids, drawn], axis=1)
 
 
-def write_multi_hot(out_dir: str | Path, names: list[str], hotness: list[int],
-                    chunk_rows: int = 1 << 20, progress: bool = True) -> list[Path]:  # fmt: skip
+def write_multi_hot(
+    out_dir: str | Path,
+    names: list[str],
+    hotness: list[int],
+    chunk_rows: int = 1 << 20,
+    progress: bool = True,
+) -> list[Path]:
     """`<name>_sparse_multi_hot.npz` beside each prepared `<name>_sparse.npy`, and
     `multi_hot.json` naming the bag sizes. Memory stays bounded: each table's array is
     filled `chunk_rows` at a time into a memory-mapped `.npy`, then stored (uncompressed)
@@ -114,22 +118,29 @@ def read_multi_hot(
     `hotness` (None: bags of any width, -1 padded, one array for each of `tables`); a clear
     error names the command that writes them."""
     path = root / f"{name}{MULTI_HOT_SUFFIX}"
-    fix = ("prepare the text again into a new directory with `python -m recsys.data.prepare "
-           "input=<tsv> output=<new dir> hotness=<the same list>` and pass it as "
-           "dataset.path")  # fmt: skip
+    fix = (
+        "prepare the text again into a new directory with `python -m recsys.data.prepare "
+        "input=<tsv> output=<new dir> hotness=<the same list>` and pass it as "
+        "dataset.path"
+    )
     if hotness is None:
         fix = "convert the data again into a new directory (recsys.data.tabular)"
     if not path.exists():
-        raise HotnessError(f"dataset.hotness is set but '{path}' does not exist; {fix}"
-                           if hotness is not None else f"'{path}' is missing; {fix}")  # fmt: skip
+        raise HotnessError(
+            f"dataset.hotness is set but '{path}' does not exist; {fix}"
+            if hotness is not None
+            else f"'{path}' is missing; {fix}"
+        )
     count = len(hotness) if hotness is not None else tables
     with np.load(path) as npz:
         arrays = [npz[str(t)] for t in range(count) if str(t) in npz]
     shapes = [a.shape for a in arrays]
     if hotness is None:
         if len(arrays) != count or any(len(s) != 2 or s[0] != rows for s in shapes):
-            raise HotnessError(f"'{path}' holds {len(arrays)} tables' bags of shapes {shapes}, "
-                               f"not {count} of {rows} rows; {fix}")  # fmt: skip
+            raise HotnessError(
+                f"'{path}' holds {len(arrays)} tables' bags of shapes {shapes}, "
+                f"not {count} of {rows} rows; {fix}"
+            )
         return arrays
     if shapes != [(rows, h) for h in hotness]:
         raise HotnessError(

@@ -29,9 +29,13 @@ class InputStats:
 
     def summary(self, depth: int, pinned: bool) -> dict[str, Any]:
         per = 1000 / max(self.batches, 1)
-        return {"prefetch_batches": depth, "pinned": pinned, "batches": self.batches,
-                "build_ms_per_batch": self.build_s * per,
-                "wait_ms_per_batch": self.wait_s * per}  # fmt: skip
+        return {
+            "prefetch_batches": depth,
+            "pinned": pinned,
+            "batches": self.batches,
+            "build_ms_per_batch": self.build_s * per,
+            "wait_ms_per_batch": self.wait_s * per,
+        }
 
 
 @dataclass

@@ -65,11 +65,17 @@ def line_rules(cfg: PrepareConfig) -> LineRules:
     for key in ("dense_floor", "dense_shift"):
         value = getattr(cfg, key)
         if value is not None and value > 0:
-            raise BadInputError(f"{key}={value}: must be <= 0, since a missing count is read as 0 "
-                                f"(Criteo's lowest count is {CRITEO_DENSE_FLOOR})")  # fmt: skip
+            raise BadInputError(
+                f"{key}={value}: must be <= 0, since a missing count is read as 0 "
+                f"(Criteo's lowest count is {CRITEO_DENSE_FLOOR})"
+            )
     floor = cfg.dense_floor if cfg.dense_shift is None else max(cfg.dense_floor, cfg.dense_shift)
-    return LineRules(skip_bad_lines=cfg.skip_bad_lines, pad_short_lines=cfg.pad_short_lines,
-                     dense_floor=floor, clip_dense=cfg.clip_dense)  # fmt: skip
+    return LineRules(
+        skip_bad_lines=cfg.skip_bad_lines,
+        pad_short_lines=cfg.pad_short_lines,
+        dense_floor=floor,
+        clip_dense=cfg.clip_dense,
+    )
 
 
 def prepare(cfg: PrepareConfig, run_dir: Path | None = None) -> dict:

@@ -26,16 +26,20 @@ def prepared_names(path: str | Path) -> list[str]:
     )
     names = [n for n in names if n != "test" and not n.startswith(".")]  # Kaggle's unlabeled test
     if not names:
-        raise CriteoDataError(f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, "
-                              f"_labels.npy) in '{root}'. {prepare_advice(root)}")  # fmt: skip
+        raise CriteoDataError(
+            f"no prepared Criteo files (<name>_dense.npy, _sparse.npy, "
+            f"_labels.npy) in '{root}'. {prepare_advice(root)}"
+        )
     return names
 
 
 def prepare_advice(root: Path) -> str:
     """How to make prepared files for `root`, never writing into a directory of raw text."""
     out = root.parent / f"{root.name}_binary"
-    if root.is_dir() and any(p.name.lower().endswith(TEXT_SUFFIXES) or re.fullmatch(
-            r"day_\d+", p.name) for p in root.iterdir()):  # fmt: skip
+    if root.is_dir() and any(
+        p.name.lower().endswith(TEXT_SUFFIXES) or re.fullmatch(r"day_\d+", p.name)
+        for p in root.iterdir()
+    ):
         return (
             f"It holds Criteo text: prepare it into a new directory with `python -m "
             f"recsys.data.prepare input={root} output={out}`, then pass dataset.path={out}"
@@ -51,11 +55,14 @@ def open_npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r")
     except FileNotFoundError:
-        raise CriteoDataError(f"'{path}' is missing: the prepared directory is incomplete; "
-                              f"prepare it again into a new directory") from None  # fmt: skip
+        raise CriteoDataError(
+            f"'{path}' is missing: the prepared directory is incomplete; "
+            f"prepare it again into a new directory"
+        ) from None
     except (ValueError, OSError) as e:
-        raise CriteoDataError(f"'{path}' is truncated or not a .npy file ({e}); prepare it "
-                              f"again into a new directory") from None  # fmt: skip
+        raise CriteoDataError(
+            f"'{path}' is truncated or not a .npy file ({e}); prepare it again into a new directory"
+        ) from None
 
 
 def check_prepared_dir(root: Path, rows: dict[str, int]) -> None:

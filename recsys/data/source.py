@@ -38,8 +38,10 @@ def build_source(
             f"`python -m recsys.data.prepare input=<tsv> output=<a new directory>`"
         )
     if cfg.make and not Path(cfg.path).is_dir():
-        raise CriteoDataError(f"dataset '{cfg.name}': '{cfg.path}' does not exist; make it with "
-                              f"`{cfg.make.format(path=cfg.path)}`")  # fmt: skip
+        raise CriteoDataError(
+            f"dataset '{cfg.name}': '{cfg.path}' does not exist; make it with "
+            f"`{cfg.make.format(path=cfg.path)}`"
+        )
     return CriteoBinary(
         cfg.path,
         list(model.num_embeddings_per_feature),

@@ -17,9 +17,12 @@ ConfigStore.instance().store(name="base_synth", node=SynthConfig)
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="synth")
 def main(cfg: DictConfig) -> None:
     typed: SynthConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    run_cli(lambda: synthesize(typed),
-            lambda paths: f"wrote {', '.join(str(p) for p in paths)}; cardinalities "
-                          f"{cardinalities(typed)}")  # fmt: skip
+    run_cli(
+        lambda: synthesize(typed),
+        lambda paths: (
+            f"wrote {', '.join(str(p) for p in paths)}; cardinalities {cardinalities(typed)}"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -26,12 +26,62 @@ from recsys.data.planted import PlantedModel, power_law_ranks
 from recsys.progress import Progress
 from sharding.errors import UserError
 
-KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
-                        8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
-                        286181, 105, 142572]  # fmt: skip
-CRITEO_1TB_CARDINALITIES = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000,
-                            3067956, 405282, 10, 2209, 11938, 155, 4, 976, 14, 40000000,
-                            40000000, 40000000, 590152, 12973, 108, 36]  # fmt: skip
+KAGGLE_CARDINALITIES = [
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+]
+CRITEO_1TB_CARDINALITIES = [
+    40000000,
+    39060,
+    17295,
+    7424,
+    20265,
+    3,
+    7122,
+    1543,
+    63,
+    40000000,
+    3067956,
+    405282,
+    10,
+    2209,
+    11938,
+    155,
+    4,
+    976,
+    14,
+    40000000,
+    40000000,
+    40000000,
+    590152,
+    12973,
+    108,
+    36,
+]
 _HASH_MULT = 2_654_435_761  # Knuth's multiplicative hash: distinct ids -> scattered 32 bits
 
 
@@ -73,8 +123,14 @@ def cardinalities(cfg: SynthConfig) -> list[int]:
     return [max(1, int(c / cfg.scale)) for c in base]
 
 
-def _lines(cfg: SynthConfig, model: PlantedModel, cards: list[int], rng: np.random.Generator,
-           rows: int, labeled: bool) -> list[str]:  # fmt: skip
+def _lines(
+    cfg: SynthConfig,
+    model: PlantedModel,
+    cards: list[int],
+    rng: np.random.Generator,
+    rows: int,
+    labeled: bool,
+) -> list[str]:
     z_ND = rng.standard_normal((rows, INT_FEATURES))
     ids_CN = (
         np.stack([power_law_ranks(rng.random(rows), c, cfg.zipf_exponent) for c in cards])

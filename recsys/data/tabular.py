@@ -135,10 +135,11 @@ def read_table(path: Path, columns: list[str], separator: str | None):
             path,
             parse_options=pcsv.ParseOptions(delimiter=sep),
             convert_options=pcsv.ConvertOptions(
-                include_columns=columns, column_types={c: pa.string() for c in columns},
+                include_columns=columns,
+                column_types={c: pa.string() for c in columns},
                 strings_can_be_null=False,
             ),
-        )  # fmt: skip
+        )
     except (pa.ArrowInvalid, OSError) as e:
         message = str(e).splitlines()[0][:300]
         raise TabularError(f"'{path}' cannot be read as a table: {message}") from None
@@ -153,8 +154,10 @@ def _csv_header(path: Path, sep: str) -> list[str]:
 def _check_columns(path: Path, wanted: list[str], have: list[str]) -> None:
     missing = [c for c in wanted if c not in have]
     if missing:
-        raise TabularError(f"'{path}' has no column {missing[0]!r} (its columns: "
-                           f"{', '.join(have[:20])}); fix the schema")  # fmt: skip
+        raise TabularError(
+            f"'{path}' has no column {missing[0]!r} (its columns: "
+            f"{', '.join(have[:20])}); fix the schema"
+        )
 
 
 def _text(column):
@@ -203,8 +206,11 @@ class Vocabulary:
 
 def _hash(values: np.ndarray, buckets: int) -> np.ndarray:
     unique, inverse = np.unique(values.astype(str), return_inverse=True)
-    rows = np.fromiter((1 + zlib.crc32(v.encode()) % (buckets - 1) for v in unique),
-                       dtype=np.int64, count=len(unique))  # fmt: skip
+    rows = np.fromiter(
+        (1 + zlib.crc32(v.encode()) % (buckets - 1) for v in unique),
+        dtype=np.int64,
+        count=len(unique),
+    )
     return rows[inverse]
 
 
@@ -218,13 +224,16 @@ def _columns(cfg: TabularConfig) -> list[tuple[str, str | None]]:
 def check_schema(cfg: TabularConfig) -> None:
     cats = _columns(cfg)
     if not cats:
-        raise TabularError("the schema names no categorical column: give categorical=[...] "
-                           "or multi_valued=[...]")  # fmt: skip
+        raise TabularError(
+            "the schema names no categorical column: give categorical=[...] or multi_valued=[...]"
+        )
     names = [cfg.label, *cfg.dense, *(c for c, _ in cats)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise TabularError(f"column {twice[0]!r} is named twice in the schema (label, dense, "
-                           f"categorical, multi_valued): give each column one role")  # fmt: skip
+        raise TabularError(
+            f"column {twice[0]!r} is named twice in the schema (label, dense, "
+            f"categorical, multi_valued): give each column one role"
+        )
     if cfg.min_count < 1 or cfg.hash_buckets < 2:
         raise TabularError("min_count must be >= 1 and hash_buckets >= 2")
     if cfg.multi_valued and not cfg.value_separator:
@@ -263,18 +272,24 @@ def _from_saved(cfg: TabularConfig) -> tuple[TabularConfig, list[Vocabulary] | N
         return cfg, None
     root = Path(cfg.vocab_from)
     if not (root / SCHEMA_FILE).exists():
-        raise TabularError(f"vocab_from='{root}' holds no {SCHEMA_FILE}: give a directory "
-                           f"recsys.data.tabular wrote, or an export of a model trained on "
-                           f"one")  # fmt: skip
+        raise TabularError(
+            f"vocab_from='{root}' holds no {SCHEMA_FILE}: give a directory "
+            f"recsys.data.tabular wrote, or an export of a model trained on "
+            f"one"
+        )
     schema = json.loads((root / SCHEMA_FILE).read_text())
-    this_run = {k: getattr(cfg, k) for k in ("input", "output", "overwrite", "skip_bad_rows",
-                                             "progress")}  # fmt: skip
-    saved = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TabularConfig),
-                                                schema["config"], this_run))  # fmt: skip
+    this_run = {
+        k: getattr(cfg, k) for k in ("input", "output", "overwrite", "skip_bad_rows", "progress")
+    }
+    saved = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(TabularConfig), schema["config"], this_run)
+    )
     vocabs = None
     if Categories(saved.categories) == Categories.vocab:
-        vocabs = [Vocabulary((root / VOCAB_DIR / f"{t}.txt").read_text().splitlines())
-                  for t in range(len(schema["tables"]))]  # fmt: skip
+        vocabs = [
+            Vocabulary((root / VOCAB_DIR / f"{t}.txt").read_text().splitlines())
+            for t in range(len(schema["tables"]))
+        ]
     return saved, vocabs
 
 
@@ -288,8 +303,9 @@ def _count(tables: list, cfg: TabularConfig) -> list[Vocabulary]:
             uniq, n = np.unique(values.astype(str), return_counts=True)
             for v, k in zip(uniq.tolist(), n.tolist(), strict=True):
                 counts[v] = counts.get(v, 0) + k
-        kept = sorted((v for v, k in counts.items() if k >= cfg.min_count),
-                      key=lambda v: (-counts[v], v))  # fmt: skip
+        kept = sorted(
+            (v for v, k in counts.items() if k >= cfg.min_count), key=lambda v: (-counts[v], v)
+        )
         vocabs.append(Vocabulary(kept))
     return vocabs
 
@@ -313,8 +329,9 @@ def _bad_rows(path: Path, table, cfg: TabularConfig) -> tuple[np.ndarray, list[s
         for i in np.flatnonzero(wrong & ~bad)[:3]:
             value = text[int(i)].as_py()
             need = "a number" if role == "dense" or cfg.label_threshold is not None else "0 or 1"
-            reasons.append(f"{path}: row {int(i) + 1}: {role} column {column!r} is "
-                           f"{value!r}, not {need}")  # fmt: skip
+            reasons.append(
+                f"{path}: row {int(i) + 1}: {role} column {column!r} is {value!r}, not {need}"
+            )
         bad |= wrong
     return bad, reasons
 
@@ -354,15 +371,19 @@ def _numbers(column) -> np.ndarray:
     return pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
 
 
-def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary] | None,
-                  out: Path, name: str) -> dict:  # fmt: skip
+def convert_table(
+    path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary] | None, out: Path, name: str
+) -> dict:
     """Write one file's arrays; returns its summary entry."""
     bad, reasons = _bad_rows(path, table, cfg)
     numeric_label = _numeric_label(table.column(cfg.label)) and cfg.label_threshold is None
     if bad.any() and (not cfg.skip_bad_rows or bad.all() or numeric_label):
         more = f" ({int(bad.sum()):,} bad rows in all)" if bad.sum() > 1 else ""
-        fix = ("fix the data, or pass skip_bad_rows=true to skip and count such rows"
-               if not bad.all() else "every row is bad: check the schema's columns")  # fmt: skip
+        fix = (
+            "fix the data, or pass skip_bad_rows=true to skip and count such rows"
+            if not bad.all()
+            else "every row is bad: check the schema's columns"
+        )
         if numeric_label:  # a rating or a count: skipping rows would keep one class
             fix = (
                 f"the label column {cfg.label!r} holds numbers other than 0 and 1: pass "
@@ -378,8 +399,11 @@ def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary
     labels = (label >= cfg.label_threshold) if cfg.label_threshold is not None else label
     # no dense column: one constant 0 column, since the models take at least one
     # (model_override says model.dense_in_features=1)
-    dense = np.stack([_numbers(table.column(c)) for c in cfg.dense], 1) if cfg.dense else (
-        np.zeros((n, 1)))  # fmt: skip
+    dense = (
+        np.stack([_numbers(table.column(c)) for c in cfg.dense], 1)
+        if cfg.dense
+        else (np.zeros((n, 1)))
+    )
     if DenseTransform(cfg.dense_transform) == DenseTransform.log1p:
         dense = np.log1p(np.maximum(dense, 0))
     first, bags = [], []
@@ -402,9 +426,14 @@ def convert_table(path: Path, table, cfg: TabularConfig, vocabs: list[Vocabulary
     np.save(out / f"{name}_labels.npy", labels.astype(np.int32)[:, None])
     if cfg.multi_valued:
         np.savez(out / f"{name}{MULTI_HOT_SUFFIX}", **{str(t): b for t, b in enumerate(bags)})
-    return {"name": name, "path": str(path), "rows": n, "bad_lines": int(bad.sum()),
-            "clicks": int(labels.sum()),
-            "longest_bag": [int(b.shape[1]) for b in bags]}  # fmt: skip
+    return {
+        "name": name,
+        "path": str(path),
+        "rows": n,
+        "bad_lines": int(bad.sum()),
+        "clicks": int(labels.sum()),
+        "longest_bag": [int(b.shape[1]) for b in bags],
+    }
 
 
 def _pa_bools(mask: np.ndarray):
@@ -456,19 +485,23 @@ def convert_tabular(cfg: TabularConfig, run_dir: Path | None = None) -> dict:
             for t, v in enumerate(vocabs):
                 (out / VOCAB_DIR / f"{t}.txt").write_text("".join(f"{x}\n" for x in v.values))
         sizes_text = ",".join(map(str, sizes))
-        override = (f"model.dense_in_features={max(1, len(cfg.dense))} "
-                    f"model.num_embeddings_per_feature=[{sizes_text}]")  # fmt: skip
+        override = (
+            f"model.dense_in_features={max(1, len(cfg.dense))} "
+            f"model.num_embeddings_per_feature=[{sizes_text}]"
+        )
         config = json.loads(json.dumps(asdict(cfg), default=lambda e: e.value))
         for key in ("input", "output", "overwrite", "progress", "vocab_from", "skip_bad_rows"):
             config.pop(key)
         schema = {
             "config": config,
-            "tables": [{"feature": f"cat_{t}", "column": c, "separator": sep, "rows": n}
-                       for t, ((c, sep), n) in enumerate(zip(_columns(cfg), sizes, strict=True))],
+            "tables": [
+                {"feature": f"cat_{t}", "column": c, "separator": sep, "rows": n}
+                for t, ((c, sep), n) in enumerate(zip(_columns(cfg), sizes, strict=True))
+            ],
             "dense": list(cfg.dense),
             "bags": bool(cfg.multi_valued),
             "model_override": override,
-        }  # fmt: skip
+        }
         (out / SCHEMA_FILE).write_text(json.dumps(schema, indent=1) + "\n")
         (out / "model_override.txt").write_text(override + "\n")
         summary = {

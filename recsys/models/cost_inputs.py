@@ -53,11 +53,12 @@ def _measure(cfg: ModelConfig, lookups_per_sample: dict[str, float] | None) -> M
             t.embedding_dim,
             pooling.get(t.name, 1.0),
             weight_bytes=WEIGHT_BYTES[TableDtype(cfg.table_dtype)],
-        )  # fmt: skip
+        )
         for t in table_configs(cfg)
     ]
-    return ModelCost(tables, dense, interaction, _activation_bytes(model.model, cfg),
-                     cfg.dense_in_features)  # fmt: skip
+    return ModelCost(
+        tables, dense, interaction, _activation_bytes(model.model, cfg), cfg.dense_in_features
+    )
 
 
 def _interaction_flops(cfg: ModelConfig) -> float:

@@ -64,7 +64,7 @@ def build_model(
         for t in table_configs(cfg)
         if is_split(t.num_embeddings, hot_rows.get(t.name, 0), cold_parts.get(t.name, 1))
     ]
-    if splits:  # fmt: skip
+    if splits:
         from torchrec import EmbeddingCollection
 
         from recsys.models.split import SplitSparseArch, sequence_cold_configs, split_configs
@@ -81,19 +81,27 @@ def build_model(
     return DLRMTrain(model)
 
 
-def build_torchrec_model(cfg: ModelConfig, ebc: EmbeddingBagCollection,
-                         dense_device: torch.device) -> torch.nn.Module:  # fmt: skip
+def build_torchrec_model(
+    cfg: ModelConfig, ebc: EmbeddingBagCollection, dense_device: torch.device
+) -> torch.nn.Module:
     """The model `cfg.arch` names over the collection `ebc`, its dense part on `dense_device`."""
     arch = Arch(cfg.arch)
     if arch == Arch.two_tower:
         from recsys.models.two_tower import TwoTower
 
-        return TwoTower(ebc, cfg.dense_in_features, list(cfg.dense_arch_layer_sizes),
-                        cfg.query_features, list(cfg.tower_layer_sizes), dense_device)  # fmt: skip
+        return TwoTower(
+            ebc,
+            cfg.dense_in_features,
+            list(cfg.dense_arch_layer_sizes),
+            cfg.query_features,
+            list(cfg.tower_layer_sizes),
+            dense_device,
+        )
     if arch == Arch.deepfm:
         with dense_device:
-            model = SimpleDeepFMNN(cfg.dense_in_features, ebc, cfg.dense_arch_layer_sizes[0],
-                                   cfg.deep_fm_dimension)  # fmt: skip
+            model = SimpleDeepFMNN(
+                cfg.dense_in_features, ebc, cfg.dense_arch_layer_sizes[0], cfg.deep_fm_dimension
+            )
         # TorchRec's over arch ends in a sigmoid; the train module's loss takes logits
         *layers, last = model.over_arch.model
         assert isinstance(last, torch.nn.Sigmoid), model.over_arch

@@ -40,5 +40,6 @@ def _in_bf16(cls: type, device_type: str) -> type:
             out = cls.forward(self, *args, **kwargs)
         return out.float()
 
-    return type(f"{cls.__name__}InBF16", (cls,),
-                {"forward": forward, "compute_dtype": torch.bfloat16})  # fmt: skip
+    return type(
+        f"{cls.__name__}InBF16", (cls,), {"forward": forward, "compute_dtype": torch.bfloat16}
+    )

@@ -69,9 +69,16 @@ def split_configs(
         cold = zip(cold_suffixes(k), cold_part_rows(t.num_embeddings - h, k), strict=True)
         parts = ([(HOT, h)] if h else []) + list(cold)
         for suffix, rows in parts:
-            out.append(EmbeddingBagConfig(name=t.name + suffix, embedding_dim=t.embedding_dim,
-                                          num_embeddings=rows, feature_names=[feature + suffix],
-                                          init_fn=t.init_fn, data_type=t.data_type))  # fmt: skip
+            out.append(
+                EmbeddingBagConfig(
+                    name=t.name + suffix,
+                    embedding_dim=t.embedding_dim,
+                    num_embeddings=rows,
+                    feature_names=[feature + suffix],
+                    init_fn=t.init_fn,
+                    data_type=t.data_type,
+                )
+            )
     return out
 
 
@@ -87,11 +94,17 @@ def sequence_cold_configs(
 
     bags = [c for c in configs if not sequence(c.name)]
     cold = [
-        EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
-                        feature_names=c.feature_names, init_fn=c.init_fn, data_type=c.data_type)
+        EmbeddingConfig(
+            name=c.name,
+            embedding_dim=c.embedding_dim,
+            num_embeddings=c.num_embeddings,
+            feature_names=c.feature_names,
+            init_fn=c.init_fn,
+            data_type=c.data_type,
+        )
         for c in configs
         if sequence(c.name)
-    ]  # fmt: skip
+    ]
     return bags, cold
 
 
@@ -119,9 +132,13 @@ class SplitSparseArch(SparseArch):
         self._split = [f for f in feature_names if f not in present]
         self._hot = {f: f + HOT in present for f in self._split}
         # each split feature's cold features, in part order (constant: fx tracing follows)
-        self._cold = {f: sorted((c for c in present if _COLD_SUFFIX.fullmatch(c[len(f):])
-                                 and c.startswith(f)), key=lambda c: int(c[len(f + COLD):] or 0))
-                      for f in self._split}  # fmt: skip
+        self._cold = {
+            f: sorted(
+                (c for c in present if _COLD_SUFFIX.fullmatch(c[len(f) :]) and c.startswith(f)),
+                key=lambda c: int(c[len(f + COLD) :] or 0),
+            )
+            for f in self._split
+        }
         self._sequences = sorted(sequences)
         self._sparse_feature_names = list(feature_names)
         self.F = len(feature_names)
@@ -188,8 +205,9 @@ class SplitRemap:
     def __init__(
         self, hot_ids: dict[str, torch.Tensor], cold_parts: dict[str, int] | None = None
     ) -> None:
-        self.hot_ids = {f: torch.as_tensor(ids, dtype=torch.int64).sort().values
-                        for f, ids in hot_ids.items()}  # fmt: skip
+        self.hot_ids = {
+            f: torch.as_tensor(ids, dtype=torch.int64).sort().values for f, ids in hot_ids.items()
+        }
         self.cold_parts = {f: (cold_parts or {}).get(f, 1) for f in self.hot_ids}
 
     def __call__(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:

@@ -35,8 +35,9 @@ class TwoTower(torch.nn.Module):
         self.sparse_arch = SparseArch(embedding_bag_collection)  # B x F x D, as DLRM's
         self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes, dense_device)
         self.query_tower = MLP((query_features + 1) * dim, tower_layer_sizes, device=dense_device)
-        self.candidate_tower = MLP((features - query_features) * dim, tower_layer_sizes,
-                                   device=dense_device)  # fmt: skip
+        self.candidate_tower = MLP(
+            (features - query_features) * dim, tower_layer_sizes, device=dense_device
+        )
 
     def forward(self, dense_features: torch.Tensor, sparse_features) -> torch.Tensor:
         return self.interact(self.dense_arch(dense_features), self.sparse_arch(sparse_features))

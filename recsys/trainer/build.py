@@ -168,9 +168,13 @@ def rehearse_node(ranks: list[RankDevice], rank: int) -> None:
 
 
 def _hot_ids(
-    source, hot_rows: dict[str, int], rows: dict[str, int], batches: int, rank: int,
+    source,
+    hot_rows: dict[str, int],
+    rows: dict[str, int],
+    batches: int,
+    rank: int,
     device: torch.device,
-) -> dict[str, torch.Tensor]:  # fmt: skip
+) -> dict[str, torch.Tensor]:
     """Per split table (keyed by its feature), its `h` most frequent ids in the first
     `batches` training batches of every rank (counts summed over ranks on the rank's
     `device`, which NCCL needs; ties: lower id)."""
@@ -188,8 +192,9 @@ def _hot_ids(
     return out
 
 
-def _check_saved_split(checkpoint: str, hot_ids: dict[str, torch.Tensor],
-                       hot_rows: dict[str, int]) -> None:  # fmt: skip
+def _check_saved_split(
+    checkpoint: str, hot_ids: dict[str, torch.Tensor], hot_rows: dict[str, int]
+) -> None:
     """The checkpoint's hot ids must fill this plan's hot tables, table for table."""
     for table, h in sorted(hot_rows.items()):
         have = len(hot_ids.get(table[len("t_") :], ()))
@@ -213,8 +218,9 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device, two_d: ShardingE
         # rank 0 plans (one group's plan, for 2D groups) and every rank gets it
         plan = plan_with_torchrec(model, inputs, cfg.planner, sharders, dist.group.WORLD)
         return model, plan.plan, sharders, None
-    hot_rows = {t.name: t.replicated_rows for t in our_plan.tables
-                if 0 < t.replicated_rows < t.rows}  # fmt: skip
+    hot_rows = {
+        t.name: t.replicated_rows for t in our_plan.tables if 0 < t.replicated_rows < t.rows
+    }
     # row parts: of a split table's cold part, or of a table too large for one device
     cold_parts = {
         t.name: t.cold_parts
@@ -230,14 +236,18 @@ def _model_and_plan(ctx: RunContext, source, rank: int, device, two_d: ShardingE
         else:
             rows = {t.name: t.rows for t in our_plan.tables}
             hot_ids = _hot_ids(source, hot_rows, rows, cfg.planner.hot_id_batches, rank, device)
-            hot_ids |= {t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
-                        for t in cold_parts if t not in hot_rows}  # fmt: skip
+            hot_ids |= {
+                t[len("t_") :]: torch.zeros(0, dtype=torch.int64)
+                for t in cold_parts
+                if t not in hot_rows
+            }
         remap = SplitRemap(hot_ids, {t[len("t_") :]: k for t, k in cold_parts.items()})
     # the plan says which cold parts exchange only their lookups; planner.cold_only_exchange
     # =false keeps every cold part pooled (the nested pipeline chunks pooled exchanges only)
     sequences = sequence_cold(our_plan) if cfg.planner.cold_only_exchange else frozenset()
-    model = build_model(cfg.model, device, hot_rows=hot_rows, sequence_cold=sequences,
-                        cold_parts=cold_parts)  # fmt: skip
+    model = build_model(
+        cfg.model, device, hot_rows=hot_rows, sequence_cold=sequences, cold_parts=cold_parts
+    )
     shares = our_plan.batch_per_rank
     if len(set(shares)) > 1:  # a speed-aware split: each rank its own batch size
         model = SharedBatchDLRMTrain(model.model, len(shares), sum(shares))
@@ -339,9 +349,12 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if two_d is not None:  # replicas sum row gradients before the fused update
         install_replica_sync(model, two_d)
         if rank == 0:
-            log.info("2D groups: the tables sharded within each group of %d ranks, %d groups; "
-                     "they sum the touched rows' gradients before each update",
-                     group, world // group)  # fmt: skip
+            log.info(
+                "2D groups: the tables sharded within each group of %d ranks, %d groups; "
+                "they sum the touched rows' gradients before each update",
+                group,
+                world // group,
+            )
     if device.type == "cpu":  # row-wise tables: one order of the sum for every pipeline
         install_ordered_reduce_scatter(model)
     not_fused = dict(in_backward_optimizer_filter(model.named_parameters()))
@@ -352,9 +365,21 @@ def build_training(ctx: RunContext, run_dir: str, rank: int, device) -> Training
     if replicated:  # data-parallel tables: reduced with the dense grads, same rule as fused ones
         optimizers.append(_replicated_embedding_optimizer(tcfg, replicated))
     optimizer = CombinedOptimizer(optimizers)
-    pipeline = build_pipeline(cfg.pipeline, model, optimizer, device,
-                              reduction.reduce if reduction is not None else None)  # fmt: skip
+    pipeline = build_pipeline(
+        cfg.pipeline, model, optimizer, device, reduction.reduce if reduction is not None else None
+    )
     # a GPU cluster's input path (rehearsed too), pinned only where there is a GPU
     prefetch = (2 if gpu_cluster else 0) if tcfg.prefetch_batches is None else tcfg.prefetch_batches
-    return Training(model, optimizer, dense_opt, pipeline, source, remap, shares, rank, layout,
-                    prefetch, pin=device.type == "cuda")  # fmt: skip
+    return Training(
+        model,
+        optimizer,
+        dense_opt,
+        pipeline,
+        source,
+        remap,
+        shares,
+        rank,
+        layout,
+        prefetch,
+        pin=device.type == "cuda",
+    )

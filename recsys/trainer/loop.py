@@ -99,7 +99,7 @@ def _is_comm_failure(e: BaseException) -> bool:
             "Timed out",
             "NCCL",
             "timeout caused pair closure",
-        )  # fmt: skip
+        )
     )
 
 
@@ -129,8 +129,9 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     `ctx.plan`: a plan of ours (planner hybrid, greedy_size, round_robin) to run instead of
     TorchRec's planner; tables with replicated hot rows are split (recsys.models.split)."""
     cfg, tcfg, ranks = ctx.cfg, ctx.cfg.trainer, ctx.ranks
-    rank, world = launch.init_distributed(tcfg.dist_timeout_s,
-                                          backend_for(ranks, tcfg.rehearse_on_cpu))  # fmt: skip
+    rank, world = launch.init_distributed(
+        tcfg.dist_timeout_s, backend_for(ranks, tcfg.rehearse_on_cpu)
+    )
     if len(ranks) != world:
         raise TrainConfigError(
             f"cluster '{cfg.cluster.name}' has {len(ranks)} ranks but the job has {world}; launch "
@@ -143,8 +144,9 @@ def run_rank(ctx: RunContext, run_dir: str) -> dict:
     job = build_training(ctx, run_dir, rank, device)
     start = 0
     if tcfg.resume_from:
-        start = load_checkpoint(tcfg.resume_from, job.model, job.optimizer, job.dense_opt,
-                                job.layout)  # fmt: skip
+        start = load_checkpoint(
+            tcfg.resume_from, job.model, job.optimizer, job.dense_opt, job.layout
+        )
         if Mode(tcfg.mode) == Mode.evaluate:
             return _evaluate_checkpoint(cfg, job, start, device)
         if start >= tcfg.max_steps:
@@ -199,8 +201,13 @@ def held_out_metrics(cfg: TrainConfig, job: Training, device: torch.device) -> d
     of it per rank, or the whole split (null)."""
     split = EvalSplit(cfg.dataset.eval_split).value
     if cfg.dataset.eval_batches == 0:  # no evaluation asked for: undefined, not a crash
-        return {"eval_auc": None, "eval_logloss": None, "eval_ne": None, "eval_samples": 0,
-                "eval_split": split}  # fmt: skip
+        return {
+            "eval_auc": None,
+            "eval_logloss": None,
+            "eval_ne": None,
+            "eval_samples": 0,
+            "eval_split": split,
+        }
     n = cfg.dataset.eval_batches
     if n is None:
         n = job.source.num_batches(split)
@@ -211,8 +218,12 @@ def held_out_metrics(cfg: TrainConfig, job: Training, device: torch.device) -> d
 def _evaluate_checkpoint(cfg: TrainConfig, job: Training, step: int, device) -> dict:
     """`trainer.mode=evaluate`: the checkpoint just loaded (at `step`), evaluated."""
     if job.rank == 0:
-        log.info("evaluating %s (step %d) on the %s split", cfg.trainer.resume_from, step,
-                 EvalSplit(cfg.dataset.eval_split).value)  # fmt: skip
+        log.info(
+            "evaluating %s (step %d) on the %s split",
+            cfg.trainer.resume_from,
+            step,
+            EvalSplit(cfg.dataset.eval_split).value,
+        )
     return {
         "rank": job.rank,
         "mode": Mode.evaluate.value,
@@ -240,8 +251,11 @@ def _train_loop(
     """`run_rank`'s steps, evaluations, checkpoints and results."""
     tcfg, pipeline, model = cfg.trainer, job.pipeline, job.model
     # beside each checkpoint: what it is (recsys.export reads it) and how its tables split
-    saved_run = {"model": asdict(cfg.model), "dataset": asdict(cfg.dataset),
-                 "plan_layout": job.layout}  # fmt: skip
+    saved_run = {
+        "model": asdict(cfg.model),
+        "dataset": asdict(cfg.dataset),
+        "plan_layout": job.layout,
+    }
     split = (job.remap.hot_ids, job.remap.cold_parts) if job.remap is not None else None
 
     tensorboard = tensorboard_installed() if tcfg.tensorboard is None else tcfg.tensorboard
@@ -259,10 +273,10 @@ def _train_loop(
             save_checkpoint(ckpt_root, model, job.optimizer, done, saved_run, split, run_id)
 
     evals: list[dict] = []
-    trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json",
-                      device)  # fmt: skip
-    samples_per_s, faults_per_step, cpu_s, quota = _steps(cfg, job, start, watch, between_steps,
-                                                          trace, scalars)  # fmt: skip
+    trace = StepTrace(tcfg.profile_steps, Path(run_dir) / "traces" / f"rank{job.rank}.json", device)
+    samples_per_s, faults_per_step, cpu_s, quota = _steps(
+        cfg, job, start, watch, between_steps, trace, scalars
+    )
     saved = None
     if tcfg.save_checkpoint or tcfg.checkpoint_every:
         saved = str(
@@ -328,9 +342,15 @@ def _train_loop(
     return result
 
 
-def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
-           between_steps: Callable[[int], None], trace: StepTrace, scalars: Scalars
-           ) -> tuple[float | None, float | None, float | None, float | None]:  # fmt: skip
+def _steps(
+    cfg: TrainConfig,
+    job: Training,
+    start: int,
+    watch: LossWatch,
+    between_steps: Callable[[int], None],
+    trace: StepTrace,
+    scalars: Scalars,
+) -> tuple[float | None, float | None, float | None, float | None]:
     """The train steps from `start`, each loss recorded in `watch` (and, checked, in
     `scalars`); `between_steps(done)` after each; `trainer.profile_steps` traced. Returns
     the samples per second after the warm-up, this process's minor page faults per such
@@ -340,8 +360,13 @@ def _steps(cfg: TrainConfig, job: Training, start: int, watch: LossWatch,
     steps."""
     tcfg, world = cfg.trainer, len(job.shares)
     train_iter = job.batches("train", start, tcfg.max_steps)
-    bar = Progress(tcfg.max_steps, start, f"train {cfg.pipeline.name.value} x{world}",
-                   enabled=job.rank == 0 and tcfg.progress_bar, loss=True)  # fmt: skip
+    bar = Progress(
+        tcfg.max_steps,
+        start,
+        f"train {cfg.pipeline.name.value} x{world}",
+        enabled=job.rank == 0 and tcfg.progress_bar,
+        loss=True,
+    )
     timed_from, begun, paused = start, _counters(), (0.0,) * 3
     quota_from = quota_periods()  # read at the timed steps' ends only: off the step's path
     for step in range(start, tcfg.max_steps):

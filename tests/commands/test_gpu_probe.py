@@ -41,9 +41,24 @@ def probe(tmp_path_factory) -> Path:
         "rc = g.main(sys.argv[1:]); print('IMPORTED', sorted({m.split('.')[0] for m, v in "
         "sys.modules.items() if v is not None})); sys.exit(rc)"
     )
-    proc = subprocess.run([sys.executable, "-c", code, "--device", "cpu", "--quick",
-                           "--kind", "a100_40g", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--device",
+            "cpu",
+            "--quick",
+            "--kind",
+            "a100_40g",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return out
@@ -76,7 +91,9 @@ def test_every_section_measures_and_every_figure_is_positive_and_finite(probe: P
         assert result[section], f"{section} measured nothing"
     # between 2 CPU processes over gloo (--device cpu): each collective at each size
     assert {(x["collective"], x["ranks"]) for x in result["links"]} == {
-        ("alltoall", 2), ("allreduce", 2)}  # fmt: skip
+        ("alltoall", 2),
+        ("allreduce", 2),
+    }
     for e in result["embedding"]:
         assert {"rows", "dim", "pooling", "ids", "forward_ms", "backward_ms"} <= set(e)
     assert {e["ids"] for e in result["embedding"]} == {"uniform", "power_law"}
@@ -99,9 +116,19 @@ def test_its_constants_load_as_a_calibration_and_name_what_is_assumed(probe: Pat
 
 
 def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path, monkeypatch):
-    spec = ClusterSpec(name="two_kinds", network=NetworkSpec(300), nodes=[NodeGroup(devices=[
-        DeviceGroup("a100_40g", 1), DeviceGroup("a100_40g", 1, hbm_gbyte_s=777.5),
-        DeviceGroup("t4_16g", 1)])])  # fmt: skip
+    spec = ClusterSpec(
+        name="two_kinds",
+        network=NetworkSpec(300),
+        nodes=[
+            NodeGroup(
+                devices=[
+                    DeviceGroup("a100_40g", 1),
+                    DeviceGroup("a100_40g", 1, hbm_gbyte_s=777.5),
+                    DeviceGroup("t4_16g", 1),
+                ]
+            )
+        ],
+    )
     ranks = resolve_cluster(spec)
     monkeypatch.setattr(calibration, "GPU_DIR", tmp_path)
     assert constants_source("a100_40g").startswith("datasheet")
@@ -132,8 +159,13 @@ def test_measured_constants_replace_the_datasheet_for_that_kind(probe, tmp_path,
 
 
 def test_without_cuda_the_probe_says_how_to_check_it() -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_probe", "--out", "/nonexistent"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_probe", "--out", "/nonexistent"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     try:
         import torch
 
@@ -182,10 +214,17 @@ def test_what_was_measured_is_written_before_a_later_section_fails(tmp_path, mon
     assert min(rates) <= consts["device"]["emb_read_bytes_per_s"] <= max(rates)
 
 
-@pytest.mark.parametrize("name, memory, kind", [
-    ("NVIDIA H100 80GB HBM3", 79.6, "h100_80g"), ("NVIDIA A100-SXM4-40GB", 39.4, "a100_40g"),
-    ("Tesla V100-SXM2-16GB", 15.8, "v100_16g"), ("NVIDIA L4", 22.5, "l4_24g"),
-    ("NVIDIA L40S", 44.5, None), ("NVIDIA H200", 139.8, "h200_141g")])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, memory, kind",
+    [
+        ("NVIDIA H100 80GB HBM3", 79.6, "h100_80g"),
+        ("NVIDIA A100-SXM4-40GB", 39.4, "a100_40g"),
+        ("Tesla V100-SXM2-16GB", 15.8, "v100_16g"),
+        ("NVIDIA L4", 22.5, "l4_24g"),
+        ("NVIDIA L40S", 44.5, None),
+        ("NVIDIA H200", 139.8, "h200_141g"),
+    ],
+)
 def test_a_gpu_is_known_by_a_word_of_its_name(name: str, memory: float, kind) -> None:
     """An L40S is no L4: a catalog family must be a whole word of the device's name; a
     device the catalog lacks is named in its style from its own name and memory."""

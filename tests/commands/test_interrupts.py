@@ -44,9 +44,15 @@ def _alive(pids: list[int]) -> list[int]:
 
 def _start(args: list[str], until: Callable[[], bool], timeout_s: float = 120):
     """Start a command in its own process group; return it once `until()` holds."""
-    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=sigint_default)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=sigint_default,
+    )
     deadline = time.monotonic() + timeout_s
     while not until():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -58,8 +64,15 @@ def _start(args: list[str], until: Callable[[], bool], timeout_s: float = 120):
 
 
 def _train(run: Path, *extra: str):
-    args = ["recsys.train", "debug=tiny", "trainer.max_steps=100000", "trainer.log_every=5",
-            "trainer.checkpoint_every=20", f"hydra.run.dir={run}", *extra]  # fmt: skip
+    args = [
+        "recsys.train",
+        "debug=tiny",
+        "trainer.max_steps=100000",
+        "trainer.log_every=5",
+        "trainer.checkpoint_every=20",
+        f"hydra.run.dir={run}",
+        *extra,
+    ]
     return _start(args, lambda: (run / "checkpoints" / "step_00000020" / ".metadata").exists())
 
 
@@ -85,10 +98,12 @@ def test_training_stops_every_rank_keeps_the_summary_so_far(tmp_path: Path, sig,
     assert _gone_within(ranks, 5)
     name = signal.Signals(sig).name
     lines = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
-    assert lines == [f"interrupted ({name}): every rank stopped; kept the summary so far "
-                     f"({json.loads((run / 'summary.json').read_text())['steps_done']} steps): "
-                     f"{run / 'summary.json'}; last checkpoint: {run / 'checkpoints'}/"
-                     f"step_{lines[0].split('step_')[-1]}"], err[-3000:]  # fmt: skip
+    assert lines == [
+        f"interrupted ({name}): every rank stopped; kept the summary so far "
+        f"({json.loads((run / 'summary.json').read_text())['steps_done']} steps): "
+        f"{run / 'summary.json'}; last checkpoint: {run / 'checkpoints'}/"
+        f"step_{lines[0].split('step_')[-1]}"
+    ], err[-3000:]
     assert "Traceback" not in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] == name and summary["steps_done"] >= 20
@@ -134,15 +149,26 @@ def test_a_killed_rank_fails_the_run_naming_it_and_keeps_what_it_had(tmp_path: P
 def test_sigterm_to_prepare_removes_the_partial_output_and_its_workers(tmp_path: Path) -> None:
     src = tmp_path / "tsv"
     synthesize(SynthConfig(output=str(src), rows=400_000, scale=1000))
-    proc = _start(["recsys.data.prepare", f"input={src}", f"output={tmp_path / 'bin'}",
-                   "workers=2", "chunk_mb=1", f"hydra.run.dir={tmp_path / 'run'}"],
-                  lambda: bool(list(tmp_path.glob(".bin.partial-*/*"))))  # fmt: skip
+    proc = _start(
+        [
+            "recsys.data.prepare",
+            f"input={src}",
+            f"output={tmp_path / 'bin'}",
+            "workers=2",
+            "chunk_mb=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        lambda: bool(list(tmp_path.glob(".bin.partial-*/*"))),
+    )
     workers = descendants(proc.pid)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-2000:]
-    assert f"interrupted (SIGTERM): removed the partial output; '{tmp_path / 'bin'}' is " \
-           f"unchanged" in err and "Traceback" not in err  # fmt: skip
+    assert (
+        f"interrupted (SIGTERM): removed the partial output; '{tmp_path / 'bin'}' is unchanged"
+        in err
+        and "Traceback" not in err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "tsv"]
     assert _gone_within(workers, 10), _alive(workers)
 

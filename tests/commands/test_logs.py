@@ -16,16 +16,29 @@ from recsys.launch import RankFailedError, raise_on_failure, spawn_ranks
 
 
 def _run(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, **kw)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, timeout=600, **kw
+    )
 
 
 @pytest.mark.slow
 def test_data_commands_log_what_they_print_and_pipe_plain_lines(tmp_path: Path) -> None:
-    synth = _run(["recsys.data.synth", f"output={tmp_path / 'tsv'}", "rows=30000",
-                  f"hydra.run.dir={tmp_path / 's'}"])  # fmt: skip
-    prep = _run(["recsys.data.prepare", f"input={tmp_path / 'tsv'}", f"output={tmp_path / 'b'}",
-                 f"hydra.run.dir={tmp_path / 'p'}"])  # fmt: skip
+    synth = _run(
+        [
+            "recsys.data.synth",
+            f"output={tmp_path / 'tsv'}",
+            "rows=30000",
+            f"hydra.run.dir={tmp_path / 's'}",
+        ]
+    )
+    prep = _run(
+        [
+            "recsys.data.prepare",
+            f"input={tmp_path / 'tsv'}",
+            f"output={tmp_path / 'b'}",
+            f"hydra.run.dir={tmp_path / 'p'}",
+        ]
+    )
     for proc, log, first, last in (
         (synth, tmp_path / "s" / "synth.log", "synth train.txt: rows ", "wrote "),
         (prep, tmp_path / "p" / "prepare.log", "prepare train.txt: MB ", "30,000 rows from 1"),
@@ -39,8 +52,9 @@ def test_data_commands_log_what_they_print_and_pipe_plain_lines(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_the_training_log_holds_progress_and_the_result(tmp_path: Path) -> None:
-    proc = _run(["recsys.train", "debug=tiny", "trainer.progress_bar=true",
-                 f"hydra.run.dir={tmp_path}"])  # fmt: skip
+    proc = _run(
+        ["recsys.train", "debug=tiny", "trainer.progress_bar=true", f"hydra.run.dir={tmp_path}"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (tmp_path / "train.log").read_text()
     # the run's own figures (its plan, and so its loss, follows the machine's calibration)
@@ -53,21 +67,40 @@ def test_the_training_log_holds_progress_and_the_result(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_torchrun_shows_what_the_local_launcher_shows(tmp_path: Path) -> None:
-    ok = _run(["torch.distributed.run", "--nproc_per_node", "2", "-m", "recsys.train",
-               "debug=tiny", f"hydra.run.dir={tmp_path / 'ok'}"])  # fmt: skip
+    ok = _run(
+        [
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "recsys.train",
+            "debug=tiny",
+            f"hydra.run.dir={tmp_path / 'ok'}",
+        ]
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "SplitTableBatchedEmbeddingBagsCodegen" not in ok.stdout + ok.stderr
     assert len((ok.stdout + ok.stderr).splitlines()) < 15
     summary = json.loads((tmp_path / "ok" / "summary.json").read_text())
     result = f"eval AUC {summary['eval_auc']:.4f}"  # once: rank 0's, not one per rank
     assert (tmp_path / "ok" / "train.log").read_text().count(result) == 1
-    wrong = _run(["torch.distributed.run", "--nproc_per_node", "3", "-m", "recsys.train",
-                  "debug=tiny", f"hydra.run.dir={tmp_path / 'wrong'}"])  # fmt: skip
+    wrong = _run(
+        [
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "3",
+            "-m",
+            "recsys.train",
+            "debug=tiny",
+            f"hydra.run.dir={tmp_path / 'wrong'}",
+        ]
+    )
     errors = [ln for ln in wrong.stderr.splitlines() if ln.startswith("error:")]
     assert wrong.returncode != 0 and errors == [
         "error: cluster 'local_cpu2' has 2 ranks but 3 processes were started (torchrun "
         "--nnodes x --nproc_per_node, or Slurm's tasks); start 2, or name a cluster with 3 "
-        "devices"], wrong.stderr[-3000:]  # fmt: skip
+        "devices"
+    ], wrong.stderr[-3000:]
     assert wrong.stderr.index(errors[0]) < 1000  # near the top, not buried
 
 
@@ -85,8 +118,16 @@ def test_a_native_abort_leaves_its_reason_in_the_log(tmp_path: Path, monkeypatch
 
 @pytest.mark.slow
 def test_a_failed_sweep_job_says_why_on_the_console(tmp_path: Path) -> None:
-    proc = _run(["recsys.train", "-m", "debug=tiny", "trainer.lr=1e30",
-                 "trainer.dense_optimizer=sgd", f"hydra.sweep.dir={tmp_path}"])  # fmt: skip
+    proc = _run(
+        [
+            "recsys.train",
+            "-m",
+            "debug=tiny",
+            "trainer.lr=1e30",
+            "trainer.dense_optimizer=sgd",
+            f"hydra.sweep.dir={tmp_path}",
+        ]
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("job 0 failed:"))
     assert "train loss is" in line and "at step" in line, line

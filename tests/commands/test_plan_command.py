@@ -20,8 +20,9 @@ def test_plan_and_predict_commands_refuse_bad_input_in_one_line(tmp_path) -> Non
     assert proc.returncode == 1 and "network.latency_us must be >= 0" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     (tmp_path / "notalayout.json").write_text(json.dumps({"planner": "hybrid"}))
-    proc = run_command("sharding.predict", f"layout={tmp_path / 'notalayout.json'}",
-                       f"hydra.run.dir={tmp_path}")  # fmt: skip
+    proc = run_command(
+        "sharding.predict", f"layout={tmp_path / 'notalayout.json'}", f"hydra.run.dir={tmp_path}"
+    )
     assert proc.returncode == 1 and "is not a plan_layout.json" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -42,8 +43,14 @@ network: {intra_node_gbit_s: 64, inter_node_gbit_s: 25, latency_us: 10}
     (mine / "my_a10g.yaml").write_text(text)
     (mine / "no_kind.yaml").write_text(text.replace("kind: a10g_24g, ", ""))
     conf = ["--config-dir", str(tmp_path / "conf")]
-    proc = run_command("sharding.plan", *conf, "cluster=my_a10g", "model=dcnv2_small",
-                       "planner=hybrid", f"hydra.run.dir={tmp_path / 'a'}")  # fmt: skip
+    proc = run_command(
+        "sharding.plan",
+        *conf,
+        "cluster=my_a10g",
+        "model=dcnv2_small",
+        "planner=hybrid",
+        f"hydra.run.dir={tmp_path / 'a'}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
     assert plan["cluster"] == "my_a10g" and {d["kind"] for d in plan["devices"]} == {"a10g_24g"}
@@ -64,20 +71,51 @@ def test_plan_command_writes_json_png_and_torchrec_text(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     plan = json.loads((tmp_path / "plan.json").read_text())
-    for key in ("planner", "cluster", "feasible", "est_step_ms", "lower_bound_ms", "planning_s",
-                "devices", "tables"):  # fmt: skip
+    for key in (
+        "planner",
+        "cluster",
+        "feasible",
+        "est_step_ms",
+        "lower_bound_ms",
+        "planning_s",
+        "devices",
+        "tables",
+    ):
         assert key in plan
-    for key in ("rank", "kind", "hbm_used_bytes", "hbm_cap_bytes", "host_used_bytes",
-                "host_cap_bytes", "est_ms", "batch"):  # fmt: skip
+    for key in (
+        "rank",
+        "kind",
+        "hbm_used_bytes",
+        "hbm_cap_bytes",
+        "host_used_bytes",
+        "host_cap_bytes",
+        "est_ms",
+        "batch",
+    ):
         assert key in plan["devices"][0]
-    for key in ("name", "rows", "dim", "sharding_type", "ranks", "tier", "hot_rows",
-                "replicated_rows"):  # fmt: skip
+    for key in (
+        "name",
+        "rows",
+        "dim",
+        "sharding_type",
+        "ranks",
+        "tier",
+        "hot_rows",
+        "replicated_rows",
+    ):
         assert key in plan["tables"][0]
     assert plan["feasible"] and plan["lower_bound_ms"] <= plan["est_step_ms"]
     parts = plan["step_parts_ms"]  # the picture's step bar: its parts add up to the step
-    assert set(parts) == {"lookups", "dense", "all-reduce", "overhead + input", "split tables",
-                          "exchange left exposed", "quota-bound CPU",
-                          "feeding the batch"}  # fmt: skip
+    assert set(parts) == {
+        "lookups",
+        "dense",
+        "all-reduce",
+        "overhead + input",
+        "split tables",
+        "exchange left exposed",
+        "quota-bound CPU",
+        "feeding the batch",
+    }
     assert sum(parts.values()) == pytest.approx(plan["est_step_ms"])
     assert all(v >= -1e-9 for v in parts.values())
     # where every constant the margins rest on comes from, per device kind
@@ -143,12 +181,22 @@ def test_describe_writes_this_machine_as_a_cluster_file(tmp_path: Path, monkeypa
             }
         )
     )
-    proc = run_command("sharding.describe", f"output={gpu}", f"probe={probe}", "overwrite=true",
-                       f"hydra.run.dir={tmp_path / 'g2'}")  # fmt: skip
+    proc = run_command(
+        "sharding.describe",
+        f"output={gpu}",
+        f"probe={probe}",
+        "overwrite=true",
+        f"hydra.run.dir={tmp_path / 'g2'}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = gpu.read_text()
     assert "hbm_gbyte_s: 600.0" in text and "dense_tflops: 125.0" in text
     assert "intra_node_gbit_s: 64.0" in text
-    ok = run_command("sharding.plan", *conf, "cluster=gpu", "model=dcnv2_small",
-                     f"hydra.run.dir={tmp_path / 'y'}")  # fmt: skip
+    ok = run_command(
+        "sharding.plan",
+        *conf,
+        "cluster=gpu",
+        "model=dcnv2_small",
+        f"hydra.run.dir={tmp_path / 'y'}",
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]

@@ -21,11 +21,22 @@ def test_ctrl_c_during_prepare_leaves_nothing_and_exits_130(tmp_path: Path) -> N
     src = tmp_path / "tsv"
     synthesize(SynthConfig(output=str(src), rows=400_000, scale=1000))
     out = tmp_path / "bin"
-    proc = subprocess.Popen([sys.executable, "-m", "recsys.data.prepare", f"input={src}",
-                             f"output={out}", "workers=1", "chunk_mb=1",
-                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_default)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "recsys.data.prepare",
+            f"input={src}",
+            f"output={out}",
+            "workers=1",
+            "chunk_mb=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_default,
+    )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".bin.partial-*/*")):  # it is writing now
         assert time.monotonic() < deadline and proc.poll() is None
@@ -59,13 +70,19 @@ def test_the_cli_exits_non_zero_with_one_line(tmp_path: Path, content: bytes, me
 def test_the_cli_refuses_overwriting_its_input_in_one_line(tmp_path: Path) -> None:
     src = input_file(tmp_path, "train.txt", tsv(*random_rows(100)))
     before = src.read_bytes()
-    proc = run_command("recsys.data.prepare", f"input={src.parent}", f"output={src.parent}",
-                       "overwrite=true", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    proc = run_command(
+        "recsys.data.prepare",
+        f"input={src.parent}",
+        f"output={src.parent}",
+        "overwrite=true",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] == [
         f"error: output '{src.parent}' is the input '{src.parent}': writing there would replace "
         f"or mix with what is read. Name an output directory outside the input, e.g. "
-        f"output={src.parent}_out"]  # fmt: skip
+        f"output={src.parent}_out"
+    ]
     assert src.read_bytes() == before
 
 
@@ -73,14 +90,20 @@ def test_paths_with_spaces_and_accents_work_quoted_as_docs_data_md_says(tmp_path
     """Hydra's override grammar takes unquoted values of ASCII letters, digits and a few
     signs: a path with a space or an accent is quoted inside the override (docs/data.md)."""
     where = tmp_path / "données brutes"
-    bare = run_command("recsys.data.synth", f"output={where}", "rows=100",
-                       f"hydra.run.dir={tmp_path / 'a'}")  # fmt: skip
+    bare = run_command(
+        "recsys.data.synth", f"output={where}", "rows=100", f"hydra.run.dir={tmp_path / 'a'}"
+    )
     assert bare.returncode != 0 and not where.exists()
-    quoted = run_command("recsys.data.synth", f"output='{where}'", "rows=100",
-                         f"hydra.run.dir={tmp_path / 'b'}")  # fmt: skip
+    quoted = run_command(
+        "recsys.data.synth", f"output='{where}'", "rows=100", f"hydra.run.dir={tmp_path / 'b'}"
+    )
     assert quoted.returncode == 0, quoted.stderr[-2000:]
     out = tmp_path / "préparé"
-    prepared = run_command("recsys.data.prepare", f"input='{where}'", f"output='{out}'",
-                           f"hydra.run.dir={tmp_path / 'c'}")  # fmt: skip
+    prepared = run_command(
+        "recsys.data.prepare",
+        f"input='{where}'",
+        f"output='{out}'",
+        f"hydra.run.dir={tmp_path / 'c'}",
+    )
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     assert (out / "train_dense.npy").exists()

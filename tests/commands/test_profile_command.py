@@ -14,10 +14,20 @@ from sharding.access_profile import AccessProfile
 
 def test_profile_command_writes_json_and_png(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sharding.profile", "batches=10", "batch_size=512",
-         f"output={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=CONF_DIR.parent, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sharding.profile",
+            "batches=10",
+            "batch_size=512",
+            f"output={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=CONF_DIR.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw = json.loads((tmp_path / "profile.json").read_text())
     assert len(raw["tables"]) == 26

@@ -25,9 +25,17 @@ def tour_commands() -> list[list[str]]:
 
 def test_the_tour_lists_the_commands_it_promises() -> None:
     modules = [c[2] for c in tour_commands()]
-    assert modules == ["recsys.train", "recsys.train", "sharding.plan", "sharding.plan",
-                       "recsys.train", "benchmarks.pipeline", "recsys.data.synth",
-                       "recsys.data.prepare", "recsys.train"]  # fmt: skip
+    assert modules == [
+        "recsys.train",
+        "recsys.train",
+        "sharding.plan",
+        "sharding.plan",
+        "recsys.train",
+        "benchmarks.pipeline",
+        "recsys.data.synth",
+        "recsys.data.prepare",
+        "recsys.train",
+    ]
 
 
 def test_every_tour_command_runs_as_written(tmp_path: Path) -> None:

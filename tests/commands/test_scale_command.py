@@ -15,17 +15,35 @@ from conftest import REPO, run_command
 
 @pytest.mark.slow
 def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.scale", "families=[homogeneous]",
-                           "workers=[8,16]", "planners=[hybrid,round_robin]",
-                           "schedules=[plain,sparse_dist,semi_sync,nested4,nested4+dedup]",
-                           f"hydra.run.dir={tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.scale",
+            "families=[homogeneous]",
+            "workers=[8,16]",
+            "planners=[hybrid,round_robin]",
+            "schedules=[plain,sparse_dist,semi_sync,nested4,nested4+dedup]",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert len(s["points"]) == 2 * 2 * 5
     for p in s["points"]:
-        assert {"workers", "schedule", "planner", "step_ms", "exposed_comm_ms",
-                "scaling_efficiency", "lookup_imbalance"} <= set(p)  # fmt: skip
+        assert {
+            "workers",
+            "schedule",
+            "planner",
+            "step_ms",
+            "exposed_comm_ms",
+            "scaling_efficiency",
+            "lookup_imbalance",
+        } <= set(p)
         assert 0 < p["step_ms"] and 0 <= p["exposed_comm_ms"] < p["step_ms"]
         assert 1 - 1e-9 <= p["lookup_imbalance"] < 8  # the slowest rank's lookups over the mean
     smallest = [p for p in s["points"] if p["workers"] == 8]
@@ -58,8 +76,10 @@ def test_a_tiny_grid_writes_points_validation_and_pictures(tmp_path: Path) -> No
 
 
 def test_schedules_the_profile_cannot_price_are_refused_before_planning(tmp_path: Path) -> None:
-    for args, says in ((["profile=null"], "counted after clustering"),
-                       (["schedules=[plain+dedup]"], "only nested")):  # fmt: skip
+    for args, says in (
+        (["profile=null"], "counted after clustering"),
+        (["schedules=[plain+dedup]"], "only nested"),
+    ):
         proc = run_command("benchmarks.scale", *args, f"hydra.run.dir={tmp_path}")
         assert proc.returncode != 0 and says in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and "planned" not in proc.stdout

@@ -32,8 +32,9 @@ def test_the_cli_refuses_a_zero_timeout_in_one_line(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("command", [["recsys.train"], ["recsys.train", "planner=hybrid"],
-                                     ["sharding.plan"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["recsys.train"], ["recsys.train", "planner=hybrid"], ["sharding.plan"]]
+)
 def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path, command: list[str]) -> None:
     """TorchRec's planner (the default) plans in the ranks, ours in the parent, the plan
     command in-process: each refuses the value in one line."""
@@ -50,9 +51,14 @@ def test_a_planner_value_out_of_range_is_one_line(tmp_path: Path, command: list[
 
 @pytest.mark.slow
 def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) -> None:
-    proc = run_command("recsys.train", "trainer.max_steps=3", "trainer.warmup_steps=3",
-                       "dataset.eval_batches=0", "trainer.progress_bar=false",
-                       f"hydra.run.dir={tmp_path}")  # fmt: skip
+    proc = run_command(
+        "recsys.train",
+        "trainer.max_steps=3",
+        "trainer.warmup_steps=3",
+        "dataset.eval_batches=0",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "eval AUC n/a | eval log loss n/a" in proc.stdout and "n/a samples/s" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -63,11 +69,13 @@ def test_a_run_without_timed_steps_or_evaluation_ends_cleanly(tmp_path: Path) ->
     assert summary["steps"] == 3 and summary["train_loss"] is not None
 
 
-@pytest.mark.parametrize(("args", "forks"), [(["--help"], 0), (["--cfg", "job"], 0),
-                                             (["--cfg=job"], 0),
-                                             (["trainer.max_steps=1"], 1)])  # fmt: skip
-def test_the_command_forks_its_ranks_server_only_where_ranks_may_start(monkeypatch, args,
-                                                                        forks) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "forks"),
+    [(["--help"], 0), (["--cfg", "job"], 0), (["--cfg=job"], 0), (["trainer.max_steps=1"], 1)],
+)
+def test_the_command_forks_its_ranks_server_only_where_ranks_may_start(
+    monkeypatch, args, forks
+) -> None:
     """`python -m recsys.train` (`cli(serve_forks=True)`): its fork server is forked before a
     run, not for Hydra's options that only print; an in-process call never forks it."""
     calls = []

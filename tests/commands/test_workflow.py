@@ -33,23 +33,32 @@ def test_the_workflow_runs_as_written_and_each_step_holds(tmp_path: Path) -> Non
     (commands,) = _blocks("bash")
     lines = [c for c in commands.splitlines() if c.startswith("python -m ")]
     assert [c.split()[2] for c in lines] == [
-        "recsys.data.movielens", "recsys.data.tabular", "sharding.plan", "recsys.train",
-        "recsys.evaluate", "recsys.export", "recsys.score"]  # fmt: skip
+        "recsys.data.movielens",
+        "recsys.data.tabular",
+        "sharding.plan",
+        "recsys.train",
+        "recsys.evaluate",
+        "recsys.export",
+        "recsys.score",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = {}
     for i, line in enumerate(lines):
         line = line.replace("/tmp/wf", str(tmp_path)).replace("python ", f"{sys.executable} ", 1)
         if "hydra.run.dir=" not in line:
             line += f" hydra.run.dir={tmp_path / 'runs' / str(i)}"
-        proc = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            ["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, f"{line}:\n{proc.stderr[-3000:]}"
         out[line.split()[2]] = proc.stdout
 
     # 2. the schema's conversion: the shapes the model needs, the same as the preset's
     override = (tmp_path / "data" / "model_override.txt").read_text().split()
-    assert override == ["model.dense_in_features=2",
-                        "model.num_embeddings_per_feature=[944,1683,3,22,796,20]"]  # fmt: skip
+    assert override == [
+        "model.dense_in_features=2",
+        "model.num_embeddings_per_feature=[944,1683,3,22,796,20]",
+    ]
     # 4. the saved plan is the plan that trained, shard for shard
     saved = json.loads((tmp_path / "plan" / "plan.json").read_text())
     ran = json.loads((tmp_path / "train" / "plan.json").read_text())
@@ -69,10 +78,22 @@ def test_the_workflow_runs_as_written_and_each_step_holds(tmp_path: Path) -> Non
     from recsys.data.criteo_binary import CriteoBinary
 
     sizes = [944, 1683, 3, 22, 796, 20]
-    source = CriteoBinary(tmp_path / "data", sizes, [f"cat_{i}" for i in range(6)], 256, 2,
-                          holdout_fraction=0.142857, dense_features=2)  # fmt: skip
-    rows = np.concatenate([source.rows_read("test", r, i) for r in range(2)
-                           for i in range(source.num_batches("test"))])  # fmt: skip
+    source = CriteoBinary(
+        tmp_path / "data",
+        sizes,
+        [f"cat_{i}" for i in range(6)],
+        256,
+        2,
+        holdout_fraction=0.142857,
+        dense_features=2,
+    )
+    rows = np.concatenate(
+        [
+            source.rows_read("test", r, i)
+            for r in range(2)
+            for i in range(source.num_batches("test"))
+        ]
+    )
     assert len(rows) == test["eval_samples"]
 
     auc = float(

@@ -15,8 +15,15 @@ from recsys.app.train import train
 @pytest.mark.slow
 def test_two_rank_training_on_generated_files(kaggle_files, tmp_path: Path) -> None:
     _, binary = kaggle_files
-    cfg = compose_config(["dataset=synthetic_criteo", f"dataset.path={binary}", "debug=tiny",
-                          "trainer.batch_size=128", "trainer.max_steps=30"])  # fmt: skip
+    cfg = compose_config(
+        [
+            "dataset=synthetic_criteo",
+            f"dataset.path={binary}",
+            "debug=tiny",
+            "trainer.batch_size=128",
+            "trainer.max_steps=30",
+        ]
+    )
     summary = train(cfg, tmp_path)
     assert summary["world_size"] == 2 and summary["steps"] == 30
     # debug=tiny asks for 2 eval batches per rank; the val split (429 rows) holds 1 per rank
@@ -30,10 +37,17 @@ def test_a_checkpoint_evaluates_on_the_whole_val_or_test_split(kaggle_files, tmp
     final evaluation (the whole val split: `dataset.eval_batches=null`), then the test
     split's, which the run never read; NE beside AUC and log loss."""
     _, binary = kaggle_files
-    common = ["dataset=synthetic_criteo", f"dataset.path={binary}", "debug=tiny",
-              "trainer.batch_size=32", "dataset.eval_batches=null"]  # fmt: skip
-    run = train(compose_config(common + ["trainer.max_steps=6", "trainer.save_checkpoint=true"]),
-                tmp_path / "run")  # fmt: skip
+    common = [
+        "dataset=synthetic_criteo",
+        f"dataset.path={binary}",
+        "debug=tiny",
+        "trainer.batch_size=32",
+        "dataset.eval_batches=null",
+    ]
+    run = train(
+        compose_config(common + ["trainer.max_steps=6", "trainer.save_checkpoint=true"]),
+        tmp_path / "run",
+    )
     # the val split: 429 rows, 6 whole global batches of 2 x 32
     assert run["eval_split"] == "val" and run["eval_samples"] == 6 * 64
     assert 0 < run["eval_ne"] < 2 and np.isfinite(run["eval_logloss"])
@@ -45,15 +59,21 @@ def test_a_checkpoint_evaluates_on_the_whole_val_or_test_split(kaggle_files, tmp
     summary = json.loads((tmp_path / "val" / "summary.json").read_text())
     assert summary["mode"] == "evaluate" and summary["eval_auc"] == run["eval_auc"]
     assert summary["eval_ne"] == pytest.approx(run["eval_ne"], rel=1e-12)
-    test = run_command("recsys.evaluate", *common, ckpt, "dataset.eval_split=test",
-                       f"hydra.run.dir={tmp_path / 'test'}")  # fmt: skip
+    test = run_command(
+        "recsys.evaluate",
+        *common,
+        ckpt,
+        "dataset.eval_split=test",
+        f"hydra.run.dir={tmp_path / 'test'}",
+    )
     assert test.returncode == 0, test.stderr[-2000:]
     held = json.loads((tmp_path / "test" / "summary.json").read_text())
     assert held["eval_split"] == "test" and held["eval_samples"] == 6 * 64  # 428 rows
     assert held["eval_auc"] != run["eval_auc"]
     # a checkpoint at max_steps: training refuses it and says how to evaluate it instead
-    again = run_command("recsys.train", *common, ckpt, "trainer.max_steps=6",
-                        f"hydra.run.dir={tmp_path / 'again'}")  # fmt: skip
+    again = run_command(
+        "recsys.train", *common, ckpt, "trainer.max_steps=6", f"hydra.run.dir={tmp_path / 'again'}"
+    )
     assert again.returncode == 1
     assert "python -m recsys.evaluate trainer.resume_from=" in again.stderr
 
@@ -68,20 +88,39 @@ def test_an_exported_model_scores_prepared_files_and_text(tmp_path: Path) -> Non
     from recsys.export import load_exported, model_config_of, prepared_batches, score_batches
 
     synthesize(SynthConfig(output=str(tmp_path / "tsv"), rows=2000, test_rows=100, scale=1000))
-    prepare(PrepareConfig(input=str(tmp_path / "tsv"), output=str(tmp_path / "bin"),
-                          progress=False))  # fmt: skip
-    run = train(compose_config(["dataset=synthetic_criteo", f"dataset.path={tmp_path / 'bin'}",
-                                "debug=tiny", "trainer.batch_size=32",
-                                "trainer.save_checkpoint=true"]), tmp_path / "run")  # fmt: skip
+    prepare(
+        PrepareConfig(input=str(tmp_path / "tsv"), output=str(tmp_path / "bin"), progress=False)
+    )
+    run = train(
+        compose_config(
+            [
+                "dataset=synthetic_criteo",
+                f"dataset.path={tmp_path / 'bin'}",
+                "debug=tiny",
+                "trainer.batch_size=32",
+                "trainer.save_checkpoint=true",
+            ]
+        ),
+        tmp_path / "run",
+    )
     exported = tmp_path / "export"
-    out = run_command("recsys.export", f"checkpoint={run['checkpoint']}", f"output={exported}",
-                      f"hydra.run.dir={tmp_path / 'e'}")  # fmt: skip
+    out = run_command(
+        "recsys.export",
+        f"checkpoint={run['checkpoint']}",
+        f"output={exported}",
+        f"hydra.run.dir={tmp_path / 'e'}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"score a file with: python -m recsys.score export={exported}" in out.stdout
 
     scored = tmp_path / "scores.csv"
-    out = run_command("recsys.score", f"export={exported}", f"input={tmp_path / 'bin'}",
-                      f"output={scored}", f"hydra.run.dir={tmp_path / 's'}")  # fmt: skip
+    out = run_command(
+        "recsys.score",
+        f"export={exported}",
+        f"input={tmp_path / 'bin'}",
+        f"output={scored}",
+        f"hydra.run.dir={tmp_path / 's'}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2,100 samples scored" in out.stdout and "AUC 0." in out.stdout
     table = np.loadtxt(scored, delimiter=",", skiprows=1)
@@ -95,15 +134,25 @@ def test_an_exported_model_scores_prepared_files_and_text(tmp_path: Path) -> Non
 
     (text,) = [p for p in (tmp_path / "tsv").iterdir() if p.name.startswith("train")]
     npy = tmp_path / "text.npy"
-    out = run_command("recsys.score", f"export={exported}", f"input={text}", f"output={npy}",
-                      f"hydra.run.dir={tmp_path / 't'}")  # fmt: skip
+    out = run_command(
+        "recsys.score",
+        f"export={exported}",
+        f"input={text}",
+        f"output={npy}",
+        f"hydra.run.dir={tmp_path / 't'}",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     from_text = np.load(npy)
     train_rows = table[table[:, 0] >= 0]  # the prepared train file's rows, in order
     np.testing.assert_allclose(from_text, train_rows, rtol=1e-6)
 
-    again = run_command("recsys.score", f"export={exported}", f"input={text}", f"output={npy}",
-                        f"hydra.run.dir={tmp_path / 't2'}")  # fmt: skip
+    again = run_command(
+        "recsys.score",
+        f"export={exported}",
+        f"input={text}",
+        f"output={npy}",
+        f"hydra.run.dir={tmp_path / 't2'}",
+    )
     assert again.returncode == 1
     assert "exists; choose a new file or pass overwrite=true" in again.stderr
     wrong = run_command(

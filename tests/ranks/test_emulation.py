@@ -102,8 +102,12 @@ def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: 
     spec = cluster_of("emu_2node")
     with emulation.emulated(spec, tag="linktest") as emu:
         n = (0, 1)
-        link = netns.VethLink(tuple(map(emu.node_ns, n)), tuple(map(emu.address, n)),
-                              tuple(map(emu.node_if, n)), emulation.link_rate(spec))  # fmt: skip
+        link = netns.VethLink(
+            tuple(map(emu.node_ns, n)),
+            tuple(map(emu.address, n)),
+            tuple(map(emu.node_if, n)),
+            emulation.link_rate(spec),
+        )
         rate = netns.rate_bits(emulation.link_rate(spec))
         chunked = netns.chunked_rate(link, chunk_bytes, 0.005, 16) / rate
     # at most 5% above the nominal rate (the claim); the floor relative to what the sender
@@ -112,16 +116,28 @@ def test_the_emulated_link_gives_chunked_transfers_no_burst_credit(chunk_bytes: 
 
 
 def _train_args(run_dir: Path, steps: int = 5) -> list[str]:
-    return ["-m", "recsys.train", f"hydra.run.dir={run_dir}", f"trainer.max_steps={steps}",
-            "trainer.warmup_steps=1", "dataset.eval_batches=1", "trainer.progress_bar=false",
-            "planner=round_robin"]  # fmt: skip
+    return [
+        "-m",
+        "recsys.train",
+        f"hydra.run.dir={run_dir}",
+        f"trainer.max_steps={steps}",
+        "trainer.warmup_steps=1",
+        "dataset.eval_batches=1",
+        "trainer.progress_bar=false",
+        "planner=round_robin",
+    ]
 
 
 @pytest.mark.slow
 @needs_root
 def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, *_train_args(tmp_path), "cluster=emu_mixed3"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, *_train_args(tmp_path), "cluster=emu_mixed3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 
@@ -138,11 +154,20 @@ def test_recsys_train_runs_ranks_across_the_emulated_nodes(tmp_path: Path) -> No
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> None:
     # tiny tables (the emulation is what is checked); progress lines in the log: a step done
-    args = [*_train_args(tmp_path, 100_000), "cluster=emu_2node", "debug=tiny",
-            "trainer.progress_bar=true"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_default)  # fmt: skip
+    args = [
+        *_train_args(tmp_path, 100_000),
+        "cluster=emu_2node",
+        "debug=tiny",
+        "trainer.progress_bar=true",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_default,
+    )
     tag = f"emu_2node-{proc.pid}"
     log = tmp_path / "train.log"
     deadline = time.monotonic() + 120
@@ -160,10 +185,15 @@ def test_an_interrupted_run_removes_its_emulation(tmp_path: Path, sig: int) -> N
 def test_a_launcher_killed_outright_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGKILL: nothing of the launcher runs, yet its guard removes the namespaces, the
     cgroup tree and multiprocessing's socket directory (recsys/reaper.py)."""
-    args = [*_train_args(tmp_path, 100_000), "cluster=emu_2node", "debug=tiny",
-            "trainer.progress_bar=true"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    args = [
+        *_train_args(tmp_path, 100_000),
+        "cluster=emu_2node",
+        "debug=tiny",
+        "trainer.progress_bar=true",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     tag = f"emu_2node-{proc.pid}"
     log = tmp_path / "train.log"
     deadline = time.monotonic() + 120
@@ -204,14 +234,20 @@ def _listeners(pids: list[int]) -> list[str]:
 @needs_root
 def test_down_removes_a_dead_runs_emulation_and_leaves_a_live_one(tmp_path: Path) -> None:
     spec = cluster_of("emu_2node")
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     dead = emulation.Emulation(spec, tuple(emulation.resolve_cluster(spec)), f"emu_2node-{gone}")
     emulation.setup(dead)  # what a launcher killed before its guard ran would leave
     try:
         with emulation.emulated(spec, tag=f"emu_2node-{os.getpid()}") as live:
-            down = subprocess.run([sys.executable, "-m", "recsys.emulation", "down", "emu_2node"],
-                                  cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+            down = subprocess.run(
+                [sys.executable, "-m", "recsys.emulation", "down", "emu_2node"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert down.returncode == 0, down.stderr
             assert emulation.leftovers(dead.tag) == []
             assert len(emulation.leftovers(live.tag)) == 4  # 3 namespaces + the cgroup tree
@@ -225,8 +261,9 @@ def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> N
     """The multi-node path a real cluster uses: one torchrun node per namespace, c10d
     rendezvous across the link, 2 nodes x 1 rank, 5 steps."""
     cli = [sys.executable, "-m", "recsys.emulation"]
-    up = subprocess.run([*cli, "up", "emu_2node"], cwd=REPO, capture_output=True, text=True,
-                        timeout=60)  # fmt: skip
+    up = subprocess.run(
+        [*cli, "up", "emu_2node"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert up.returncode == 0, up.stderr
     try:
         emu = emulation._cli_emulation("emu_2node")
@@ -250,15 +287,16 @@ def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> N
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-            )  # fmt: skip
+            )
             for n in (0, 1)
         ]
         outs = [p.communicate(timeout=300)[0] for p in nodes]
         assert [p.returncode for p in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
         assert emu.link_bytes() - before > 100_000
     finally:
-        down = subprocess.run([*cli, "down", "emu_2node"], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        down = subprocess.run(
+            [*cli, "down", "emu_2node"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
     import json
 
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -269,10 +307,22 @@ def test_torchrun_trains_two_nodes_across_the_emulated_link(tmp_path: Path) -> N
 def _bench(tmp_path: Path, module: str, *args: str) -> dict:
     import json
 
-    proc = subprocess.run([sys.executable, "-m", module, "cluster=emu_mixed3",
-                           "trainer.max_steps=8", f"results_dir={tmp_path}",
-                           f"hydra.run.dir={tmp_path / 'run'}", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            module,
+            "cluster=emu_mixed3",
+            "trainer.max_steps=8",
+            f"results_dir={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((tmp_path / "run" / "summary.json").read_text())
 
@@ -281,8 +331,13 @@ def _bench(tmp_path: Path, module: str, *args: str) -> dict:
 @needs_root
 def test_the_plan_benchmark_trains_every_plan_on_the_emulated_cluster(tmp_path: Path) -> None:
     # batches of 256, not the benchmark's 2048: the same runs, an eighth of the traffic
-    s = _bench(tmp_path, "benchmarks.plan_train", "planners=[round_robin,greedy_size]",
-               "repeats=1", "overrides=['trainer.batch_size=256']")  # fmt: skip
+    s = _bench(
+        tmp_path,
+        "benchmarks.plan_train",
+        "planners=[round_robin,greedy_size]",
+        "repeats=1",
+        "overrides=['trainer.batch_size=256']",
+    )
     for planner in ("round_robin", "greedy_size"):
         p = s[planner]
         assert p["samples_per_s"] > 0 and p["link_bytes"] > 100_000
@@ -298,10 +353,18 @@ def test_the_pipeline_benchmark_trains_every_pipeline_on_the_emulated_cluster(
     # fast_link=false: the slow link's runs only (the fast link's are the loopback test's);
     # one round (the rounds are unit-tested); the benchmark's own overrides, with batches
     # of 256 instead of 2048
-    s = _bench(tmp_path, "benchmarks.pipeline", "pipelines=[plain,sparse_dist,nested2]",
-               "burst_sensitivity=[]", "multi_hot=null", "cluster_batches=2", "repeats=1",
-               "fast_link=false", "overrides=['trainer.batch_size=256','planner=round_robin',"
-               "'trainer.dense_optimizer=sgd','trainer.lr=0.1']")  # fmt: skip
+    s = _bench(
+        tmp_path,
+        "benchmarks.pipeline",
+        "pipelines=[plain,sparse_dist,nested2]",
+        "burst_sensitivity=[]",
+        "multi_hot=null",
+        "cluster_batches=2",
+        "repeats=1",
+        "fast_link=false",
+        "overrides=['trainer.batch_size=256','planner=round_robin',"
+        "'trainer.dense_optimizer=sgd','trainer.lr=0.1']",
+    )
     rows = {r["pipeline"]: r for r in s["rows"]}
     assert set(rows) == {"plain", "sparse_dist", "nested2"}
     for r in rows.values():

@@ -52,8 +52,13 @@ def test_a_command_forks_its_ranks_from_a_fork_of_itself(tmp_path: Path) -> None
         print(json.dumps({"pid": os.getpid(), "server": server, "server_parent": server_parent,
                           "started": started, "results": job.results}))
     """)
-    proc = subprocess.run([sys.executable, "-c", command], cwd=Path(__file__).parents[2],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", command],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     said = json.loads(proc.stdout)
     assert said["started"] == [True, False] and said["server_parent"] == said["pid"]
@@ -98,8 +103,10 @@ def test_a_rank_that_raises_fails_the_job_naming_it() -> None:
 
 
 def test_a_failure_is_one_line_per_rank_with_the_tracebacks_in_the_log(tmp_path: Path) -> None:
-    rank0 = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: "
-             "[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")  # fmt: skip
+    rank0 = (
+        'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: '
+        "[pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
+    )
     rank1 = 'Traceback (most recent call last):\n  File "y.py", line 2\nValueError: bad row'
     job = LaunchResult(results=[None, None], exitcodes=[1, 1], errors={1: rank1, 0: rank0})
     log = tmp_path / "train.log"
@@ -120,8 +127,7 @@ def test_a_failure_is_one_line_per_rank_with_the_tracebacks_in_the_log(tmp_path:
 
 def test_the_same_error_on_every_rank_is_one_line(tmp_path: Path) -> None:
     same = 'Traceback (most recent call last):\n  File "z.py", line 3\nNotImplementedError: no'
-    job = LaunchResult(results=[None] * 3, exitcodes=[1, 1, 1],
-                       errors={2: same, 0: same, 1: same})  # fmt: skip
+    job = LaunchResult(results=[None] * 3, exitcodes=[1, 1, 1], errors={2: same, 0: same, 1: same})
     with pytest.raises(RankFailedError) as e:
         raise_on_failure(job, "training (3 ranks)", tmp_path / "train.log")
     assert str(e.value).splitlines()[1:] == [
@@ -142,13 +148,16 @@ def test_a_rank_nccls_watchdog_aborted_is_named_by_its_collective(tmp_path: Path
         "NumelOut=4096, Timeout(ms)=120000) ran for 120081 milliseconds before timing out.\n"
     )
     silent = "exited with code -6 without reporting an error (a native abort ...)"
-    job = LaunchResult(results=[None, None], exitcodes=[1, -6],
-                       errors={0: "ValueError: rank 0 broke", 1: silent})  # fmt: skip
+    job = LaunchResult(
+        results=[None, None], exitcodes=[1, -6], errors={0: "ValueError: rank 0 broke", 1: silent}
+    )
     with pytest.raises(RankFailedError) as e:
         raise_on_failure(job, "training (2 ranks)", log)
     line = str(e.value).splitlines()[2]
-    said = ("  rank 1 (exit code -6): NCCL's watchdog aborted it: collective #37 (ALLTOALL_BASE) "
-            "timed out after 120 s (trainer.dist_timeout_s)")  # fmt: skip
+    said = (
+        "  rank 1 (exit code -6): NCCL's watchdog aborted it: collective #37 (ALLTOALL_BASE) "
+        "timed out after 120 s (trainer.dist_timeout_s)"
+    )
     assert line.startswith(said)
     assert "[a peer hung, died or was too slow" in line
     assert e.value.first_failure == "rank 0: ValueError: rank 0 broke"  # the cause, not the wait
@@ -158,13 +167,18 @@ def test_a_rank_nccls_watchdog_aborted_is_named_by_its_collective(tmp_path: Path
     ("line", "fix"),
     [
         ("RuntimeError: Connection reset by peer", "lost a peer"),
-        ("RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms",
-         "a peer hung"),
-        ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
-         "memory: you tried to allocate 8 bytes", "out of memory"),
+        (
+            "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms",
+            "a peer hung",
+        ),
+        (
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 8 bytes",
+            "out of memory",
+        ),
         ("ValueError: something else", None),
     ],
-)  # fmt: skip
+)
 def test_known_failures_name_their_meaning(line: str, fix: str | None) -> None:
     got = known_fix(line)
     assert got is None if fix is None else fix in got
@@ -221,8 +235,12 @@ def test_a_stopping_launcher_passes_on_the_signal_it_received(tmp_path: Path, si
         except KeyboardInterrupt:
             said.write_text(interrupts.received())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", rank, str(said)], cwd=Path(__file__).parents[2],
-                            start_new_session=True, preexec_fn=sigint_default)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", rank, str(said)],
+        cwd=Path(__file__).parents[2],
+        start_new_session=True,
+        preexec_fn=sigint_default,
+    )
     deadline = time.monotonic() + 30
     while not said.with_suffix(".ready").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -22,16 +22,29 @@ STEPS = 10
 # (micro-batches, clustering, lookahead with refresh, unique-row exchange): every N of the
 # matrix, each mode on and off; dedup True: rows both ways (the order noise's bound), "fwd":
 # rows forward, gradients pooled (bit for bit)
-VARIANTS = [(1, False, False, False), (2, True, True, False), (3, False, False, False),
-            (3, True, True, False), (4, False, False, False), (4, True, False, False),
-            (4, False, True, False), (8, True, True, False), (4, False, False, True),
-            (3, True, True, "fwd")]  # fmt: skip
+VARIANTS = [
+    (1, False, False, False),
+    (2, True, True, False),
+    (3, False, False, False),
+    (3, True, True, False),
+    (4, False, False, False),
+    (4, True, False, False),
+    (4, False, True, False),
+    (8, True, True, False),
+    (4, False, False, True),
+    (3, True, True, "fwd"),
+]
 
 
 def _nested(n: int, c: bool, lookahead: bool, dedup: bool | str = False) -> list[str]:
-    return ["pipeline=nested", f"pipeline.micro_batches={n}", f"pipeline.cluster_samples={c}",
-            f"pipeline.lookahead={lookahead}", f"pipeline.dedup={bool(dedup)}",
-            f"pipeline.dedup_grads={dedup != 'fwd'}"]  # fmt: skip
+    return [
+        "pipeline=nested",
+        f"pipeline.micro_batches={n}",
+        f"pipeline.cluster_samples={c}",
+        f"pipeline.lookahead={lookahead}",
+        f"pipeline.dedup={bool(dedup)}",
+        f"pipeline.dedup_grads={dedup != 'fwd'}",
+    ]
 
 
 def _variant_configs(base: list[str], variants) -> list:
@@ -53,16 +66,25 @@ def _deviation(run: dict, plain: dict) -> tuple[float, float]:
     """Largest relative loss difference, largest parameter difference over the tensor's
     largest value."""
     loss = max(abs(a - b) / abs(b) for a, b in zip(run["losses"], plain["losses"], strict=True))
-    params = max(float(np.abs(run["params"][k] - w).max()) / max(float(np.abs(w).max()), 1e-30)
-                 for k, w in plain["params"].items() if w.size)  # fmt: skip
+    params = max(
+        float(np.abs(run["params"][k] - w).max()) / max(float(np.abs(w).max()), 1e-30)
+        for k, w in plain["params"].items()
+        if w.size
+    )
     return loss, params
 
 
 def _equal_to_plain(
-    tmp_path: Path, base: list[str] | dict[str, list[str]], world: int, plan_of=None,
-    variants=VARIANTS, exact: bool = True, aligned: bool = True, shuffles: int = 1,
+    tmp_path: Path,
+    base: list[str] | dict[str, list[str]],
+    world: int,
+    plan_of=None,
+    variants=VARIANTS,
+    exact: bool = True,
+    aligned: bool = True,
+    shuffles: int = 1,
     noise_factor: float = 2.0,
-) -> None:  # fmt: skip
+) -> None:
     """The plain loop, then nested in each variant, from the same seed: per-step losses, every
     parameter (each rank's shards) and the optimizers' state bit for bit (forward-only dedup
     too). Dedup both ways reorders the sums of a row's gradient, so it is held to the order
@@ -75,8 +97,7 @@ def _equal_to_plain(
     bases = base if isinstance(base, dict) else {"": base}
     of = variants if isinstance(variants, dict) else dict.fromkeys(bases, variants)
     # the shuffled control bounds only the variants held to the order noise
-    noisy = any(dedup is True or (c and not aligned)
-                for vs in of.values() for _, c, _, dedup in vs)  # fmt: skip
+    noisy = any(dedup is True or (c and not aligned) for vs in of.values() for _, c, _, dedup in vs)
     shuffles = shuffles if exact and noisy else 0
     cfgs, plans, starts = [], [], []
     for name, b in bases.items():
@@ -85,21 +106,35 @@ def _equal_to_plain(
         cfgs += group
         # one plan for every run: a plan made per config could differ by the pipeline's schedule
         plans += [plan_of(group[0]) if plan_of else None] * len(group)
-    job = spawn_ranks(rank_jobs.train_variants, world,
-                      args=(cfgs, STEPS, str(tmp_path), plans, False, shuffles, starts),
-                      timeout_s=600)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants,
+        world,
+        args=(cfgs, STEPS, str(tmp_path), plans, False, shuffles, starts),
+        timeout_s=600,
+    )
     results = raise_on_failure(job, "nested vs plain")
     for g, (name, b) in enumerate(bases.items()):
         first = len(cfgs) + g * shuffles  # the shuffled plain runs come after all the others
-        runs = [(r["rank"], r["runs"][starts[g] : starts[g] + 1 + len(of[name])],
-                 r["runs"][first : first + shuffles]) for r in results]  # fmt: skip
+        runs = [
+            (
+                r["rank"],
+                r["runs"][starts[g] : starts[g] + 1 + len(of[name])],
+                r["runs"][first : first + shuffles],
+            )
+            for r in results
+        ]
         _check_runs(name, b, of[name], runs, exact, aligned, noise_factor)
 
 
 def _check_runs(
-    name: str, base: list[str], variants, runs: list[tuple[int, list[dict], list[dict]]],
-    exact: bool, aligned: bool, noise_factor: float,
-) -> None:  # fmt: skip
+    name: str,
+    base: list[str],
+    variants,
+    runs: list[tuple[int, list[dict], list[dict]]],
+    exact: bool,
+    aligned: bool,
+    noise_factor: float,
+) -> None:
     """`_equal_to_plain`'s comparisons for one config: per rank, its plain run, its nested
     runs (one per variant) and its shuffled plain runs."""
     # the optimizers' state is compared too; only SGD everywhere has none
@@ -113,15 +148,19 @@ def _check_runs(
             noise = [_deviation(run, plain) for run in shuffled]
             noise_loss, noise_params = (max(x) for x in zip(*noise, strict=True))
         for (n, c, ahead, dedup), run in zip(variants, nested, strict=True):
-            where = f"{name + ', ' if name else ''}rank {rank}, N={n}, clustering={c}, " \
-                    f"lookahead={ahead}, dedup={dedup}"  # fmt: skip
+            where = (
+                f"{name + ', ' if name else ''}rank {rank}, N={n}, clustering={c}, "
+                f"lookahead={ahead}, dedup={dedup}"
+            )
             for key in totals[n, c, ahead, dedup]:
                 totals[n, c, ahead, dedup][key] += run["stats"][key]
             assert run["params"].keys() == plain["params"].keys()
             if exact and dedup is not True and (aligned or not c):
-                differ = {key: float(np.abs(run["params"][key] - want).max())
-                          for key, want in plain["params"].items()
-                          if not np.array_equal(run["params"][key], want)}  # fmt: skip
+                differ = {
+                    key: float(np.abs(run["params"][key] - want).max())
+                    for key, want in plain["params"].items()
+                    if not np.array_equal(run["params"][key], want)
+                }
                 assert run["losses"] == plain["losses"] and not differ, (where, differ)
             elif exact:
                 loss, params = _deviation(run, plain)
@@ -129,8 +168,7 @@ def _check_runs(
                 assert loss <= max(bound_loss, 2e-7), (where, loss, noise_loss)
                 assert params <= max(bound_params, 1e-6), (where, params, noise_params)
             else:
-                np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5,
-                                           err_msg=where)  # fmt: skip
+                np.testing.assert_allclose(run["losses"], plain["losses"], rtol=1e-5, err_msg=where)
                 for key, want in plain["params"].items():  # 1e-5 of the tensor's scale
                     scale = float(np.abs(want).max()) if want.size else 0.0
                     np.testing.assert_allclose(
@@ -141,16 +179,22 @@ def _check_runs(
                         err_msg=f"{where}: {key}",
                     )
     for (n, c, ahead, dedup), t in totals.items():
-        where = f"{name + ', ' if name else ''}N={n}, clustering={c}, lookahead={ahead}, " \
-                f"dedup={dedup}: {t}"  # fmt: skip
+        where = (
+            f"{name + ', ' if name else ''}N={n}, clustering={c}, lookahead={ahead}, "
+            f"dedup={dedup}: {t}"
+        )
         if ahead:  # the dual buffer was used: shared rows were really refreshed
             assert t["refreshed_bags"] > 0, where
         if dedup:  # unique rows moved, fewer than the pooled vectors they replace (one-hot)
             assert 0 < t["dedup_rows"] and (t["dedup_rows"] < t["dedup_bags"] or multi_hot), where
 
 
-SGD = ["trainer.sparse_optimizer=sgd", "trainer.dense_optimizer=sgd", "trainer.lr=0.1",
-       "trainer.embedding_lr=0.1"]  # fmt: skip
+SGD = [
+    "trainer.sparse_optimizer=sgd",
+    "trainer.dense_optimizer=sgd",
+    "trainer.lr=0.1",
+    "trainer.embedding_lr=0.1",
+]
 
 
 ADAGRAD = ["trainer.sparse_optimizer=rowwise_adagrad", "trainer.dense_optimizer=adagrad"]
@@ -160,9 +204,13 @@ DCN = ["model.arch=dcnv2", "model.dcn_low_rank_dim=16"]
 # bags of 0 to 20 ids over debug=tiny's 26 features, two always empty
 MULTI_HOT = "dataset.hotness=[0,2,1,3,5,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,20,4,10,3,1,0]"
 # each model's overrides of debug=tiny's DLRM (docs/training.md, "Models")
-ARCHS = {"dlrm": [], "dcnv2": DCN, "projection": ["model.arch=projection"],
-         "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"],
-         "two_tower": ["model.arch=two_tower"]}  # fmt: skip
+ARCHS = {
+    "dlrm": [],
+    "dcnv2": DCN,
+    "projection": ["model.arch=projection"],
+    "deepfm": ["model.arch=deepfm", "model.over_arch_layer_sizes=[1]"],
+    "two_tower": ["model.arch=two_tower"],
+}
 
 
 @pytest.mark.slow
@@ -180,13 +228,18 @@ def test_nested_is_bit_identical_to_the_plain_loop(tmp_path: Path, world) -> Non
     for arch, model in (ARCHS if world == 2 else {a: ARCHS[a] for a in three}).items():
         for dense in ("sgd", "adagrad", "adam") if arch in ("dlrm", "dcnv2") else ("adagrad",):
             bases[f"{arch}-{dense}"] = [
-                "debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
-                "trainer.sparse_optimizer=rowwise_adagrad", f"trainer.dense_optimizer={dense}",
-                *model]  # fmt: skip
+                "debug=tiny",
+                "trainer.batch_size=256",
+                f"cluster.nodes.0.devices.0.count={world}",
+                "trainer.sparse_optimizer=rowwise_adagrad",
+                f"trainer.dense_optimizer={dense}",
+                *model,
+            ]
     # dedup's bound on 3 ranks: the largest of three shuffles (one shuffle's noise varies:
     # DCNv2 with Adam, dedup 4.4e-7 off where one shuffle was 8.6e-8 off)
-    _equal_to_plain(tmp_path, bases, world, plan_of=_torchrec_default_plan,
-                    shuffles=3 if world > 2 else 1)  # fmt: skip
+    _equal_to_plain(
+        tmp_path, bases, world, plan_of=_torchrec_default_plan, shuffles=3 if world > 2 else 1
+    )
 
 
 @pytest.mark.slow
@@ -198,22 +251,40 @@ def test_nested_is_bit_identical_with_multi_hot_and_empty_bags(tmp_path: Path, w
     terms than a shuffle of the samples reorders. Measured on 2 ranks (10 steps): dedup's
     loss residual 1.8e-6 against 1.8e-7 to 8.1e-7 for three shuffles; held to 4x the largest
     of three (docs/pipelines.md)."""
-    base = ["debug=tiny", "trainer.batch_size=256", f"cluster.nodes.0.devices.0.count={world}",
-            *ADAGRAD, MULTI_HOT]  # fmt: skip
-    variants = [(1, False, False, False), (3, True, True, False), (4, False, False, False),
-                (8, True, True, False), (4, False, False, "fwd"),
-                (2, True, True, True)]  # fmt: skip
-    _equal_to_plain(tmp_path, base, world, plan_of=_torchrec_default_plan, variants=variants,
-                    shuffles=3, noise_factor=4.0)  # fmt: skip
+    base = [
+        "debug=tiny",
+        "trainer.batch_size=256",
+        f"cluster.nodes.0.devices.0.count={world}",
+        *ADAGRAD,
+        MULTI_HOT,
+    ]
+    variants = [
+        (1, False, False, False),
+        (3, True, True, False),
+        (4, False, False, False),
+        (8, True, True, False),
+        (4, False, False, "fwd"),
+        (2, True, True, True),
+    ]
+    _equal_to_plain(
+        tmp_path,
+        base,
+        world,
+        plan_of=_torchrec_default_plan,
+        variants=variants,
+        shuffles=3,
+        noise_factor=4.0,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sharding", "nodes", "per_node"),
     [("row_wise", 1, 2), ("row_wise", 1, 3), ("table_row_wise", 1, 3), ("table_row_wise", 2, 2)],
-)  # fmt: skip
-def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nodes,
-                                                   per_node) -> None:  # fmt: skip
+)
+def test_nested_is_bit_identical_on_row_wise_plans(
+    tmp_path: Path, sharding, nodes, per_node
+) -> None:
     """TorchRec's planner told one sharding type for a GPU cluster, the plan rehearsed on
     CPU ranks (`trainer.rehearse_on_cpu`). Row-wise: every table's rows in even blocks over
     all ranks, each rank's lookups partial sums for every rank's samples. Table-row-wise:
@@ -225,10 +296,16 @@ def test_nested_is_bit_identical_on_row_wise_plans(tmp_path: Path, sharding, nod
     tested in test_nested_pieces). On 2 nodes also the hierarchical dense reduction (by
     node, then across nodes), which every pipeline shares too."""
     world = nodes * per_node
-    base = ["debug=tiny", "trainer.batch_size=256", "cluster=2x8_h100",
-            f"cluster.nodes.0.count={nodes}", f"cluster.nodes.0.devices.0.count={per_node}",
-            "trainer.rehearse_on_cpu=true", f"planner.torchrec_sharding_types=[{sharding}]",
-            *ADAGRAD]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "trainer.batch_size=256",
+        "cluster=2x8_h100",
+        f"cluster.nodes.0.count={nodes}",
+        f"cluster.nodes.0.devices.0.count={per_node}",
+        "trainer.rehearse_on_cpu=true",
+        f"planner.torchrec_sharding_types=[{sharding}]",
+        *ADAGRAD,
+    ]
     variants = [(3, True, True, False), (4, False, True, False), (8, True, False, False)]
     bases = {"one-hot": base, "multi-hot": [*base, MULTI_HOT]}
     if nodes > 1:
@@ -301,13 +378,20 @@ def test_nested_equals_the_plain_loop_on_a_hybrid_plan(tmp_path: Path) -> None:
     cold parts as sequence tables (an EmbeddingCollection: each lookup's row moves, pooled
     by the model) and kept pooled, in one job. Planned under a pinned calibration: a new one
     moves hybrid's cuts, and with them the order noise dedup is held to."""
-    base = ["planner=hybrid", "trainer.batch_size=128", "trainer.progress_bar=false",
-            "trainer.dist_timeout_s=60", *ADAGRAD]  # fmt: skip
+    base = [
+        "planner=hybrid",
+        "trainer.batch_size=128",
+        "trainer.progress_bar=false",
+        "trainer.dist_timeout_s=60",
+        *ADAGRAD,
+    ]
     plan = plan_with_splits(to_typed(compose_config(base)))
     assert any(0 < t.replicated_rows < t.rows for t in plan.tables), "no split table"
     assert any(s.sparse_exchange for t in plan.tables for s in t.shards), "no sequence part"
-    bases = {"sequence": [*base, "planner.cold_only_exchange=true"],
-             "pooled": [*base, "planner.cold_only_exchange=false"]}  # fmt: skip
+    bases = {
+        "sequence": [*base, "planner.cold_only_exchange=true"],
+        "pooled": [*base, "planner.cold_only_exchange=false"],
+    }
     # every exchanged table of this plan is split, so with sequence cold parts dedup has
     # no pooled table to move
     variants = {"sequence": [v for v in VARIANTS if not v[3]], "pooled": VARIANTS}
@@ -343,8 +427,14 @@ def test_nested_equals_the_plain_loop_with_unequal_batch_shares(tmp_path: Path) 
     different number of samples on each rank, not whole 32-sample units; dense gradients
     reduced one tensor at a time (`trainer.dense_allreduce=per_tensor`). Beside it, in the
     same job, hybrid's sequence cold parts with bags of 0 to 20 ids."""
-    base = ["debug=tiny", "planner=hybrid", "cluster=local_cpu3_skewed",
-            "trainer.dense_allreduce=per_tensor", CALIBRATION_2026_12_04, *SGD]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "planner=hybrid",
+        "cluster=local_cpu3_skewed",
+        "trainer.dense_allreduce=per_tensor",
+        CALIBRATION_2026_12_04,
+        *SGD,
+    ]
     sequence = [*base, "planner.cold_only_exchange=true", MULTI_HOT]
     bases = {"pooled": [*base, "planner.cold_only_exchange=false"], "sequence, multi-hot": sequence}
     for b in bases.values():
@@ -361,14 +451,19 @@ def test_nested_trains_column_wise_tables_whose_output_torchrec_permutes(tmp_pat
     """Hybrid's plan for 4 skewed ranks cuts tables into column pieces on shared ranks, so
     TorchRec permutes the exchanged columns (an output callback); nested applies it to each
     chunk and is bit for bit the plain loop (it refused the plan at start before)."""
-    base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
-            "cluster=local_cpu3_skewed", "cluster.nodes.0.devices.0.count=3", *SGD]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "planner=hybrid",
+        "planner.cold_only_exchange=false",
+        "cluster=local_cpu3_skewed",
+        "cluster.nodes.0.devices.0.count=3",
+        *SGD,
+    ]
     plan = _pinned_plan(to_typed(compose_config(base)))
     pieces = [t for t in plan.tables if t.sharding_type == "column_wise" and len(t.shards) > 1]
     assert len(pieces) >= 2, [(t.name, t.sharding_type, len(t.shards)) for t in plan.tables]
     variants = [(2, False, False, False), (4, True, True, False), (3, False, False, True)]
-    _equal_to_plain(tmp_path, base, 4, plan_of=lambda _: plan, variants=variants,
-                    aligned=False)  # fmt: skip
+    _equal_to_plain(tmp_path, base, 4, plan_of=lambda _: plan, variants=variants, aligned=False)
 
 
 def _pinned_plan(cfg):
@@ -394,15 +489,18 @@ def test_without_the_refresh_the_lookahead_is_stale(tmp_path: Path) -> None:
     batch i's update; the losses leave the plain loop's (so the equality tests can fail)."""
     base = ["debug=tiny", *ADAGRAD]  # row-wise Adagrad moves rows far in one step
     cfgs = [to_typed(compose_config(base + o)) for o in ([], _nested(2, False, True))]
-    job = spawn_ranks(rank_jobs.train_variants, 2, args=(cfgs, 8, str(tmp_path), None, True),
-                      timeout_s=300)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants, 2, args=(cfgs, 8, str(tmp_path), None, True), timeout_s=300
+    )
     plain, stale = raise_on_failure(job, "stale control")[0]["runs"]
     assert stale["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-6)  # nothing yet
     diff = max(
         abs(a - b) / abs(a) for a, b in zip(plain["losses"][1:], stale["losses"][1:], strict=True)
     )
-    params = {n: float(np.abs(stale["params"][n] - p).max() / np.abs(p).max())
-              for n, p in plain["params"].items()}  # fmt: skip
+    params = {
+        n: float(np.abs(stale["params"][n] - p).max() / np.abs(p).max())
+        for n, p in plain["params"].items()
+    }
     assert diff > 1e-4 and max(params.values()) > 1e-2
 
 
@@ -412,8 +510,13 @@ def test_without_the_refresh_the_lookahead_is_stale(tmp_path: Path) -> None:
 def test_nested_equals_the_plain_loop_on_gpus(tmp_path: Path) -> None:
     """The CUDA path: NCCL collectives, the lookahead on a side stream (one rank per GPU)."""
     world = min(2, torch.cuda.device_count())
-    base = ["debug=tiny", "cluster=1x8_a100_80g", f"cluster.nodes.0.devices.0.count={world}",
-            "pipeline.lookahead=true", *ADAGRAD]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "cluster=1x8_a100_80g",
+        f"cluster.nodes.0.devices.0.count={world}",
+        "pipeline.lookahead=true",
+        *ADAGRAD,
+    ]
     _equal_to_plain(tmp_path, base, world, exact=False)  # not measured on a GPU yet
 
 
@@ -421,13 +524,19 @@ def test_nested_equals_the_plain_loop_on_gpus(tmp_path: Path) -> None:
 def test_more_micro_batches_than_samples_on_some_ranks(tmp_path: Path) -> None:
     """Shares 48, 48, 96 with N=64: ranks 0 and 1 have empty micro-batches while rank 2's
     are not; their exchanges still run (no hang) and the result is the plain loop's."""
-    base = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
-            "cluster=local_cpu3_skewed", *SGD]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "planner=hybrid",
+        "planner.cold_only_exchange=false",
+        "cluster=local_cpu3_skewed",
+        *SGD,
+    ]
     cfgs = [to_typed(compose_config(base + o)) for o in ([], _nested(64, False, False))]
     plan = _our_plan(cfgs[0])  # one plan for both: the pipeline differs
     assert min(plan.batch_per_rank) < 64 < max(plan.batch_per_rank)
-    job = spawn_ranks(rank_jobs.train_variants, 3, args=(cfgs, 4, str(tmp_path), [plan] * 2),
-                      timeout_s=300)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants, 3, args=(cfgs, 4, str(tmp_path), [plan] * 2), timeout_s=300
+    )
     for result in raise_on_failure(job, "empty micro-batches"):
         plain, nested = result["runs"]
         np.testing.assert_allclose(nested["losses"], plain["losses"], rtol=1e-5)
@@ -441,14 +550,18 @@ def test_every_rank_issues_its_collectives_in_one_order_whatever_its_share(
     0 and 1 have an empty micro-batch 0 where rank 2 does not, for every N. A rank skipping
     the next batch's id exchange after an empty micro-batch 0 ran its collectives in
     another order than its peers (gloo aborted; NCCL would hang or mix data)."""
-    common = ["debug=tiny", "planner=hybrid", "planner.cold_only_exchange=false",
-              "cluster=local_cpu3_skewed", *SGD]  # fmt: skip
+    common = [
+        "debug=tiny",
+        "planner=hybrid",
+        "planner.cold_only_exchange=false",
+        "cluster=local_cpu3_skewed",
+        *SGD,
+    ]
     bases = {f"batch {b}": [*common, f"trainer.batch_size={b}"] for b in (32, 2)}
     shares = {n: _our_plan(to_typed(compose_config(b))).batch_per_rank for n, b in bases.items()}
     assert shares == {"batch 32": [24, 24, 48], "batch 2": [2, 1, 3]}, shares
     variants = [(n, False, False, False) for n in (1, 2, 3, 4, 8)]
-    _equal_to_plain(tmp_path, bases, 3, plan_of=_our_plan, variants=variants,
-                    aligned=False)  # fmt: skip
+    _equal_to_plain(tmp_path, bases, 3, plan_of=_our_plan, variants=variants, aligned=False)
 
 
 @pytest.mark.slow
@@ -485,14 +598,19 @@ def test_data_parallel_tables_are_reduced_in_the_shared_buckets(tmp_path: Path) 
     under TorchRec's plan (which replicates the small tables) the replicas stay equal bit
     for bit, and they train as TorchRec's own DDP trains them (`ddp_buckets`) up to the
     order of the sums; the plain loop and nested alike."""
-    base = ["debug=tiny", "trainer.batch_size=256", "cluster.nodes.0.devices.0.count=3",
-            *ADAGRAD]  # fmt: skip
-    cfgs = [to_typed(compose_config(o)) for o in (
-        base, [*base, "trainer.dense_allreduce=ddp_buckets"],
-        [*base, "pipeline=nested", "pipeline.micro_batches=4"])]  # fmt: skip
+    base = ["debug=tiny", "trainer.batch_size=256", "cluster.nodes.0.devices.0.count=3", *ADAGRAD]
+    cfgs = [
+        to_typed(compose_config(o))
+        for o in (
+            base,
+            [*base, "trainer.dense_allreduce=ddp_buckets"],
+            [*base, "pipeline=nested", "pipeline.micro_batches=4"],
+        )
+    ]
     plan = _torchrec_default_plan(cfgs[0])
-    job = spawn_ranks(rank_jobs.train_variants, 3,
-                      args=(cfgs, STEPS, str(tmp_path), [plan] * 3), timeout_s=600)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants, 3, args=(cfgs, STEPS, str(tmp_path), [plan] * 3), timeout_s=600
+    )
     ranks = raise_on_failure(job, "data-parallel tables")
     params = ranks[0]["runs"][0]["params"]  # replicated: whole, not shards (`#i`)
     tables = [k for k in params if ".embedding_bags." in k and "#" not in k and "optim." not in k]

@@ -82,11 +82,14 @@ def _tbf_waits_per_byte(limit: int | None) -> float:
 def test_a_killed_benchmark_removes_its_link() -> None:
     """SIGTERM to a process holding a veth link (a benchmark stopped by its runner) still
     deletes both namespaces."""
-    hold = ("import sys, time; from benchmarks import netns\n"
-            "with netns.veth_link('1gbit', tag='term') as link:\n"
-            "    print(link.namespaces[0], flush=True); time.sleep(120)")  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    hold = (
+        "import sys, time; from benchmarks import netns\n"
+        "with netns.veth_link('1gbit', tag='term') as link:\n"
+        "    print(link.namespaces[0], flush=True); time.sleep(120)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "recsysterma"
     assert "recsysterma" in _namespaces()
     proc.send_signal(signal.SIGTERM)

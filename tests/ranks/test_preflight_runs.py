@@ -13,7 +13,11 @@ from recsys.app.train import train
 @pytest.mark.slow
 def test_no_evaluation_needs_no_eval_split(criteo, tmp_path: Path) -> None:
     """dataset.eval_batches=0 with nothing held out trains (it was refused in the ranks)."""
-    cfg = CRITEO + [f"dataset.path={criteo[1]}", "dataset.holdout_fraction=0",
-                    "dataset.eval_batches=0", "trainer.max_steps=3"]  # fmt: skip
+    cfg = CRITEO + [
+        f"dataset.path={criteo[1]}",
+        "dataset.holdout_fraction=0",
+        "dataset.eval_batches=0",
+        "trainer.max_steps=3",
+    ]
     summary = train(compose_config(cfg), tmp_path)
     assert summary["steps"] == 3 and summary["eval_auc"] is None

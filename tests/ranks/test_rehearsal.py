@@ -17,10 +17,18 @@ from recsys.launch import raise_on_failure, spawn_ranks
 
 pytestmark = pytest.mark.slow
 
-GPU2 = ["debug=tiny", "cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.count=2",
-        "trainer.rehearse_on_cpu=true"]  # fmt: skip
-NESTED = ["pipeline=nested", "pipeline.micro_batches=2", "pipeline.lookahead=true",
-          "pipeline.cluster_samples=true"]  # fmt: skip
+GPU2 = [
+    "debug=tiny",
+    "cluster=1x8_a100_80g",
+    "cluster.nodes.0.devices.0.count=2",
+    "trainer.rehearse_on_cpu=true",
+]
+NESTED = [
+    "pipeline=nested",
+    "pipeline.micro_batches=2",
+    "pipeline.lookahead=true",
+    "pipeline.cluster_samples=true",
+]
 
 
 def test_the_command_rehearses_a_gpu_run_without_a_gpu(tmp_path: Path) -> None:
@@ -36,8 +44,13 @@ def test_the_command_rehearses_a_gpu_run_without_a_gpu(tmp_path: Path) -> None:
     assert summary["input"]["prefetch_batches"] == 2 and not summary["input"]["pinned"]
     plan = (tmp_path / "plain" / "plan.txt").read_text()
     assert "cuda:1" in plan and "row_wise" in plan  # written as the GPU run gets it
-    nested = run_command("recsys.train", *GPU2, *NESTED, "pipeline.dedup=true",
-                         f"hydra.run.dir={tmp_path / 'nested'}")  # fmt: skip
+    nested = run_command(
+        "recsys.train",
+        *GPU2,
+        *NESTED,
+        "pipeline.dedup=true",
+        f"hydra.run.dir={tmp_path / 'nested'}",
+    )
     assert nested.returncode == 1 and "Traceback" not in nested.stderr
     assert "is sharded row_wise, whose owners send partial sums" in nested.stderr
 
@@ -50,14 +63,16 @@ def test_gpu_plans_train_plain_and_nested_alike(tmp_path: Path) -> None:
     cfgs = [to_typed(compose_config(GPU2 + pooled + extra)) for extra in ([], NESTED)]
     split = plan_with_splits(to_typed(compose_config(["debug=tiny", "planner=hybrid"])))
     assert any(0 < t.replicated_rows < t.rows for t in split.tables), "no split table"
-    job = spawn_ranks(rank_jobs.train_variants, 2, args=(cfgs, 8, str(tmp_path), [split] * 2),
-                      timeout_s=300)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants, 2, args=(cfgs, 8, str(tmp_path), [split] * 2), timeout_s=300
+    )
     for rank in raise_on_failure(job, "rehearsal"):
         plain, nested = rank["runs"]
         assert nested["losses"] == plain["losses"], rank["rank"]
         assert nested["params"].keys() == plain["params"].keys()
-        differ = [k for k, w in plain["params"].items()
-                  if not np.array_equal(nested["params"][k], w)]  # fmt: skip
+        differ = [
+            k for k, w in plain["params"].items() if not np.array_equal(nested["params"][k], w)
+        ]
         assert not differ, (rank["rank"], differ)
         assert any("_hot" in k for k in plain["params"])  # the split tables trained
     assert "cuda:0" in (tmp_path / "plan.txt").read_text()  # the plan the GPUs would get
@@ -70,15 +85,18 @@ def test_fp16_tables_train_plain_and_nested_alike(tmp_path: Path) -> None:
     pooled = ["planner=hybrid", "planner.cold_only_exchange=false", "model.table_dtype=fp16"]
     cfgs = [to_typed(compose_config(GPU2 + pooled + extra)) for extra in ([], NESTED)]
     split = plan_with_splits(to_typed(compose_config(["debug=tiny", "planner=hybrid"])))
-    job = spawn_ranks(rank_jobs.train_variants, 2, args=(cfgs, 6, str(tmp_path), [split] * 2),
-                      timeout_s=300)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants, 2, args=(cfgs, 6, str(tmp_path), [split] * 2), timeout_s=300
+    )
     for rank in raise_on_failure(job, "fp16 tables"):
         plain, nested = rank["runs"]
         tables = {k: w for k, w in plain["params"].items() if "embedding" in k and "optim" not in k}
         assert tables and all(w.dtype == np.float16 for w in tables.values()), {
-            k: w.dtype for k, w in tables.items()}  # fmt: skip
+            k: w.dtype for k, w in tables.items()
+        }
         assert np.isfinite(plain["losses"]).all(), plain["losses"]  # replicated fp16 rows too
         assert nested["losses"] == plain["losses"], rank["rank"]
-        differ = [k for k, w in plain["params"].items()
-                  if not np.array_equal(nested["params"][k], w)]  # fmt: skip
+        differ = [
+            k for k, w in plain["params"].items() if not np.array_equal(nested["params"][k], w)
+        ]
         assert not differ, (rank["rank"], differ)

@@ -39,15 +39,29 @@ def _env(slurm: dict) -> dict:
 
 
 def _launch(env: dict, sweep: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "recsys.train", "-m", "hydra/launcher=slurm_local",
-            "debug=tiny", f"hydra.sweep.dir={sweep}", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "recsys.train",
+        "-m",
+        "hydra/launcher=slurm_local",
+        "debug=tiny",
+        f"hydra.sweep.dir={sweep}",
+        *args,
+    ]
 
 
 def test_a_slurm_job_trains_as_the_local_launcher_does(slurm: dict, tmp_path: Path) -> None:
     here = train(compose_config(["debug=tiny"]), tmp_path / "local")
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(_launch(slurm, sweep), cwd=REPO, env=_env(slurm), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        _launch(slurm, sweep),
+        cwd=REPO,
+        env=_env(slurm),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ran = json.loads((sweep / "0" / "summary.json").read_text())
     assert ran["world_size"] == 2 and ran["eval_auc"] == here["eval_auc"]
@@ -55,8 +69,14 @@ def test_a_slurm_job_trains_as_the_local_launcher_does(slurm: dict, tmp_path: Pa
     assert losses == (tmp_path / "local" / "train_losses.csv").read_text()
     # a job that fails in its tasks fails its launcher too (its error recorded beside it)
     bad = tmp_path / "bad"
-    proc = subprocess.run(_launch(slurm, bad, "trainer.batch_size=0"), cwd=REPO,
-                          env=_env(slurm), capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        _launch(slurm, bad, "trainer.batch_size=0"),
+        cwd=REPO,
+        env=_env(slurm),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "trainer.batch_size must be >= 1" in (bad / "0" / "failed.txt").read_text()
 
@@ -64,9 +84,14 @@ def test_a_slurm_job_trains_as_the_local_launcher_does(slurm: dict, tmp_path: Pa
 def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     marker = str(sweep / ".submitit")  # in every rank's command line (submitit's folder)
-    launcher = subprocess.Popen(_launch(slurm, sweep, "trainer.max_steps=1000000"), cwd=REPO,
-                                env=_env(slurm), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        _launch(slurm, sweep, "trainer.max_steps=1000000"),
+        cwd=REPO,
+        env=_env(slurm),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while len(local.processes_with(marker)) < 2 or not (sweep / "0" / "train.log").exists():
@@ -74,8 +99,9 @@ def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) ->
             assert time.monotonic() < deadline, "the job's ranks never started"
             time.sleep(1)
         time.sleep(5)  # the ranks in their steps
-        jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm, capture_output=True,
-                              text=True, check=True).stdout.split()  # fmt: skip
+        jobs = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=slurm, capture_output=True, text=True, check=True
+        ).stdout.split()
         assert len(jobs) == 1
         subprocess.run(["scancel", jobs[0]], env=slurm, check=True)
         deadline = time.monotonic() + 60
@@ -93,8 +119,9 @@ def test_scancel_of_a_running_job_leaves_no_rank(slurm: dict, tmp_path: Path) ->
         logs = [p.read_text() for p in sweep.glob(".submitit/*/*_log.err")]
         assert len(logs) == 2 and any("interrupted (SIGTERM)" in t for t in logs)
         deadline = time.monotonic() + 60  # the job leaves the queue (COMPLETING, then gone)
-        while subprocess.run(["squeue", "-h"], env=slurm, capture_output=True,
-                             text=True).stdout.strip():  # fmt: skip
+        while subprocess.run(
+            ["squeue", "-h"], env=slurm, capture_output=True, text=True
+        ).stdout.strip():
             assert time.monotonic() < deadline, "the cancelled job never left the queue"
             time.sleep(1)
     finally:

@@ -42,8 +42,16 @@ def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch
     assert in_parent == {"resolve_cluster": 1, "plan_inputs": 1, "build_model": 1}
     assert summary["calls"] == {"resolve_cluster": 0, "plan_inputs": 0, "build_model": 1}
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("world_size", "steps", "samples_per_s", "train_loss", "eval_auc", "eval_logloss",
-                "pipeline", "planner"):  # fmt: skip
+    for key in (
+        "world_size",
+        "steps",
+        "samples_per_s",
+        "train_loss",
+        "eval_auc",
+        "eval_logloss",
+        "pipeline",
+        "planner",
+    ):
         assert key in on_disk, key
     assert on_disk["world_size"] == 2 and on_disk["steps"] == 60
     assert on_disk["pipeline"] == "plain" and on_disk["planner"] == "torchrec"
@@ -66,8 +74,10 @@ def test_sparse_dist_pipeline_equals_the_plain_loop(tmp_path: Path) -> None:
     """Also with its batches built 2 ahead on a worker thread (a GPU rank's default): the
     same batches, the same losses; both runs say how long input took."""
     plain = train(compose_config(TINY), tmp_path / "plain")
-    sparse = train(compose_config(TINY + ["pipeline=sparse_dist", "trainer.prefetch_batches=2"]),
-                   tmp_path / "sparse")  # fmt: skip
+    sparse = train(
+        compose_config(TINY + ["pipeline=sparse_dist", "trainer.prefetch_batches=2"]),
+        tmp_path / "sparse",
+    )
     assert sparse["pipeline"] == "sparse_dist"
     assert sparse["step_losses"] == pytest.approx(plain["step_losses"], rel=1e-6)
     assert sparse["eval_auc"] == pytest.approx(plain["eval_auc"], rel=1e-6)
@@ -129,11 +139,16 @@ def test_resume_is_bit_exact_at_three_ranks(tmp_path: Path) -> None:
     3-rank run resumed equals the uninterrupted one (DDP rebuilds its buckets after a
     process's first step, and gloo's sums follow the buckets: `ddp_buckets` can differ in
     the last digits)."""
-    common = TINY + ["cluster.nodes.0.devices.0.count=3", "trainer.max_steps=6",
-                     "trainer.eval_every=0"]  # fmt: skip
+    common = TINY + [
+        "cluster.nodes.0.devices.0.count=3",
+        "trainer.max_steps=6",
+        "trainer.eval_every=0",
+    ]
     full = train(compose_config(common), tmp_path / "full")
-    train(compose_config(common + ["trainer.max_steps=3", "trainer.save_checkpoint=true"]),
-          tmp_path / "first")  # fmt: skip
+    train(
+        compose_config(common + ["trainer.max_steps=3", "trainer.save_checkpoint=true"]),
+        tmp_path / "first",
+    )
     resumed = train(
         compose_config(common + [f"trainer.resume_from={tmp_path / 'first' / 'checkpoints'}"]),
         tmp_path / "resumed",
@@ -156,12 +171,16 @@ def test_resume_under_another_plan_works_if_tables_keep_their_kind_else_is_refus
     assert saved["model"]["embedding_dim"] == 16 and len(saved["plan_layout"]) == 26
     resume = [f"trainer.resume_from={ckpt}", "trainer.max_steps=8"]
     # three ranks: TorchRec's tables move and are cut otherwise, DCP reshards them
-    three = train(compose_config(PINNED + resume + ["cluster.nodes.0.devices.0.count=3"]),
-                  tmp_path / "three")  # fmt: skip
+    three = train(
+        compose_config(PINNED + resume + ["cluster.nodes.0.devices.0.count=3"]), tmp_path / "three"
+    )
     assert three["start_step"] == 6 and three["world_size"] == 3
     # greedy_size shards the tables TorchRec replicated: their optimizer state differs
-    with pytest.raises(RankFailedError, match=r"was saved under another plan: table t_cat_\d+ "
-                       r"was data_parallel there and is sharded here"):  # fmt: skip
+    with pytest.raises(
+        RankFailedError,
+        match=r"was saved under another plan: table t_cat_\d+ "
+        r"was data_parallel there and is sharded here",
+    ):
         train(compose_config(PINNED + resume + ["planner=greedy_size"]), tmp_path / "greedy")
     # another model: one line before any rank starts
     differs = r"\(model.over_arch_layer_sizes: \[64, 32, 1\] in the checkpoint, \[32, 1\] here\)"
@@ -198,13 +217,20 @@ def test_unequal_shares_report_global_figures(tmp_path: Path, capfd) -> None:
     """Shares [48, 48, 96]: the progress line shows the mean loss over all ranks (what
     train_losses.csv holds), not rank 0's share of it; summary.json has no single batch per
     rank and counts the global batch."""
-    cfg = TINY + ["cluster=local_cpu3_skewed", "planner=hybrid", "trainer.progress_bar=true",
-                  "trainer.log_every=3"]  # fmt: skip
+    cfg = TINY + [
+        "cluster=local_cpu3_skewed",
+        "planner=hybrid",
+        "trainer.progress_bar=true",
+        "trainer.log_every=3",
+    ]
     summary = train(compose_config(cfg), tmp_path)
     assert summary["batch_per_rank"] == [48, 48, 96] and summary["batch_size_per_rank"] is None
     assert summary["global_batch_size"] == 192
-    shown = [float(line.split("loss ")[1].split(",")[0])
-             for line in capfd.readouterr().err.splitlines() if "step 6/6" in line]  # fmt: skip
+    shown = [
+        float(line.split("loss ")[1].split(",")[0])
+        for line in capfd.readouterr().err.splitlines()
+        if "step 6/6" in line
+    ]
     losses = [
         float(x.split(",")[1]) for x in (tmp_path / "train_losses.csv").read_text().split()[1:]
     ]
@@ -216,8 +242,12 @@ def test_samples_per_s_leaves_out_evaluation_time(tmp_path: Path) -> None:
     figure more than tenfold."""
     runs = {}
     for every in (0, 1):
-        cfg = to_typed(compose_config(TINY + ["trainer.max_steps=8", f"trainer.eval_every={every}",
-                                              "trainer.warmup_steps=2"]))  # fmt: skip
+        cfg = to_typed(
+            compose_config(
+                TINY
+                + ["trainer.max_steps=8", f"trainer.eval_every={every}", "trainer.warmup_steps=2"]
+            )
+        )
         (tmp_path / str(every)).mkdir()
         job = spawn_ranks(rank_jobs.train_slow_eval, 2, args=(cfg, str(tmp_path / str(every))))
         runs[every] = raise_on_failure(job, "slow eval")[0]
@@ -261,8 +291,16 @@ def test_split_tables_train_under_dmp(tmp_path: Path, cold_parts: int) -> None:
     from recsys.app.train import rank_main
     from sharding.row_parts import cold_part_rows
 
-    cfg = to_typed(compose_config(["planner=hybrid", "planner.cold_only_exchange=true",
-                                   "trainer.max_steps=40", "trainer.batch_size=256"]))  # fmt: skip
+    cfg = to_typed(
+        compose_config(
+            [
+                "planner=hybrid",
+                "planner.cold_only_exchange=true",
+                "trainer.max_steps=40",
+                "trainer.batch_size=256",
+            ]
+        )
+    )
     plan = plan_with_splits(cfg)
     split = [t for t in plan.tables if 0 < t.replicated_rows < t.rows]
     assert split
@@ -311,8 +349,9 @@ def test_exported_split_model_scores_as_the_sharded_one(tmp_path: Path) -> None:
 
     scored = to_typed(compose_config(common + [f"trainer.resume_from={ckpt}"]))
     (tmp_path / "s").mkdir()
-    job = spawn_ranks(rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 2),
-                      timeout_s=300)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 2), timeout_s=300
+    )
     results = raise_on_failure(job, "sharded scores")
     compared = 0
     with torch.no_grad():
@@ -332,10 +371,14 @@ def test_exported_split_model_scores_as_the_sharded_one(tmp_path: Path) -> None:
 
     rows = {t.name[len("t_") :]: t.rows for t in split.tables}
     other = {f: np.sort((ids + 1) % rows[f]) for f, ids in hot_ids.items()}  # other hot ids
-    np.savez(latest_checkpoint(ckpt) / SPLIT_FILE, **other,
-             **{f"{f}.parts": np.asarray(k) for f, k in parts.items()})  # fmt: skip
-    job = spawn_ranks(rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 1),
-                      timeout_s=300)  # fmt: skip
+    np.savez(
+        latest_checkpoint(ckpt) / SPLIT_FILE,
+        **other,
+        **{f"{f}.parts": np.asarray(k) for f, k in parts.items()},
+    )
+    job = spawn_ranks(
+        rank_jobs.sharded_scores, 2, args=(scored, split, str(tmp_path / "s"), 1), timeout_s=300
+    )
     for r in raise_on_failure(job, "resumed split"):
         assert {f: list(v) for f, v in r["hot_ids"].items()} == {
             f: list(v) for f, v in other.items()
@@ -431,10 +474,24 @@ def test_dry_run_plans_the_mlperf_model_without_training(tmp_path: Path) -> None
 def test_torchrun_launch_runs_the_same_code(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "recsys.train", *TINY, f"hydra.run.dir={tmp_path}"],
-        cwd=CONF_DIR.parent, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "recsys.train",
+            *TINY,
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=CONF_DIR.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 6
@@ -444,8 +501,9 @@ def test_profiled_steps_leave_a_trace_per_rank(tmp_path: Path) -> None:
     """`trainer.profile_steps=[2,3]`: each rank writes a Chrome trace of those steps, in
     which the nested pipeline's exchanges (gloo's all-to-all) and the dense matmuls both
     show; a range outside the run is refused before any rank starts."""
-    summary = train(compose_config(TINY + ["pipeline=nested", "trainer.profile_steps=[2,3]"]),
-                    tmp_path / "run")  # fmt: skip
+    summary = train(
+        compose_config(TINY + ["pipeline=nested", "trainer.profile_steps=[2,3]"]), tmp_path / "run"
+    )
     for rank in (0, 1):
         path = tmp_path / "run" / "traces" / f"rank{rank}.json"
         names = {e.get("name", "") for e in json.loads(path.read_text())["traceEvents"]}
@@ -461,8 +519,10 @@ def test_tensorboard_scalars_are_the_runs_own_figures(tmp_path: Path, monkeypatc
     loss and NE; asked for where tensorboard is missing, the run is refused naming the fix."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    summary = train(compose_config(TINY + ["trainer.eval_every=2", "trainer.tensorboard=true"]),
-                    tmp_path / "run")  # fmt: skip
+    summary = train(
+        compose_config(TINY + ["trainer.eval_every=2", "trainer.tensorboard=true"]),
+        tmp_path / "run",
+    )
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
     loss = [(e.step, e.value) for e in events.Scalars("train/loss")]

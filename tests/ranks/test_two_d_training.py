@@ -20,17 +20,29 @@ SHUFFLES = 2
 # per base: its overrides, and the pipelines 2D trains it under
 BASES = {
     # hybrid's split tables: replicated hot rows (data-parallel), sequence cold parts
-    "split tables, sequence cold parts": (["planner=hybrid", "planner.cold_only_exchange=true"],
-                                          ["plain", "sparse_dist"]),
+    "split tables, sequence cold parts": (
+        ["planner=hybrid", "planner.cold_only_exchange=true"],
+        ["plain", "sparse_dist"],
+    ),
     # pooled table-wise tables (round robin over the group), bags of 0-20 ids, plain SGD
-    "pooled, multi-hot, SGD": ([
-        "planner=round_robin", "trainer.sparse_optimizer=sgd",
-        "trainer.dense_optimizer=sgd", "trainer.lr=0.1", "trainer.embedding_lr=0.1",
-        "dataset.hotness=[0,2,1,3,5,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,20,4,10,3,1,0]",
-    ], ["plain", "sparse_dist", "fused_sparse_dist"]),
-}  # fmt: skip
-COMMON = ["debug=tiny", "cluster=local_cpu2",
-          "cluster.nodes.0.devices.0.count=4", "trainer.threads_per_rank=1"]  # fmt: skip
+    "pooled, multi-hot, SGD": (
+        [
+            "planner=round_robin",
+            "trainer.sparse_optimizer=sgd",
+            "trainer.dense_optimizer=sgd",
+            "trainer.lr=0.1",
+            "trainer.embedding_lr=0.1",
+            "dataset.hotness=[0,2,1,3,5,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,20,4,10,3,1,0]",
+        ],
+        ["plain", "sparse_dist", "fused_sparse_dist"],
+    ),
+}
+COMMON = [
+    "debug=tiny",
+    "cluster=local_cpu2",
+    "cluster.nodes.0.devices.0.count=4",
+    "trainer.threads_per_rank=1",
+]
 
 
 def _group_plan(cfg):
@@ -48,8 +60,11 @@ def _group_plan(cfg):
 
 def _deviations(run: dict, ref: dict) -> dict[str, float]:
     """Per tensor, its largest difference over its largest value."""
-    return {k: float(np.abs(run["params"][k] - w).max()) / max(float(np.abs(w).max()), 1e-30)
-            for k, w in ref["params"].items() if w.size}  # fmt: skip
+    return {
+        k: float(np.abs(run["params"][k] - w).max()) / max(float(np.abs(w).max()), 1e-30)
+        for k, w in ref["params"].items()
+        if w.size
+    }
 
 
 def _deviation(run: dict, ref: dict) -> float:
@@ -71,17 +86,24 @@ def test_two_d_groups_train_what_the_plain_loop_trains(tmp_path: Path) -> None:
         group = _group_plan(one_d)
         starts.append(len(cfgs))
         cfgs.append(one_d)
-        plans.append(replace(group, batch_per_rank=group.batch_per_rank * 2,
-                             sharding_group_size=0))  # fmt: skip
+        plans.append(replace(group, batch_per_rank=group.batch_per_rank * 2, sharding_group_size=0))
         for p in pipelines:
-            cfgs.append(to_typed(compose_config(
-                COMMON + extra + ["trainer.sharding_group_size=2", f"pipeline={p}"])))  # fmt: skip
+            cfgs.append(
+                to_typed(
+                    compose_config(
+                        COMMON + extra + ["trainer.sharding_group_size=2", f"pipeline={p}"]
+                    )
+                )
+            )
             plans.append(group)
     split = plans[0]
     assert any(0 < t.replicated_rows < t.rows for t in split.tables), "no split table"
-    job = spawn_ranks(rank_jobs.train_variants, 4,
-                      args=(cfgs, STEPS, str(tmp_path), plans, False, SHUFFLES, tuple(starts)),
-                      timeout_s=600)  # fmt: skip
+    job = spawn_ranks(
+        rank_jobs.train_variants,
+        4,
+        args=(cfgs, STEPS, str(tmp_path), plans, False, SHUFFLES, tuple(starts)),
+        timeout_s=600,
+    )
     results = {r["rank"]: r["runs"] for r in raise_on_failure(job, "2D groups")}
     for b, (name, (_, pipelines)) in enumerate(BASES.items()):
         first = starts[b]
@@ -89,8 +111,9 @@ def test_two_d_groups_train_what_the_plain_loop_trains(tmp_path: Path) -> None:
         for rank in range(4):
             one_d = results[rank % 2][first]
             plain_2d, *others = results[rank][first + 1 : first + 1 + len(pipelines)]
-            noise = max(_deviation(results[rank % 2][shuffled_at + s], one_d)
-                        for s in range(SHUFFLES))  # fmt: skip
+            noise = max(
+                _deviation(results[rank % 2][shuffled_at + s], one_d) for s in range(SHUFFLES)
+            )
             assert 0 < noise < 1e-2, (name, noise)
             assert plain_2d["params"].keys() == one_d["params"].keys(), name
             devs = _deviations(plain_2d, one_d)
@@ -98,8 +121,9 @@ def test_two_d_groups_train_what_the_plain_loop_trains(tmp_path: Path) -> None:
             assert devs[worst] <= 2 * noise, (
                 f"{name}, rank {rank}: 2D {worst} {devs[worst]:.3g}, order noise {noise:.3g}"
             )
-            np.testing.assert_allclose(plain_2d["losses"], results[rank][first]["losses"],
-                                       rtol=1e-5)  # fmt: skip
+            np.testing.assert_allclose(
+                plain_2d["losses"], results[rank][first]["losses"], rtol=1e-5
+            )
             for p, run in zip(pipelines[1:], others, strict=True):
                 for k, w in plain_2d["params"].items():
                     assert np.array_equal(run["params"][k], w), (name, rank, p, k)
@@ -127,5 +151,7 @@ def test_a_2d_plan_json_trains_as_2d_groups(tmp_path: Path) -> None:
     assert summary["sharding_group_size"] == 1 and summary["world_size"] == 2
     assert json.loads((tmp_path / "run" / "plan.json").read_text())["sharding_group_size"] == 1
     with pytest.raises(SavedPlanError, match="is a plan for groups of 1 ranks, not 2"):
-        train(compose_config([*base, f"trainer.plan={saved}", "trainer.sharding_group_size=2"]),
-              tmp_path / "refused")  # fmt: skip
+        train(
+            compose_config([*base, f"trainer.plan={saved}", "trainer.sharding_group_size=2"]),
+            tmp_path / "refused",
+        )

@@ -61,8 +61,11 @@ def _kjt(bags: list[list[int]]):
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    return KeyedJaggedTensor(keys=["f"], values=torch.tensor([i for b in bags for i in b]),
-                             lengths=torch.tensor([len(b) for b in bags]))  # fmt: skip
+    return KeyedJaggedTensor(
+        keys=["f"],
+        values=torch.tensor([i for b in bags for i in b]),
+        lengths=torch.tensor([len(b) for b in bags]),
+    )
 
 
 def test_distinct_ids_per_micro_batch_are_counted_in_data_order_and_clustered() -> None:

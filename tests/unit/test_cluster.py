@@ -71,9 +71,13 @@ def test_a_gpu_the_catalog_lacks_is_described_by_its_figures(typed_cfg) -> None:
     missing."""
     from recsys.app.planning import make_plan, plan_inputs
 
-    a10g = ["cluster=1x8_a100_80g", "cluster.nodes.0.devices.0.kind=a10g_24g",
-            "cluster.nodes.0.devices.0.count=2", "cluster.nodes.0.devices.0.hbm_gib=24",
-            "cluster.nodes.0.devices.0.hbm_gbyte_s=600"]  # fmt: skip
+    a10g = [
+        "cluster=1x8_a100_80g",
+        "cluster.nodes.0.devices.0.kind=a10g_24g",
+        "cluster.nodes.0.devices.0.count=2",
+        "cluster.nodes.0.devices.0.hbm_gib=24",
+        "cluster.nodes.0.devices.0.hbm_gbyte_s=600",
+    ]
     with pytest.raises(ClusterConfigError, match="missing: dense_tflops"):
         resolve_cluster(typed_cfg(a10g).cluster)
     cfg = typed_cfg(a10g + ["cluster.nodes.0.devices.0.dense_tflops=125", "model=dcnv2_small"])
@@ -98,8 +102,11 @@ def test_units_are_in_the_names_and_old_names_are_refused(typed_cfg) -> None:
     cfg = typed_cfg(["cluster=hetero_3node"])
     assert cfg.cluster.network.intra_node_gbit_s == 300
     assert cfg.cluster.nodes[0].host_to_device_gbyte_s == 25
-    for old in ["cluster.network.intra_node_gbps=300", "cluster.nodes.0.host_to_device_gbps=25",
-                "cluster.nodes.0.devices.0.hbm_gbps=600"]:  # fmt: skip
+    for old in [
+        "cluster.network.intra_node_gbps=300",
+        "cluster.nodes.0.host_to_device_gbps=25",
+        "cluster.nodes.0.devices.0.hbm_gbps=600",
+    ]:
         with pytest.raises(ConfigCompositionException, match=old.split("=")[0].split(".")[-1]):
             typed_cfg(["cluster=hetero_3node", old])
 
@@ -133,9 +140,16 @@ def test_a_gpu_cluster_must_give_its_links() -> None:
 
 
 def test_presets_have_the_documented_shapes(typed_cfg) -> None:
-    sizes = {"local_cpu2": 2, "local_cpu3_skewed": 3, "1x1_a100_80g": 1, "1x8_a100_80g": 8,
-             "1x8_h100": 8,
-             "2x8_h100": 16, "hetero_3node": 24, "hetero_64": 64}  # fmt: skip
+    sizes = {
+        "local_cpu2": 2,
+        "local_cpu3_skewed": 3,
+        "1x1_a100_80g": 1,
+        "1x8_a100_80g": 8,
+        "1x8_h100": 8,
+        "2x8_h100": 16,
+        "hetero_3node": 24,
+        "hetero_64": 64,
+    }
     for name, world in sizes.items():
         ranks = resolve_cluster(typed_cfg([f"cluster={name}"]).cluster)
         assert len(ranks) == world, name

@@ -141,8 +141,10 @@ def test_sequence_exchange_costs_cpu_per_cold_lookup() -> None:
     """A cold part exchanged as sequences: its owner looks up every sample's cold ids, every
     rank pools its own; the calibrated CPU time per lookup adds to the step."""
     seq_dev = DeviceCost(**{**DEV.__dict__, "sequence_s_per_lookup": 1e-6})
-    shards = [Shard("a", 0, 900, 10, lookup_share=0.25, sparse_exchange=True),
-              Shard("b", 1, 500, 10)]  # fmt: skip
+    shards = [
+        Shard("a", 0, 900, 10, lookup_share=0.25, sparse_exchange=True),
+        Shard("b", 1, 500, 10),
+    ]
     cost = step_cost(TABLES, shards, [100, 100], [seq_dev, seq_dev], NET, dense_params=1000)
     # owner (rank 0): 200 samples x 1 lookup x 0.25 = 50, plus its own 25 to pool; rank 1: 25
     assert cost.split_s == pytest.approx([75e-6, 25e-6])
@@ -209,8 +211,12 @@ def test_each_rank_runs_its_own_fixed_and_per_sample_work_in_one_stretch() -> No
 
 
 def test_column_wise_row_wise_and_data_parallel_shards() -> None:
-    shards = [Shard("a", 0, 1000, 5), Shard("a", 1, 1000, 5),  # column-wise halves
-              Shard("b", 0, 250, 10), Shard("b", 1, 250, 10)]  # fmt: skip  # row-wise halves
+    shards = [
+        Shard("a", 0, 1000, 5),
+        Shard("a", 1, 1000, 5),  # column-wise halves
+        Shard("b", 0, 250, 10),
+        Shard("b", 1, 250, 10),
+    ]  # row-wise halves
     cost = step_cost(TABLES, shards, [100, 100], [DEV, DEV], NET, dense_params=0)
     # a: 200 samples x 5 cols x 4 B; b: 200 x 2 lookups x half the rows x 10 x 4 B
     assert cost.lookup_fwd_s == pytest.approx([(4000 + 8000) / 1e9] * 2)
@@ -231,8 +237,11 @@ def test_cached_and_host_tiers_read_misses_at_host_bandwidth() -> None:
 
 
 def test_memory_by_tier_counts_optimizer_state() -> None:
-    shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10, Tier.host),
-              Shard("b", 0, 500, 10, Tier.cached, hit_rate=0.5)]  # fmt: skip
+    shards = [
+        Shard("a", 0, 1000, 10),
+        Shard("b", 1, 500, 10, Tier.host),
+        Shard("b", 0, 500, 10, Tier.cached, hit_rate=0.5),
+    ]
     mem = memory_bytes(shards, world=2, opt=OptimizerState(per_row_bytes=4))
     assert mem[0]["hbm"] == 1000 * 10 * 4 + 1000 * 4 + 500 * 10 * 4 // 2
     assert mem[0]["host"] == 500 * 10 * 4 + 500 * 4
@@ -252,24 +261,33 @@ def test_dot_interaction_flops() -> None:
 
 def test_plan_layout_becomes_shards() -> None:
     layout = [
-        {"table": "a", "sharding_type": "column_wise", "compute_kernel": "fused",
-         "shards": [{"rank": 0, "rows": 1000, "cols": 5}, {"rank": 1, "rows": 1000, "cols": 5}]},
+        {
+            "table": "a",
+            "sharding_type": "column_wise",
+            "compute_kernel": "fused",
+            "shards": [{"rank": 0, "rows": 1000, "cols": 5}, {"rank": 1, "rows": 1000, "cols": 5}],
+        },
         {"table": "b", "sharding_type": "data_parallel", "compute_kernel": "dense", "shards": []},
-    ]  # fmt: skip
+    ]
     shards = shards_from_layout(layout, TABLES, world=2)
     assert [(s.table, s.rank, s.cols, s.dp) for s in shards] == [
-        ("a", 0, 5, False), ("a", 1, 5, False), ("b", ALL_RANKS, 10, True)]  # fmt: skip
+        ("a", 0, 5, False),
+        ("a", 1, 5, False),
+        ("b", ALL_RANKS, 10, True),
+    ]
 
 
 def test_fits_recover_known_lines() -> None:
     xs = [1e3, 1e4, 1e5, 1e6]
     assert fit_line(xs, [2e-4 + x / 5e8 for x in xs]) == pytest.approx((2e-4, 1 / 5e8))
     sizes = [16_384, 1_048_576, 8_388_608]
-    raw = {"sizes_bytes": sizes,
-           "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
-           "allreduce_s": [2 * 5e-5 + s / 2e9 for s in sizes],
-           # CPU: a fixed part, then 3e-10 s per byte sent (s/2) or received (s/2)
-           "alltoall_cpu_s": [2e-5 + s * 3e-10 for s in sizes]}  # fmt: skip
+    raw = {
+        "sizes_bytes": sizes,
+        "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
+        "allreduce_s": [2 * 5e-5 + s / 2e9 for s in sizes],
+        # CPU: a fixed part, then 3e-10 s per byte sent (s/2) or received (s/2)
+        "alltoall_cpu_s": [2e-5 + s * 3e-10 for s in sizes],
+    }
     fit = _fit_comm(raw)
     assert fit["alltoall"]["cpu_s_per_byte"] == pytest.approx(3e-10)
     assert fit["allreduce"]["cpu_s_per_byte"] == pytest.approx(3e-10)
@@ -280,8 +298,11 @@ def test_fits_recover_known_lines() -> None:
     # four ranks, two a node: each sends half its bytes across, the link's bandwidth per
     # rank as the cost model prices a rank's share of its node's link; the CPU per byte on
     # everything it sends and receives
-    raw4 = {**raw, "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
-            "alltoall_cpu_s": [2e-5 + s * 3e-10 * 3 / 4 for s in sizes]}  # fmt: skip
+    raw4 = {
+        **raw,
+        "alltoall_s": [1e-4 + s / 2 / 1e9 for s in sizes],
+        "alltoall_cpu_s": [2e-5 + s * 3e-10 * 3 / 4 for s in sizes],
+    }
     fit4 = _fit_comm(raw4, 4, [0, 0, 1, 1])
     assert fit4["alltoall"]["bytes_per_s"] == pytest.approx(1e9)
     assert fit4["alltoall"]["cpu_s_per_byte"] == pytest.approx(3e-10 / 2)
@@ -392,8 +413,17 @@ def test_the_hierarchical_reduction_crosses_nodes_once_per_node(typed_cfg) -> No
 
     cfg = typed_cfg(["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10"])
     flat = plan_inputs(cfg, None, None)
-    hier = plan_inputs(typed_cfg(["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10",
-                                  "trainer.dense_allreduce=hierarchical"]), None, None)  # fmt: skip
+    hier = plan_inputs(
+        typed_cfg(
+            [
+                "cluster=2x8_h100",
+                "cluster.network.inter_node_gbit_s=10",
+                "trainer.dense_allreduce=hierarchical",
+            ]
+        ),
+        None,
+        None,
+    )
     assert hier.network.hierarchical_allreduce and not flat.network.hierarchical_allreduce
     assert replace(hier.network, hierarchical_allreduce=False) == flat.network
     net, intra, inter = hier.network, hier.network.intra_alltoall, hier.network.alltoall
@@ -429,8 +459,15 @@ def test_predict_prices_a_gpu_plan_as_the_planner_does(typed_cfg) -> None:
     from sharding.emit import to_torchrec_plan
     from sharding.plan_shards import plan_layout
 
-    cfg = typed_cfg(["cluster=2x8_h100", "model=dcnv2_small", "planner=greedy_size",
-                     "trainer.batch_size=4096", "pipeline=sparse_dist"])  # fmt: skip
+    cfg = typed_cfg(
+        [
+            "cluster=2x8_h100",
+            "model=dcnv2_small",
+            "planner=greedy_size",
+            "trainer.batch_size=4096",
+            "pipeline=sparse_dist",
+        ]
+    )
     plan = make_plan(cfg, plan_inputs(cfg, None, None))
     features = {t.name: t.name[len("t_") :] for t in plan.tables}
     result = predict(cfg, plan_layout(to_torchrec_plan(plan, features, "cuda")))
@@ -445,8 +482,9 @@ def test_predict_prices_a_gpu_plan_as_the_planner_does(typed_cfg) -> None:
 NODES = [0, 0, 1, 1]
 
 
-TWO_LINKS = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
-                        intra=LinkCost(1e-5, 1e9))  # fmt: skip
+TWO_LINKS = NetworkCost(
+    alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9), intra=LinkCost(1e-5, 1e9)
+)
 
 
 def test_exchange_within_a_node_uses_the_intra_node_link() -> None:
@@ -479,9 +517,11 @@ def test_split_tables_cost_every_rank_per_table_and_per_lookup_of_its_own_sample
     remaps its own samples' ids, whichever exchange its cold part uses; a table replicated
     whole is not split and costs nothing of the kind."""
     dev = DeviceCost(**{**DEV.__dict__, "split_s_per_table": 1e-4, "split_s_per_lookup": 1e-6})
-    shards = [Shard("a", ALL_RANKS, 64, 10, dp=True, lookup_share=0.6),
-              Shard("a", 0, 936, 10, lookup_share=0.4),
-              Shard("b", ALL_RANKS, 500, 10, dp=True)]  # fmt: skip
+    shards = [
+        Shard("a", ALL_RANKS, 64, 10, dp=True, lookup_share=0.6),
+        Shard("a", 0, 936, 10, lookup_share=0.4),
+        Shard("b", ALL_RANKS, 500, 10, dp=True),
+    ]
     cost = step_cost(TABLES, shards, [100, 300], [dev, dev], NET, dense_params=1000)
     # one split table, one lookup a sample: 1e-4 + 100 x 1e-6 on rank 0, + 300 x 1e-6 on 1
     assert cost.split_s == pytest.approx([2e-4, 4e-4])
@@ -561,8 +601,9 @@ def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
     """Two ranks on one node exchange over the fabric; on two nodes over their NIC shares,
     each part with its link's latency; the exchange's time is the slower part's."""
     shards = [Shard("a", 0, 1000, 10), Shard("b", 1, 500, 10)]
-    net = NetworkCost(alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9),
-                      intra=LinkCost(1e-5, 1e9))  # fmt: skip
+    net = NetworkCost(
+        alltoall=LinkCost(1e-4, 1e8), allreduce=LinkCost(1e-5, 1e9), intra=LinkCost(1e-5, 1e9)
+    )
     one = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 0])
     two = step_cost(TABLES, shards, [100, 100], [DEV, DEV], net, 1000, nodes=[0, 1])
     assert one.emb_a2a_parts_s["nic"] == [0.0, 0.0]
@@ -570,14 +611,18 @@ def test_each_exchange_is_split_by_link_for_the_simulator() -> None:
     assert two.emb_a2a_parts_s["fabric"] == [0.0, 0.0]
     assert two.emb_a2a_parts_s["nic"] == pytest.approx([1e-4 + 4000 / 1e8] * 2)
     for cost in (one, two):
-        for whole, parts in ((cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s),
-                             (cost.ids_a2a_s, cost.ids_a2a_parts_s)):  # fmt: skip
+        for whole, parts in (
+            (cost.emb_a2a_fwd_s, cost.emb_a2a_parts_s),
+            (cost.ids_a2a_s, cost.ids_a2a_parts_s),
+        ):
             assert whole == pytest.approx(np.maximum(parts["nic"], parts["fabric"]))
     assert (one.allreduce_link, two.allreduce_link) == ("fabric", "nic")
 
 
-@pytest.mark.parametrize("precision, h100_tflops, v100_tflops", [
-    ("fp32", 67.0, 15.7), ("tf32", 494.5, 15.7), ("bf16", 989.0, 15.7)])  # fmt: skip
+@pytest.mark.parametrize(
+    "precision, h100_tflops, v100_tflops",
+    [("fp32", 67.0, 15.7), ("tf32", 494.5, 15.7), ("bf16", 989.0, 15.7)],
+)
 def test_the_dense_part_is_priced_at_the_runs_precision(
     typed_cfg, precision, h100_tflops, v100_tflops
 ) -> None:
@@ -600,8 +645,14 @@ def test_the_dense_part_is_priced_at_the_runs_precision(
 def test_a_plan_says_the_precision_it_priced(typed_cfg) -> None:
     plans = {}
     for precision in ("fp32", "bf16"):
-        cfg = typed_cfg(["cluster=2x8_h100", "model=dcnv2_mlperf", "planner=greedy_size",
-                         f"trainer.precision={precision}"])  # fmt: skip
+        cfg = typed_cfg(
+            [
+                "cluster=2x8_h100",
+                "model=dcnv2_mlperf",
+                "planner=greedy_size",
+                f"trainer.precision={precision}",
+            ]
+        )
         plans[precision] = make_plan(cfg, plan_inputs(cfg, None, None))
     assert plans["fp32"].precision == "fp32" and plans["bf16"].precision == "bf16"
     assert plans["bf16"].est_step_ms < plans["fp32"].est_step_ms  # same placement, faster dense
@@ -633,16 +684,35 @@ def test_fp16_tables_halve_their_memory_and_reads_not_the_exchange(typed_cfg) ->
     costs = {}
     for name, i in inputs.items():
         table = i.tables[0]
-        costs[name] = step_cost([table], [Shard(table.name, 0, table.rows, table.dim)],
-                                [100, 100], i.devices[:2], i.network, 0)  # fmt: skip
+        costs[name] = step_cost(
+            [table],
+            [Shard(table.name, 0, table.rows, table.dim)],
+            [100, 100],
+            i.devices[:2],
+            i.network,
+            0,
+        )
     assert costs["fp16"].lookup_fwd_s[0] == pytest.approx(costs["fp32"].lookup_fwd_s[0] / 2)
     assert costs["fp16"].a2a_bytes == costs["fp32"].a2a_bytes  # fp32 vectors either way
     # a plan of the fp16 tables needs less memory on every rank
-    plans = {n: make_plan(typed_cfg(["cluster=2x8_h100", "model=dcnv2_mlperf",
-                                     f"model.table_dtype={n}", "planner=greedy_size"]), i)
-             for n, i in inputs.items()}  # fmt: skip
-    used = {n: sum(d["hbm_used_bytes"] + d["host_used_bytes"] for d in p.devices)
-            for n, p in plans.items()}  # fmt: skip
+    plans = {
+        n: make_plan(
+            typed_cfg(
+                [
+                    "cluster=2x8_h100",
+                    "model=dcnv2_mlperf",
+                    f"model.table_dtype={n}",
+                    "planner=greedy_size",
+                ]
+            ),
+            i,
+        )
+        for n, i in inputs.items()
+    }
+    used = {
+        n: sum(d["hbm_used_bytes"] + d["host_used_bytes"] for d in p.devices)
+        for n, p in plans.items()
+    }
     assert used["fp16"] < 0.6 * used["fp32"]
 
 
@@ -661,9 +731,13 @@ def test_auto_keeps_the_dense_reduction_the_cost_model_prices_faster(typed_cfg) 
     two_nodes = ["cluster=2x8_h100", "cluster.network.inter_node_gbit_s=10", "planner=hybrid"]
     cfg = typed_cfg([*two_nodes, "trainer.dense_allreduce=auto"])
     inputs = plan_inputs(cfg, None, None)
-    plans = {mode: make_plan(c := typed_cfg([*two_nodes, f"trainer.dense_allreduce={mode}"]),
-                             plan_inputs(c, None, None))
-             for mode in ("buckets", "hierarchical")}  # fmt: skip
+    plans = {
+        mode: make_plan(
+            c := typed_cfg([*two_nodes, f"trainer.dense_allreduce={mode}"]),
+            plan_inputs(c, None, None),
+        )
+        for mode in ("buckets", "hierarchical")
+    }
     auto = make_plan(cfg, inputs)
     faster = min(plans, key=lambda m: plans[m].est_step_ms)
     assert auto.est_step_ms == pytest.approx(plans[faster].est_step_ms)
@@ -691,18 +765,26 @@ def test_a_refreshed_calibration_moves_every_cpu_constant_with_the_cores_speed()
 
     cal = load_calibration()
     d = cal.device
-    probe = {"embedding": {"emb_read_bytes_per_s": 2 * d.emb_read_bytes_per_s,
-                           "emb_bwd_factor": 9.0},
-             "dense": {"dense_flops_per_s": 2 * d.dense_flops_per_s,
-                       "interaction_flops_per_s": 2 * d.interaction_flops_per_s},
-             "input": {"input_s_per_sample": d.input_s_per_sample / 2}}  # fmt: skip
+    probe = {
+        "embedding": {"emb_read_bytes_per_s": 2 * d.emb_read_bytes_per_s, "emb_bwd_factor": 9.0},
+        "dense": {
+            "dense_flops_per_s": 2 * d.dense_flops_per_s,
+            "interaction_flops_per_s": 2 * d.interaction_flops_per_s,
+        },
+        "input": {"input_s_per_sample": d.input_s_per_sample / 2},
+    }
     new = refreshed(cal, probe)
     assert cal.shares, "the saved calibration has emulated shares"
     for old, now in [(d, new.device)] + [(cal.shares[k], new.shares[k]) for k in cal.shares]:
         for rate in ("emb_read_bytes_per_s", "dense_flops_per_s", "interaction_flops_per_s"):
             assert getattr(now, rate) == pytest.approx(2 * getattr(old, rate))
-        for time_ in ("input_s_per_sample", "step_overhead_s", "sample_overhead_s",
-                      "sequence_s_per_lookup", "micro_batch_overhead_s"):  # fmt: skip
+        for time_ in (
+            "input_s_per_sample",
+            "step_overhead_s",
+            "sample_overhead_s",
+            "sequence_s_per_lookup",
+            "micro_batch_overhead_s",
+        ):
             assert getattr(now, time_) == pytest.approx(getattr(old, time_) / 2)
         assert now.emb_bwd_factor == old.emb_bwd_factor
     assert asdict(new)["links"] == asdict(cal)["links"]
@@ -716,8 +798,10 @@ def test_the_embedding_backward_is_fitted_per_byte_on_its_own() -> None:
     a median of per-shape backward / forward ratios would."""
     from benchmarks.calibrate import fit_embedding
 
-    points = [{"bytes": n, "fwd_s": 1e-4 + n / 20e9, "fwd_bwd_s": 1e-4 + n / 20e9 + n * 1e-9}
-              for n in (5e5, 2e6, 4e6, 3e7)]  # fmt: skip
+    points = [
+        {"bytes": n, "fwd_s": 1e-4 + n / 20e9, "fwd_bwd_s": 1e-4 + n / 20e9 + n * 1e-9}
+        for n in (5e5, 2e6, 4e6, 3e7)
+    ]
     fit = fit_embedding(points)
     assert fit["emb_read_bytes_per_s"] == pytest.approx(20e9)
     assert fit["emb_bwd_factor"] == pytest.approx(20.0)  # 1 ns / 0.05 ns per byte
@@ -739,18 +823,16 @@ def test_a_short_calibration_run_is_trained_again_long_enough(monkeypatch, tmp_p
 
     cfg = replace(calibrate.CalibrateConfig(), train_steps=80, timed_s=6.0)
     for name, step_ms in (("fast", 20.0), ("slow", 200.0)):
-        monkeypatch.setattr(calibrate, "_train_steps",
-                            lambda *a, ms=step_ms: train_steps(*a, ms))  # fmt: skip
+        monkeypatch.setattr(calibrate, "_train_steps", lambda *a, ms=step_ms: train_steps(*a, ms))
         summary = calibrate._train([], cfg, tmp_path / name, None)
         assert calibrate.measured_ms(summary) == pytest.approx(step_ms)
-    assert runs == [("fast_short", 80), ("fast", calibrate.WARMUP_STEPS + 300),
-                    ("slow_short", 80)]  # fmt: skip
+    assert runs == [("fast_short", 80), ("fast", calibrate.WARMUP_STEPS + 300), ("slow_short", 80)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fast", "fast_short", "slow"]
 
 
 def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_it(
     monkeypatch, tmp_path
-) -> None:  # fmt: skip
+) -> None:
     """`validate`: before each setting the meter (the calibration run at `meter_batch`) is
     trained again; where it now runs at 24 ms against the calibration's 30, the cores are
     1.25x as fast, and the setting is also predicted with every CPU rate 1.25x and every CPU
@@ -762,8 +844,12 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
 
     cal = load_calibration()
     cal.measured = {**cal.measured, "overhead_runs": [{"batch": 1536, "measured_ms": 30.0}]}
-    cfg = replace(calibrate.CalibrateConfig(), meter_batch=1536, validation_repeats=1,
-                  settings=[calibrate.Setting("a", ["trainer.batch_size=1024"])])  # fmt: skip
+    cfg = replace(
+        calibrate.CalibrateConfig(),
+        meter_batch=1536,
+        validation_repeats=1,
+        settings=[calibrate.Setting("a", ["trainer.batch_size=1024"])],
+    )
     trained, priced = [], []
 
     def train(overrides, cfg, run_dir, link, step_ms=None):
@@ -786,8 +872,9 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
     assert v["predicted_beside_ms"] == pytest.approx(32.0)
     fast = priced[1]
     assert fast.links is cal.links
-    for old, new in [(cal.device, fast.device)] + [(cal.shares[k], fast.shares[k])
-                                                   for k in cal.shares]:  # fmt: skip
+    for old, new in [(cal.device, fast.device)] + [
+        (cal.shares[k], fast.shares[k]) for k in cal.shares
+    ]:
         assert new.emb_read_bytes_per_s == pytest.approx(1.25 * old.emb_read_bytes_per_s)
         assert new.step_overhead_s == pytest.approx(old.step_overhead_s / 1.25)
         assert new.micro_batch_overhead_s == pytest.approx(old.micro_batch_overhead_s / 1.25)
@@ -796,8 +883,9 @@ def test_validation_also_prices_each_setting_at_the_cores_speed_measured_beside_
     cfg = replace(cfg, meter_batch=0, validation_repeats=2, settings=two)
     trained.clear()
     a, b = calibrate.validate(cfg, cal, tmp_path / "off", None, None)
-    assert [t for t, _ in trained] == [f"off/validation/{n}_run{r}" for r in (1, 2)
-                                       for n in ("a", "b")]  # fmt: skip
+    assert [t for t, _ in trained] == [
+        f"off/validation/{n}_run{r}" for r in (1, 2) for n in ("a", "b")
+    ]
     assert [ms for _, ms in trained] == [None, None, 50.0, 50.0]  # repeats as long, at once
     assert "cores_speed" not in a and a["measured_runs_ms"] == pytest.approx([50.0, 70.0])
     assert a["measured_ms"] == pytest.approx(60.0) and b["rel_error"] == pytest.approx(40 / 60 - 1)
@@ -823,14 +911,15 @@ def test_the_robust_line_holds_one_odd_point() -> None:
 
 def test_the_overhead_runs_train_every_batch_before_any_twice_and_fit_their_medians(
     monkeypatch, tmp_path
-) -> None:  # fmt: skip
+) -> None:
     """`measure_overhead`: each of `calibration_runs` trained `calibration_repeats` times,
     interleaved; each batch's median step less its prediction without overheads; the line
     through those residuals (s and s per sample), each run kept."""
     from benchmarks import calibrate
 
-    cfg = replace(calibrate.CalibrateConfig(), calibration_runs=[1000, 2000, 4000],
-                  calibration_repeats=3)  # fmt: skip
+    cfg = replace(
+        calibrate.CalibrateConfig(), calibration_runs=[1000, 2000, 4000], calibration_repeats=3
+    )
     order, lengths = [], []
     slow = {"b2000_run2": 30.0}  # one odd run at batch 2000: the median holds it
 
@@ -857,7 +946,7 @@ def test_the_overhead_runs_train_every_batch_before_any_twice_and_fit_their_medi
 
 def test_the_per_micro_batch_work_is_what_more_micro_batches_add_beyond_the_model(
     monkeypatch, tmp_path
-) -> None:  # fmt: skip
+) -> None:
     """`benchmarks.calibrate.measure_micro_batch`: nested at N = 1 and 8, each run's measured
     step less its prediction without the per-micro-batch work; the difference over the 7
     micro-batches added. Where the model already explains all of it, none (not negative)."""
@@ -893,8 +982,9 @@ def test_planner_calibration_plans_with_a_recorded_calibration(typed_cfg) -> Non
     assert recorded.dense_flops_per_s != saved.dense_flops_per_s
     inputs = plan_inputs(typed_cfg([f"planner.calibration={path}"]), None, None)
     assert inputs.devices[0].dense_flops_per_s == recorded.dense_flops_per_s
-    assert plan_inputs(typed_cfg(), None, None).devices[0].dense_flops_per_s == \
-        saved.dense_flops_per_s  # fmt: skip
+    assert (
+        plan_inputs(typed_cfg(), None, None).devices[0].dense_flops_per_s == saved.dense_flops_per_s
+    )
     with pytest.raises(CalibrationError, match="no calibration at /nowhere/cal.json"):
         plan_inputs(typed_cfg(["planner.calibration=/nowhere/cal.json"]), None, None)
 
@@ -961,16 +1051,29 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     def run_ranks(emu, fn, args, timeout_s):
         if fn is calibrate.probe:
             sizes = [16_384, 1_048_576]
-            return [{"sizes_bytes": sizes, "alltoall_s": [1e-3 + s / 1e7 for s in sizes],
-                     "alltoall_cpu_s": [s * 1e-9 for s in sizes],
-                     "allreduce_s": [2e-3 + s / 1e7 for s in sizes]}] * len(emu.ranks)  # fmt: skip
+            return [
+                {
+                    "sizes_bytes": sizes,
+                    "alltoall_s": [1e-3 + s / 1e7 for s in sizes],
+                    "alltoall_cpu_s": [s * 1e-9 for s in sizes],
+                    "allreduce_s": [2e-3 + s / 1e7 for s in sizes],
+                }
+            ] * len(emu.ranks)
         x = [r.share * fast[emu.name] for r in emu.ranks]
-        return [{"embedding": {"emb_read_bytes_per_s": core.emb_read_bytes_per_s * s,
-                               "emb_bwd_factor": core.emb_bwd_factor},
-                 "dense": {"dense_flops_per_s": core.dense_flops_per_s * s,
-                           "interaction_flops_per_s": core.interaction_flops_per_s * s},
-                 "input": {"input_s_per_sample": core.input_s_per_sample / s}}
-                for s in x]  # fmt: skip
+        return [
+            {
+                "embedding": {
+                    "emb_read_bytes_per_s": core.emb_read_bytes_per_s * s,
+                    "emb_bwd_factor": core.emb_bwd_factor,
+                },
+                "dense": {
+                    "dense_flops_per_s": core.dense_flops_per_s * s,
+                    "interaction_flops_per_s": core.interaction_flops_per_s * s,
+                },
+                "input": {"input_s_per_sample": core.input_s_per_sample / s},
+            }
+            for s in x
+        ]
 
     def train(overrides, cfg, run_dir, link):
         # each rank's CPU a step at a 0.25 share: 1 + n x (2/3 ms at batch 1280, 4/3 at 2560)
@@ -997,8 +1100,12 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     monkeypatch.setattr(calibrate, "_train", train)
     cfg = calibrate.CalibrateConfig(emulated=["emu_mixed4", "emu_mixed3"])
     shares = calibrate.measure_emulated(cfg, Calibration(device=core), tmp_path)["shares"]
-    assert sorted(shares) == ["emu_mixed3/0.25", "emu_mixed3/0.8", "emu_mixed4/0.25",
-                              "emu_mixed4/0.6"]  # fmt: skip
+    assert sorted(shares) == [
+        "emu_mixed3/0.25",
+        "emu_mixed3/0.8",
+        "emu_mixed4/0.25",
+        "emu_mixed4/0.6",
+    ]
     m3, m4 = shares["emu_mixed3/0.25"], shares["emu_mixed4/0.25"]
     assert m3.dense_flops_per_s == pytest.approx(2 * m4.dense_flops_per_s)
     assert m3.step_overhead_s == pytest.approx(m4.step_overhead_s / 2)
@@ -1014,8 +1121,9 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     assert device_costs(ranks["emu_mixed3"], cal, cluster="emu_mixed3")[1] == m3
     assert device_costs(ranks["emu_mixed4"], cal, cluster="emu_mixed4")[2] == m4
     # a user's own cluster measured alone adds its keys; the presets' stay
-    alone = calibrate.measure_emulated(replace(cfg, emulated=["emu_mixed3"]),
-                                       Calibration(device=core), tmp_path)  # fmt: skip
+    alone = calibrate.measure_emulated(
+        replace(cfg, emulated=["emu_mixed3"]), Calibration(device=core), tmp_path
+    )
     alone = alone["shares"]
     assert set(alone) == {"emu_mixed3/0.25", "emu_mixed3/0.8"}
     legacy = Calibration(device=core, shares={"0.25": m4, "0.6": shares["emu_mixed4/0.6"]})

@@ -28,8 +28,13 @@ def text_rows(path: Path) -> list[tuple[int, list[int], list[int]]]:
     with gzip.open(path, "rt") as f:
         for line in f.read().splitlines():
             fields = line.split("\t") + [""] * 40
-            out.append((int(fields[0]), [int(x or 0) for x in fields[1:14]],
-                        [int(x or "0", 16) for x in fields[14:40]]))  # fmt: skip
+            out.append(
+                (
+                    int(fields[0]),
+                    [int(x or 0) for x in fields[1:14]],
+                    [int(x or "0", 16) for x in fields[14:40]],
+                )
+            )
     return out
 
 
@@ -63,9 +68,15 @@ def test_torchrecs_reader_reads_our_files(kaggle_files) -> None:
     _, binary = kaggle_files
     paths = {k: [str(binary / f"train_{k}.npy")] for k in ("dense", "sparse", "labels")}
     pipe = InMemoryBinaryCriteoIterDataPipe(
-        "train", paths["dense"], paths["sparse"], paths["labels"], batch_size=64, rank=0,
-        world_size=1, hashes=ROWS,
-    )  # fmt: skip
+        "train",
+        paths["dense"],
+        paths["sparse"],
+        paths["labels"],
+        batch_size=64,
+        rank=0,
+        world_size=1,
+        hashes=ROWS,
+    )
     theirs = next(iter(pipe))
     ours = CriteoBinary(binary, ROWS, NAMES, 64, 1, shuffle_chunk_batches=0).batch("train", 0, 0)
     assert torch.equal(theirs.dense_features, ours.dense_features)
@@ -109,13 +120,17 @@ def test_unequal_batch_shares_read_disjoint_rows_in_proportion(kaggle_files) -> 
     equal = CriteoBinary(binary, ROWS, NAMES, batch_size=50, world_size=2, shuffle_chunk_batches=0)
     same = CriteoBinary(binary, ROWS, NAMES, 0, 0, shuffle_chunk_batches=0, batch_per_rank=[50, 50])
     for r in (0, 1):  # equal shares: the same rows as before
-        assert torch.equal(equal.batch("train", 2, r).dense_features,
-                           same.batch("train", 2, r).dense_features)  # fmt: skip
+        assert torch.equal(
+            equal.batch("train", 2, r).dense_features, same.batch("train", 2, r).dense_features
+        )
 
 
 def test_day_files_hold_out_the_last_day(tmp_path: Path) -> None:
-    synthesize(SynthConfig(output=str(tmp_path / "tsv"), preset=Preset.criteo_1tb, files=3,
-                           rows=1000, scale=10_000))  # fmt: skip
+    synthesize(
+        SynthConfig(
+            output=str(tmp_path / "tsv"), preset=Preset.criteo_1tb, files=3, rows=1000, scale=10_000
+        )
+    )
     convert(tmp_path / "tsv", tmp_path / "bin", ConvertOptions(workers=1, progress=False))
     src = CriteoBinary(tmp_path / "bin", ROWS, NAMES, batch_size=100, world_size=1)
     assert src.names == ["day_0", "day_1", "day_2"]
@@ -138,12 +153,16 @@ def test_frequency_threshold_remap(tmp_path: Path) -> None:
     sparse = np.zeros((10, 26), dtype=np.int64)
     sparse[:, 0] = [7, 7, 7, 9, 9, 5, 5, 5, 5, 100]  # 7 x3, 9 x2, 5 x4, 100 x1
     sparse[:, 1] = np.arange(10) + 1000
-    for name, arr in (("sparse", sparse), ("dense", np.zeros((10, 13), np.float32)),
-                      ("labels", np.zeros((10, 1), np.int32))):  # fmt: skip
+    for name, arr in (
+        ("sparse", sparse),
+        ("dense", np.zeros((10, 13), np.float32)),
+        ("labels", np.zeros((10, 1), np.int32)),
+    ):
         with NpyAppender(src / f"train_{name}.npy", arr.dtype, arr.shape[1]) as w:
             w.append(arr)
-    result = remap(RemapConfig(input=str(src), output=str(tmp_path / "out"), threshold=3,
-                               progress=False))  # fmt: skip
+    result = remap(
+        RemapConfig(input=str(src), output=str(tmp_path / "out"), threshold=3, progress=False)
+    )
     out = np.load(tmp_path / "out" / "train_sparse.npy")
     assert out[:, 0].tolist() == [2, 2, 2, 0, 0, 1, 1, 1, 1, 0]  # kept 5 -> 1, 7 -> 2
     assert out[:, 1].tolist() == [0] * 10  # every id seen once: all share row 0
@@ -154,8 +173,15 @@ def test_frequency_threshold_remap(tmp_path: Path) -> None:
     assert override == result["model_override"]
     cfg = compose_config(["dataset=criteo_kaggle", f"dataset.path={tmp_path / 'out'}", override])
     assert list(cfg.model.num_embeddings_per_feature) == result["num_embeddings_per_feature"]
-    modded = remap(RemapConfig(input=str(src), output=str(tmp_path / "mod"), threshold=1,
-                               max_ind_range=4, progress=False))  # fmt: skip
+    modded = remap(
+        RemapConfig(
+            input=str(src),
+            output=str(tmp_path / "mod"),
+            threshold=1,
+            max_ind_range=4,
+            progress=False,
+        )
+    )
     assert modded["num_embeddings_per_feature"][1] == 1 + 4  # 1000..1009 % 4 -> 4 ids
 
 

@@ -22,9 +22,13 @@ def reference(text: bytes, has_label: bool = True):
         f = line.split("\t")
         f += [""] * ((40 if has_label else 39) - len(f))
         off = 1 if has_label else 0
-        out.append((int(f[0] or 0) if has_label else -1,
-                    [int(x or 0) for x in f[off : off + 13]],
-                    [int(x or "0", 16) for x in f[off + 13 :]]))  # fmt: skip
+        out.append(
+            (
+                int(f[0] or 0) if has_label else -1,
+                [int(x or 0) for x in f[off : off + 13]],
+                [int(x or "0", 16) for x in f[off + 13 :]],
+            )
+        )
     return out
 
 
@@ -62,8 +66,11 @@ def test_short_lines_are_padded_never_shifted_when_asked() -> None:
 )
 def test_lines_with_too_few_fields_are_refused_or_skipped(bad: list[str], pad: bool) -> None:
     data = tsv(row("0"), bad, row("1"))
-    with pytest.raises(MalformedLineError, match=r"f.txt:2: malformed Criteo line \(fewer than "
-                       f"{14 if pad else 40} fields"):  # fmt: skip
+    with pytest.raises(
+        MalformedLineError,
+        match=r"f.txt:2: malformed Criteo line \(fewer than "
+        f"{14 if pad else 40} fields",
+    ):
         parse(data, pad_short_lines=pad)
     chunk = parse(data, skip=True, pad_short_lines=pad)
     assert chunk.bad_lines == 1 and chunk.labels_N.tolist() == [0, 1]
@@ -77,8 +84,11 @@ def test_a_last_line_without_newline_is_kept_and_reported() -> None:
 
 def test_a_file_cut_mid_line_is_reported_as_cut() -> None:
     data = tsv(row("0"), row("1"))[:-60]  # the last line loses its last categories
-    with pytest.raises(MalformedLineError, match=r"f.txt:2: .*the file ends in the middle of "
-                       "this line"):  # fmt: skip
+    with pytest.raises(
+        MalformedLineError,
+        match=r"f.txt:2: .*the file ends in the middle of "
+        "this line",
+    ):
         parse(data, pad_short_lines=True)
     chunk = parse(data, skip=True)
     assert chunk.labels_N.tolist() == [0] and chunk.bad_lines == 1
@@ -87,8 +97,11 @@ def test_a_file_cut_mid_line_is_reported_as_cut() -> None:
 def test_counts_below_the_floor_are_refused_naming_the_value_or_clipped() -> None:
     ints = ["1", "-3", "7", "-99999999999"] + ["2"] * 9
     data = tsv(row("0"), row("1", ints), row("1"))
-    with pytest.raises(MalformedLineError, match=r"f.txt:2: .*count I4 is -99999999999, below "
-                       r"dense_floor=-3; pass clip_dense=true"):  # fmt: skip
+    with pytest.raises(
+        MalformedLineError,
+        match=r"f.txt:2: .*count I4 is -99999999999, below "
+        r"dense_floor=-3; pass clip_dense=true",
+    ):
         parse(data)
     chunk = parse(data, clip_dense=True)
     assert chunk.ints_NI[1].tolist() == [1, -3, 7, -3] + [2] * 9
@@ -200,8 +213,13 @@ def test_prepare_summary_counts_rows_and_skipped_lines(tmp_path: Path) -> None:
     rows[10] = row(ints=["x"] * 13)
     rows[20] = row() + ["1", "2"]
     plain, _ = write_files(tmp_path, rows)
-    cfg = PrepareConfig(input=str(plain.parent), output=str(tmp_path / "o"), skip_bad_lines=True,
-                        workers=1, progress=False)  # fmt: skip
+    cfg = PrepareConfig(
+        input=str(plain.parent),
+        output=str(tmp_path / "o"),
+        skip_bad_lines=True,
+        workers=1,
+        progress=False,
+    )
     summary = prepare(cfg)
     assert summary["rows"] == 98 and summary["bad_lines"] == 2
     assert [f["name"] for f in summary["files"]] == ["day_0"]
@@ -240,8 +258,11 @@ def test_multi_hot_files_in_torchrecs_layout_are_read_as_bags(tmp_path: Path) ->
     plain, _ = write_files(tmp_path, random_rows(200, seed=3))
     hotness = [2, 0, 1, 4] + [1] * 21 + [3]
     out = tmp_path / "o"
-    summary = prepare(PrepareConfig(input=str(plain.parent), output=str(out), workers=1,
-                                    progress=False, hotness=hotness))  # fmt: skip
+    summary = prepare(
+        PrepareConfig(
+            input=str(plain.parent), output=str(out), workers=1, progress=False, hotness=hotness
+        )
+    )
     assert summary["hotness"] == hotness
     with np.load(out / "day_0_sparse_multi_hot.npz") as npz:
         assert sorted(npz.files, key=int) == [str(t) for t in range(26)]

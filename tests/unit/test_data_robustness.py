@@ -52,7 +52,11 @@ def test_overwrite_replaces_the_directory_whole(tmp_path: Path) -> None:
     (out / "day_7_dense.npy").write_bytes(b"stale")  # another dataset's file
     _prepare(input_file(tmp_path, "train.txt", tsv(*random_rows(300))).parent, out, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == [
-        "summary.json", "train_dense.npy", "train_labels.npy", "train_sparse.npy"]  # fmt: skip
+        "summary.json",
+        "train_dense.npy",
+        "train_labels.npy",
+        "train_sparse.npy",
+    ]
 
 
 def test_an_empty_output_directory_is_used_and_a_file_is_refused(tmp_path: Path) -> None:
@@ -151,8 +155,11 @@ def test_an_empty_file_and_a_truncated_gzip_are_one_line_each(tmp_path: Path) ->
 
 def test_a_file_of_only_bad_lines_fails_even_when_skipping(tmp_path: Path) -> None:
     src = input_file(tmp_path, "day_0", tsv(row("7"), row("x")) + b"\n\n")
-    with pytest.raises(BadInputError, match=r"every line is malformed \(4 lines\); the first: "
-                       r".*day_0:1: malformed Criteo line \(label is not 0 or 1"):  # fmt: skip
+    with pytest.raises(
+        BadInputError,
+        match=r"every line is malformed \(4 lines\); the first: "
+        r".*day_0:1: malformed Criteo line \(label is not 0 or 1",
+    ):
         _prepare(src, tmp_path / "o", skip_bad_lines=True)
 
 
@@ -167,8 +174,11 @@ def test_the_loader_refuses_files_its_summary_does_not_list(tmp_path: Path) -> N
     for kind in ("dense", "sparse", "labels"):  # a stray file of another run
         arr = np.load(out / f"train_{kind}.npy")
         np.save(out / f"extra_{kind}.npy", arr[:100])
-    with pytest.raises(CriteoDataError, match=r"extra_\*.npy': the directory holds 100 rows, "
-                       r"its summary.json says nothing"):  # fmt: skip
+    with pytest.raises(
+        CriteoDataError,
+        match=r"extra_\*.npy': the directory holds 100 rows, "
+        r"its summary.json says nothing",
+    ):
         _loader(out)
 
 
@@ -223,8 +233,7 @@ def test_remap_never_writes_over_its_input(tmp_path: Path) -> None:
     before = _tree(tmp_path / "data")
     for out in (bin_dir, bin_dir.parent, bin_dir / "re"):
         with pytest.raises(OutputDirError, match="the input"):
-            remap(RemapConfig(input=str(bin_dir), output=str(out), overwrite=True,
-                              progress=False))  # fmt: skip
+            remap(RemapConfig(input=str(bin_dir), output=str(out), overwrite=True, progress=False))
     assert _tree(tmp_path / "data") == before
 
 
@@ -246,14 +255,22 @@ def test_one_huge_negative_count_is_refused_by_file_line_or_clipped_and_counted(
     rows = random_rows(300)
     rows[120] = row(ints=["5"] * 6 + ["-99999999999"] + ["5"] * 6)
     src = input_file(tmp_path, "train.txt", tsv(*rows))
-    with pytest.raises(MalformedLineError, match=r"train.txt:121: .*count I7 is -99999999999, "
-                       r"below dense_floor=-3; pass clip_dense=true"):  # fmt: skip
+    with pytest.raises(
+        MalformedLineError,
+        match=r"train.txt:121: .*count I7 is -99999999999, "
+        r"below dense_floor=-3; pass clip_dense=true",
+    ):
         _prepare(src, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     summary = _prepare(src, tmp_path / "clipped", clip_dense=True)
     dense = _dense_of(tmp_path / "clipped")
-    assert summary["dense"] == {"transform": "torchrec", "floor": -3, "shift": None,
-                                "clip": True, "clipped": 1}  # fmt: skip
+    assert summary["dense"] == {
+        "transform": "torchrec",
+        "floor": -3,
+        "shift": None,
+        "clip": True,
+        "clipped": 1,
+    }
     f = summary["files"][0]
     assert f["dense_clipped"] == [0] * 6 + [1] + [0] * 6 and f["dense_min"][6] == -3
     assert f["dense_shift"] == -3 and f["dense_max"][6] <= 1000

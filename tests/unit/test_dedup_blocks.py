@@ -38,8 +38,7 @@ def _batch(gen: torch.Generator, batch: int, bags: str = "multi") -> KeyedJagged
         lengths = torch.ones(len(FEATURES) * batch, dtype=torch.int32)
     else:
         top = 1 if bags == "empty" else 5
-        lengths = torch.randint(0, top, (len(FEATURES) * batch,), generator=gen,
-                                dtype=torch.int32)  # fmt: skip
+        lengths = torch.randint(0, top, (len(FEATURES) * batch,), generator=gen, dtype=torch.int32)
     values = torch.randint(0, 12, (int(lengths.sum()),), generator=gen)  # many repeats
     return KeyedJaggedTensor(keys=FEATURES, values=values, lengths=lengths, stride=batch)
 
@@ -58,8 +57,9 @@ def _requester(
     finish = ex.requester_input(lookups, state, batched=batched)
     host = lookups.read()
     finish(host)
-    routed = route_distinct(kjt, ex.distinct(state), lookups.first_samples(host),
-                            lookups.feature_lengths(host))  # fmt: skip
+    routed = route_distinct(
+        kjt, ex.distinct(state), lookups.first_samples(host), lookups.feature_lengths(host)
+    )
     return state, routed
 
 
@@ -69,9 +69,17 @@ def _same_block(got: _Block, want: _Block, fields: tuple[str, ...]) -> None:
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
-@pytest.mark.parametrize("n, clustered, bags", [
-    (1, False, "multi"), (3, False, "multi"), (4, True, "multi"), (2, True, "empty"),
-    (3, False, "one"), (4, True, "one")])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, clustered, bags",
+    [
+        (1, False, "multi"),
+        (3, False, "multi"),
+        (4, True, "multi"),
+        (2, True, "empty"),
+        (3, False, "one"),
+        (4, True, "one"),
+    ],
+)
 def test_the_requesters_blocks_are_the_per_block_ones(n: int, clustered: bool, bags: str):
     gen = torch.Generator().manual_seed(n)
     for _ in range(5):
@@ -117,9 +125,11 @@ def _owner_input(gen: torch.Generator, plan: ChunkPlan, names: list[str]) -> Key
             rows = plan.rows(s, k)
             first = rows.start if isinstance(rows, slice) else int(rows[0])
             for f in range(len(names)):
-                ids = torch.unique(torch.randint(0, 30, (int(torch.randint(0, 6, (1,),
-                                                                       generator=gen)),),
-                                                 generator=gen))  # fmt: skip
+                ids = torch.unique(
+                    torch.randint(
+                        0, 30, (int(torch.randint(0, 6, (1,), generator=gen)),), generator=gen
+                    )
+                )
                 lengths[f, first] = len(ids)
                 firsts.append((f, first, ids))
     for f, _first, ids in sorted(firsts, key=lambda x: (x[0], x[1])):
@@ -166,15 +176,19 @@ def test_forward_only_owners_work_each_blocks_distinct_rows_out_of_every_id(
     0 to 4 ids, or one each."""
     gen = torch.Generator().manual_seed(n)
     batches = [13, 9, 11]
-    plan = ChunkPlan(batches, n, [torch.randperm(b, generator=gen) for b in batches]
-                     if clustered else None)  # fmt: skip
+    plan = ChunkPlan(
+        batches, n, [torch.randperm(b, generator=gen) for b in batches] if clustered else None
+    )
     names = OWNED[0]
     lengths = torch.randint(0, 5, (len(names) * sum(batches),), generator=gen, dtype=torch.int32)
     if one_hot:
         lengths = torch.ones_like(lengths)
-    kjt = KeyedJaggedTensor(keys=names, values=torch.randint(0, 12, (int(lengths.sum()),),
-                                                             generator=gen),
-                            lengths=lengths, stride=sum(batches))  # fmt: skip
+    kjt = KeyedJaggedTensor(
+        keys=names,
+        values=torch.randint(0, 12, (int(lengths.sum()),), generator=gen),
+        lengths=lengths,
+        stride=sum(batches),
+    )
     ex, state = _exchange(0), DedupBatch()
     ex.grads = False
     unique = ex.owner_input(kjt, plan, state)
@@ -191,15 +205,27 @@ def test_forward_only_owners_work_each_blocks_distinct_rows_out_of_every_id(
                 ids = got.ids.split(got.counts)[f]
                 assert torch.equal(ids, want.to(ids.dtype)), (k, s, name)
             bag, column = state.where[k][s]
-            looked = [unique[names[int(c)]].to_dense()[int(b)]
-                      for b, c in zip(bag, column, strict=True)]  # fmt: skip
+            looked = [
+                unique[names[int(c)]].to_dense()[int(b)] for b, c in zip(bag, column, strict=True)
+            ]
             assert all(len(t) == 1 for t in looked)
             assert torch.equal(torch.cat(looked) if looked else got.ids, got.ids)
 
 
 # Calls that read a tensor's values on the host (on a GPU: wait for the device)
-HOST_READS = {"tolist", "item", "__int__", "__index__", "__bool__", "__float__", "unique",
-              "unique_consecutive", "nonzero", "bincount", "masked_select"}  # fmt: skip
+HOST_READS = {
+    "tolist",
+    "item",
+    "__int__",
+    "__index__",
+    "__bool__",
+    "__float__",
+    "unique",
+    "unique_consecutive",
+    "nonzero",
+    "bincount",
+    "masked_select",
+}
 
 
 class _HostReads(TorchFunctionMode):

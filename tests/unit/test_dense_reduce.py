@@ -56,9 +56,9 @@ def test_a_backward_starts_each_bucket_in_order_and_leaves_the_average(collectiv
     r.attach()
     x = torch.randn(16, 8)
     model(x).sum().backward()
-    expected = torch.func.grad(
-        lambda ps: torch.func.functional_call(model, ps, (x,)).sum()
-    )(dict(model.named_parameters()))  # fmt: skip
+    expected = torch.func.grad(lambda ps: torch.func.functional_call(model, ps, (x,)).sum())(
+        dict(model.named_parameters())
+    )
     assert len(collectives) == len(r.buckets) > 2  # every bucket once, the unused one too
     sizes = [sum(r.params[i].numel() for i in b) for b in r.buckets]
     assert [n for _, n in collectives] == sizes  # in bucket order

@@ -36,12 +36,22 @@ def test_micro_batch_boundaries_fall_on_whole_vector_units() -> None:
 
 def _model(arch: str, shared: bool) -> torch.nn.Module:
     torch.manual_seed(0)
-    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=50,
-                                 feature_names=[f"f{i}"]) for i in range(FEATURES)]  # fmt: skip
-    cfg = ModelConfig(arch=Arch(arch), num_embeddings_per_feature=[50] * FEATURES,
-                      embedding_dim=16, dense_arch_layer_sizes=[64, 16],
-                      over_arch_layer_sizes=[1] if arch == "deepfm" else [64, 1],
-                      dcn_num_layers=3, dcn_low_rank_dim=32, query_features=2)  # fmt: skip
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=16, num_embeddings=50, feature_names=[f"f{i}"]
+        )
+        for i in range(FEATURES)
+    ]
+    cfg = ModelConfig(
+        arch=Arch(arch),
+        num_embeddings_per_feature=[50] * FEATURES,
+        embedding_dim=16,
+        dense_arch_layer_sizes=[64, 16],
+        over_arch_layer_sizes=[1] if arch == "deepfm" else [64, 1],
+        dcn_num_layers=3,
+        dcn_low_rank_dim=32,
+        query_features=2,
+    )
     model = build_torchrec_model(cfg, EmbeddingBagCollection(tables=tables), torch.device("cpu"))
     return SharedBatchDLRMTrain(model, 2, 512) if shared else DLRMTrain(model)
 
@@ -100,8 +110,9 @@ def test_micro_batches_give_the_plain_loops_gradients(arch, shared, batch, n, cl
     train.zero_grad(set_to_none=True)
 
     order = torch.randperm(batch, generator=gen) if clustered else None
-    logits, deferred = _micro_batched(train, params, (dense, ids, labels), order, n,
-                                      alignment(dense.dtype))  # fmt: skip
+    logits, deferred = _micro_batched(
+        train, params, (dense, ids, labels), order, n, alignment(dense.dtype)
+    )
 
     assert not deferred.inexact
     assert torch.equal(train.loss_fn(logits, labels), loss.detach())

@@ -20,12 +20,14 @@ from sharding.types import (
 )
 
 
-@pytest.mark.parametrize("rows,exponent,draws", [(10_000, 1.1, 2_000), (1_000_000, 0.8, 8_192),
-                                                 (500, 1.3, 20_000)])  # fmt: skip
+@pytest.mark.parametrize(
+    "rows,exponent,draws", [(10_000, 1.1, 2_000), (1_000_000, 0.8, 8_192), (500, 1.3, 20_000)]
+)
 def test_expected_distinct_matches_sampled_power_law_draws(rows, exponent, draws) -> None:
     rng = np.random.default_rng(1)
-    sampled = np.mean([len(np.unique(power_law_ranks(rng.random(draws), rows, exponent)))
-                       for _ in range(20)])  # fmt: skip
+    sampled = np.mean(
+        [len(np.unique(power_law_ranks(rng.random(draws), rows, exponent))) for _ in range(20)]
+    )
     expected = expected_distinct(PowerLawCoverage(rows, exponent), rows, draws)
     assert expected == pytest.approx(sampled, rel=0.03)
     assert expected <= min(rows, draws)
@@ -33,28 +35,54 @@ def test_expected_distinct_matches_sampled_power_law_draws(rows, exponent, draws
 
 def _inputs(tables: list[TableStats], batch: list[int]) -> PlanInputs:
     """What dedup_volume reads: the tables and their coverage curves."""
-    return PlanInputs(tables=tables, ranks=[], devices=[], network=None,  # type: ignore[arg-type]
-                      coverage={t.name: PowerLawCoverage(t.rows, 1.1) for t in tables},
-                      global_batch=sum(batch), dense_params=0)  # fmt: skip
+    return PlanInputs(
+        tables=tables,
+        ranks=[],
+        devices=[],
+        network=None,  # type: ignore[arg-type]
+        coverage={t.name: PowerLawCoverage(t.rows, 1.1) for t in tables},
+        global_batch=sum(batch),
+        dense_params=0,
+    )
 
 
 def _plan(shards: list[Shard], tables: list[TableStats], batch: list[int]) -> Plan:
     by = {t.name: t for t in tables}
-    plans = [TablePlan(n, by[n].rows, by[n].dim, "table_wise", [], None, 0, 0,  # type: ignore[arg-type]
-                       [s for s in shards if s.table == n]) for n in by]  # fmt: skip
+    plans = [
+        TablePlan(
+            n,
+            by[n].rows,
+            by[n].dim,
+            "table_wise",
+            [],
+            None,
+            0,
+            0,  # type: ignore[arg-type]
+            [s for s in shards if s.table == n],
+        )
+        for n in by
+    ]
     return Plan("test", "test", plans, batch)
 
 
 def test_dedup_volume_weights_tables_by_bytes_and_skips_what_the_pipeline_does_not_dedup() -> None:
-    tables = [TableStats("a", 10, 16, 4.0), TableStats("b", 1_000_000, 16, 1.0),
-              TableStats("c", 100, 16, 1.0)]  # fmt: skip
+    tables = [
+        TableStats("a", 10, 16, 4.0),
+        TableStats("b", 1_000_000, 16, 1.0),
+        TableStats("c", 100, 16, 1.0),
+    ]
     batch = [256, 256]
-    profile = build_profile([(4, {"a": np.arange(4), "b": np.arange(4), "c": np.arange(4)})],
-                            {"a": 10, "b": 1_000_000, "c": 100})  # fmt: skip
+    profile = build_profile(
+        [(4, {"a": np.arange(4), "b": np.arange(4), "c": np.arange(4)})],
+        {"a": 10, "b": 1_000_000, "c": 100},
+    )
     profile.table("a").distinct_per_samples = {"64": 10.0, "128": 10.0}  # every row, 256 ids
     profile.table("b").distinct_per_samples = {"64": 64.0, "128": 128.0}  # no repeats
-    shards = [Shard("a", 0, 10, 16), Shard("b", 1, 1_000_000, 16),
-              Shard("c", ALL_RANKS, 100, 16, dp=True)]  # fmt: skip
+    shards = [
+        Shard("a", 0, 10, 16),
+        Shard("b", 1, 1_000_000, 16),
+        Shard("c", ALL_RANKS, 100, 16, dp=True),
+    ]
     inputs = _inputs(tables, batch)
     v = dedup_volume(_plan(shards, tables, batch), inputs, 2, profile)
     # micro-batches of 128 samples: a sends 10 rows for 128 vectors, b 128 for 128
@@ -72,8 +100,9 @@ def test_dedup_volume_weights_tables_by_bytes_and_skips_what_the_pipeline_does_n
 
 
 def test_with_dedup_scales_only_the_exchange() -> None:
-    cost = StepCost([1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [4.0, 4.0], [4.0, 4.0], [3.0, 3.0],
-                    0.5, 0.1)  # fmt: skip
+    cost = StepCost(
+        [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [4.0, 4.0], [4.0, 4.0], [3.0, 3.0], 0.5, 0.1
+    )
     from sharding.distinct import DedupVolume
 
     volume = DedupVolume([0.5, 1.0], [0.25, 2.0], "measured")

@@ -133,8 +133,12 @@ def test_docs_sync_takes_each_quoted_table_from_its_own_row_set(tmp_path):
         + "| plain | 22,459 | 657.0 |\n| nested4 | 30,645 | 656.9 |\n"
     )
     (results / "none.md").write_text("no table here\n")
-    doc.write_text(doc.read_text() + "\n<!-- rows from benchmarks/results/x/none.md -->\n"
-                   + head + "| plain | 1 | 2 |\n")  # fmt: skip
+    doc.write_text(
+        doc.read_text()
+        + "\n<!-- rows from benchmarks/results/x/none.md -->\n"
+        + head
+        + "| plain | 1 | 2 |\n"
+    )
     log: list[str] = []
     text = sync(doc, log, repo=tmp_path)
     main, multi, none = text.split("\n\n")

@@ -20,8 +20,10 @@ def test_presets_resolve_to_their_shares_and_nodes() -> None:
     assert sum(r.share for r in ranks) <= 1.8  # the emulation, not contention, sets speeds
     ranks = resolve_cluster(cluster_of("emu_mixed3"))
     assert [(r.node, r.local_rank, r.share) for r in ranks] == [
-        (0, 0, 0.8), (1, 0, 0.25), (1, 1, 0.25)
-    ]  # fmt: skip
+        (0, 0, 0.8),
+        (1, 0, 0.25),
+        (1, 1, 0.25),
+    ]
     assert emulation.link_rate(cluster_of("emu_mixed4")) == "200mbit"
 
 
@@ -40,13 +42,17 @@ def test_the_default_cfs_period_is_the_shortest_whole_ms_the_smallest_share_allo
         (["cluster.emulation.enabled=false"], "needs kind cpu .* and emulation.enabled=true"),
         (["cluster.nodes.0.devices.0.share=1.5"], r"fraction of one core in \(0, 1\]"),
         (["cluster.nodes.0.devices.0.share=0"], r"fraction of one core in \(0, 1\]"),
-        (["cluster.nodes.0.devices.0.kind=h100_80g", "cluster.nodes.0.devices.0.share=null"],
-         "an emulated cluster runs CPU ranks"),
-        (["cluster.emulation.cfs_period_us=3000"],
-         r"cfs_period_us=3000 gives the share 0.25 a quota of 750 us, under the kernel's 1000 "
-         r"us minimum; use at least 4000, or 0"),
+        (
+            ["cluster.nodes.0.devices.0.kind=h100_80g", "cluster.nodes.0.devices.0.share=null"],
+            "an emulated cluster runs CPU ranks",
+        ),
+        (
+            ["cluster.emulation.cfs_period_us=3000"],
+            r"cfs_period_us=3000 gives the share 0.25 a quota of 750 us, under the kernel's 1000 "
+            r"us minimum; use at least 4000, or 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_emulation_sections_are_refused_by_key(overrides: list[str], match: str) -> None:
     with pytest.raises(ClusterConfigError, match=match):
         resolve_cluster(cluster_of("emu_mixed4", overrides))

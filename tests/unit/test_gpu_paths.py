@@ -44,8 +44,12 @@ def test_joining_the_group_takes_gloo_unless_told_even_where_cuda_is(monkeypatch
     from recsys import launch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "1"}.items():  # fmt: skip
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     joined = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -68,9 +72,11 @@ def test_gpu_ranks_take_their_nodes_gpus_with_nccl(typed_cfg, monkeypatch) -> No
 
 @pytest.mark.parametrize(
     "overrides, gpus, says",
-    [(["cluster=1x8_a100_80g"], 2, "puts 8 GPU ranks on a node and this machine has 2 GPU(s)"),
-     (["cluster=2x8_h100"], 8, "has 2 nodes; the local launcher starts one machine's ranks")],
-)  # fmt: skip
+    [
+        (["cluster=1x8_a100_80g"], 2, "puts 8 GPU ranks on a node and this machine has 2 GPU(s)"),
+        (["cluster=2x8_h100"], 8, "has 2 nodes; the local launcher starts one machine's ranks"),
+    ],
+)
 def test_a_gpu_cluster_this_machine_cannot_hold_is_refused_in_one_line(
     typed_cfg, monkeypatch, overrides: list[str], gpus: int, says: str
 ) -> None:
@@ -98,16 +104,27 @@ def test_gpus_of_another_kind_than_the_cluster_names_are_refused(typed_cfg, monk
     two = ["cluster.nodes.0.devices.0.count=2"]
     _gpus(monkeypatch, 2, "NVIDIA A100-SXM4-80GB", 79.2)
     h100 = typed_cfg(["cluster=1x8_h100", *two])
-    with pytest.raises(TrainConfigError, match=r"says GPU 0 of this node is h100_80g; it is "
-                       r"NVIDIA A100-SXM4-80GB \(a100_80g\)"):  # fmt: skip
+    with pytest.raises(
+        TrainConfigError,
+        match=r"says GPU 0 of this node is h100_80g; it is "
+        r"NVIDIA A100-SXM4-80GB \(a100_80g\)",
+    ):
         app._check_launch(h100, plan_inputs(h100, None, None))
     _gpus(monkeypatch, 2, "NVIDIA A10G", 22.0)  # not in the catalog
     a100 = typed_cfg(["cluster=1x8_a100_80g", *two])
     with pytest.raises(TrainConfigError, match=r"it is NVIDIA A10G \(not in the catalog\)"):
         app._check_launch(a100, plan_inputs(a100, None, None))
     dev = "cluster.nodes.0.devices.0"
-    figures = typed_cfg(["cluster=1x8_a100_80g", *two, f"{dev}.kind=a10g_24g", f"{dev}.hbm_gib=24",
-                         f"{dev}.hbm_gbyte_s=600", f"{dev}.speed=0.4"])  # fmt: skip
+    figures = typed_cfg(
+        [
+            "cluster=1x8_a100_80g",
+            *two,
+            f"{dev}.kind=a10g_24g",
+            f"{dev}.hbm_gib=24",
+            f"{dev}.hbm_gbyte_s=600",
+            f"{dev}.speed=0.4",
+        ]
+    )
     app._check_launch(figures, plan_inputs(figures, None, None))
 
 
@@ -140,8 +157,12 @@ def test_every_plan_for_a_gpu_preset_pickles(typed_cfg, preset: str) -> None:
     model = build_model(cfg.model, dense_device=torch.device("meta"))
     plans = {"torchrec": plan_with_torchrec(model, inputs, cfg.planner).plan}
     # what broke the broadcast: the cache statistics TorchRec copies into the plan
-    stats = [ps.cache_params.stats for m in plans["torchrec"].plan.values() for ps in m.values()
-             if ps.cache_params is not None]  # fmt: skip
+    stats = [
+        ps.cache_params.stats
+        for m in plans["torchrec"].plan.values()
+        for ps in m.values()
+        if ps.cache_params is not None
+    ]
     assert stats and all(s is not None for s in stats)
     hybrid = replace(cfg, planner=replace(cfg.planner, name=PlannerName.hybrid))
     feature_of = {f"t_{f}": f for f in feature_names(cfg.model)}
@@ -193,14 +214,28 @@ def test_no_module_of_recsys_calls_a_collective_but_the_collectives_module() -> 
     (on the rank's device); the launcher's barrier is the one other."""
     import ast
 
-    names = {"all_reduce", "all_gather", "broadcast", "reduce", "all_to_all",
-             "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather",
-             "scatter", "reduce_scatter"}  # fmt: skip
+    names = {
+        "all_reduce",
+        "all_gather",
+        "broadcast",
+        "reduce",
+        "all_to_all",
+        "all_to_all_single",
+        "all_gather_object",
+        "broadcast_object_list",
+        "gather",
+        "scatter",
+        "reduce_scatter",
+    }
     calls = []
     for path in sorted((CONF_DIR.parent / "recsys").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in names and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "dist"):  # fmt: skip
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in names
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "dist"
+            ):
                 calls.append(f"{path.relative_to(CONF_DIR.parent)}:{node.lineno}")
     assert calls and all(c.startswith("recsys/collectives.py:") for c in calls), calls

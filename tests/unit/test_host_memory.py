@@ -28,8 +28,13 @@ print((faults() - first) / 20)
 
 
 def _faults_per_step(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _STEPS, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return float(out.stdout.split()[-1])
 
 

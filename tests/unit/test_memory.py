@@ -67,10 +67,12 @@ def test_a_skewed_batch_pays_for_its_activations() -> None:
     batch and its activations outgrow its memory; every planner is judged so."""
     inputs = inputs_for(_two_gpus(hbm_gib=0.05), TABLES, batch=2048)
     inputs.activation_bytes_per_sample = 8_000.0  # 32 MB at 4,096 samples
-    tables = [TablePlan("a", 10_000, 64, "table_wise", [0], Tier.hbm, 10_000, 0,
-                        [Shard("a", 0, 10_000, 64)]),
-              TablePlan("b", 500, 32, "table_wise", [1], Tier.hbm, 500, 0,
-                        [Shard("b", 1, 500, 32)])]  # fmt: skip
+    tables = [
+        TablePlan(
+            "a", 10_000, 64, "table_wise", [0], Tier.hbm, 10_000, 0, [Shard("a", 0, 10_000, 64)]
+        ),
+        TablePlan("b", 500, 32, "table_wise", [1], Tier.hbm, 500, 0, [Shard("b", 1, 500, 32)]),
+    ]
     even = evaluate(Plan("p", "two", tables, [2048, 2048]), inputs)
     assert even.feasible
     skewed = evaluate(Plan("p", "two", tables, [3900, 196]), inputs)
@@ -87,8 +89,11 @@ def test_no_room_for_the_dense_part_and_batch_is_one_clear_message() -> None:
 
     inputs = inputs_for(_two_gpus(hbm_gib=0.02), TABLES, batch=4096)
     inputs.activation_bytes_per_sample = 8_000.0
-    with pytest.raises(PlanDoesNotFitError, match=r"no device has room for tables after the "
-                       r"dense part .*\(trainer\.batch_size\)"):  # fmt: skip
+    with pytest.raises(
+        PlanDoesNotFitError,
+        match=r"no device has room for tables after the "
+        r"dense part .*\(trainer\.batch_size\)",
+    ):
         PLANNERS["hybrid"](inputs)
 
 
@@ -117,10 +122,12 @@ def test_feeding_a_skewed_batch_costs_its_ranks_host_work_and_copy() -> None:
     from sharding.plan_eval import plan_cost
 
     inputs = inputs_for(_two_gpus(), TABLES, batch=1000)
-    tables = [TablePlan("a", 10_000, 64, "table_wise", [0], Tier.hbm, 10_000, 0,
-                        [Shard("a", 0, 10_000, 64)]),
-              TablePlan("b", 500, 32, "table_wise", [1], Tier.hbm, 500, 0,
-                        [Shard("b", 1, 500, 32)])]  # fmt: skip
+    tables = [
+        TablePlan(
+            "a", 10_000, 64, "table_wise", [0], Tier.hbm, 10_000, 0, [Shard("a", 0, 10_000, 64)]
+        ),
+        TablePlan("b", 500, 32, "table_wise", [1], Tier.hbm, 500, 0, [Shard("b", 1, 500, 32)]),
+    ]
     even = plan_cost(Plan("p", "two", tables, [1000, 1000]), inputs)
     skew = plan_cost(Plan("p", "two", tables, [1900, 100]), inputs)
     d = inputs.devices[0]

@@ -74,10 +74,12 @@ def test_replicated_fp16_rows_update_as_fbgemm_does() -> None:
     for g in grads:
         g[2] = 0.0  # a row no sample touched
     runs = {}
-    for name, cls, dtype in (("torchrec", RowWiseAdagrad, torch.float32),
-                             ("ours", ReplicatedRowWiseAdagrad, torch.float32),
-                             ("ours16", ReplicatedRowWiseAdagrad, torch.float16),
-                             ("torchrec16", RowWiseAdagrad, torch.float16)):  # fmt: skip
+    for name, cls, dtype in (
+        ("torchrec", RowWiseAdagrad, torch.float32),
+        ("ours", ReplicatedRowWiseAdagrad, torch.float32),
+        ("ours16", ReplicatedRowWiseAdagrad, torch.float16),
+        ("torchrec16", RowWiseAdagrad, torch.float16),
+    ):
         p = torch.nn.Parameter(weights.clone().to(dtype))
         opt = cls([p], lr=0.1, eps=1e-8)
         for g in grads:
@@ -90,8 +92,13 @@ def test_replicated_fp16_rows_update_as_fbgemm_does() -> None:
     assert not torch.isfinite(runs["torchrec16"]).all()  # what this class exists for
 
 
-ARCHS = {Arch.dlrm: "DLRM", Arch.dcnv2: "DLRM_DCN", Arch.projection: "DLRM_Projection",
-         Arch.deepfm: "SimpleDeepFMNN", Arch.two_tower: "TwoTower"}  # fmt: skip
+ARCHS = {
+    Arch.dlrm: "DLRM",
+    Arch.dcnv2: "DLRM_DCN",
+    Arch.projection: "DLRM_Projection",
+    Arch.deepfm: "SimpleDeepFMNN",
+    Arch.two_tower: "TwoTower",
+}
 
 
 @pytest.mark.parametrize(
@@ -115,14 +122,16 @@ def test_every_torchrec_model_trains_as_dense_sparse_to_logits(typed_cfg, name) 
     ebc = EmbeddingBagCollection(table_configs(cfg))  # on CPU: the train module's are meta
     train = DLRMTrain(build_torchrec_model(cfg, ebc, torch.device("cpu")))
     names = [f"cat_{i}" for i in range(len(cfg.num_embeddings_per_feature))]
-    batch = SyntheticCriteo(SyntheticConfig(), cfg.num_embeddings_per_feature, names,
-                            cfg.dense_in_features, 64).batch("train", 0, 0)  # fmt: skip
+    batch = SyntheticCriteo(
+        SyntheticConfig(), cfg.num_embeddings_per_feature, names, cfg.dense_in_features, 64
+    ).batch("train", 0, 0)
     loss, (_, logits, _) = train(batch)
     assert logits.shape == (64,) and torch.isfinite(loss)
     assert not any(isinstance(m, torch.nn.Sigmoid) for m in train.modules())
     cost = model_cost(cfg)
-    assert cost.dense_params == sum(p.numel() for n, p in train.named_parameters()
-                                    if "embedding_bags" not in n)  # fmt: skip
+    assert cost.dense_params == sum(
+        p.numel() for n, p in train.named_parameters() if "embedding_bags" not in n
+    )
     assert cost.activation_bytes_per_sample > 0
     assert (cost.interaction_flops_per_sample > 0) == (cfg.arch != Arch.dcnv2)
 
@@ -130,15 +139,19 @@ def test_every_torchrec_model_trains_as_dense_sparse_to_logits(typed_cfg, name) 
 @pytest.mark.parametrize(
     "change,field",
     [
-        ({"arch": "projection", "interaction_branch1_layer_sizes": [64, 20]},
-         "interaction_branch1_layer_sizes"),
+        (
+            {"arch": "projection", "interaction_branch1_layer_sizes": [64, 20]},
+            "interaction_branch1_layer_sizes",
+        ),
         ({"arch": "deepfm"}, "over_arch_layer_sizes"),  # TorchRec's one output layer
-        ({"arch": "deepfm", "over_arch_layer_sizes": [1], "dense_arch_layer_sizes": [16]},
-         "dense_arch_layer_sizes"),
+        (
+            {"arch": "deepfm", "over_arch_layer_sizes": [1], "dense_arch_layer_sizes": [16]},
+            "dense_arch_layer_sizes",
+        ),
         ({"arch": "two_tower", "query_features": 26}, "query_features"),  # no candidate side
         ({"arch": "two_tower", "tower_layer_sizes": []}, "tower_layer_sizes"),
     ],
-)  # fmt: skip
+)
 def test_bad_shapes_of_the_other_models_fail_naming_the_field(change: dict, field: str) -> None:
     with pytest.raises(ModelConfigError, match=field):
         build_model(ModelConfig(**change), dense_device=torch.device("cpu"))
@@ -152,11 +165,16 @@ def test_a_split_collection_gives_deepfm_each_features_pooled_vector_by_name() -
     from recsys.models.split import SplitSparseArch
 
     torch.manual_seed(0)
-    tables = [EmbeddingBagConfig(name=f"t_f{i}", embedding_dim=8, num_embeddings=20,
-                                 feature_names=[f"f{i}"]) for i in range(3)]  # fmt: skip
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t_f{i}", embedding_dim=8, num_embeddings=20, feature_names=[f"f{i}"]
+        )
+        for i in range(3)
+    ]
     ebc = EmbeddingBagCollection(tables)
-    kjt = KeyedJaggedTensor(keys=["f0", "f1", "f2"], values=torch.randint(0, 20, (12,)),
-                            lengths=torch.full((6,), 2))  # fmt: skip
+    kjt = KeyedJaggedTensor(
+        keys=["f0", "f1", "f2"], values=torch.randint(0, 20, (12,)), lengths=torch.full((6,), 2)
+    )
     names = ["f0", "f1", "f2"]
     stacked = SplitSparseArch(ebc, names)(kjt)
     keyed = SplitSparseArch(ebc, names, keyed=True)(kjt)

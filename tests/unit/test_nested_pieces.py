@@ -18,8 +18,11 @@ def _kjt(rows: dict[str, list[list[int]]]) -> KeyedJaggedTensor:
     keys = list(rows)
     lengths = [len(bag) for k in keys for bag in rows[k]]
     values = [i for k in keys for bag in rows[k] for i in bag]
-    return KeyedJaggedTensor(keys=keys, values=torch.tensor(values, dtype=torch.int64),
-                             lengths=torch.tensor(lengths, dtype=torch.int32))  # fmt: skip
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=torch.tensor(values, dtype=torch.int64),
+        lengths=torch.tensor(lengths, dtype=torch.int32),
+    )
 
 
 def test_micro_sizes_cover_the_batch() -> None:
@@ -65,8 +68,9 @@ def test_routed_ids_are_each_micro_batchs_distinct_ids_in_its_first_bag() -> Non
     assert torch.equal(out["b"].values(), kjt["b"].values())  # other features as they were
     clustered = route_distinct(kjt, distinct, [2, 4], [6, 5])  # samples [2, 0, 1] and [4, 3]
     assert [t.tolist() for t in clustered["a"].to_dense()] == [[], [], [3, 5], [], [7]]
-    empty_first = route_distinct(kjt, {"a": [torch.tensor([], dtype=torch.int64),
-                                             torch.tensor([7])]}, [None, 3], [6, 5])  # fmt: skip
+    empty_first = route_distinct(
+        kjt, {"a": [torch.tensor([], dtype=torch.int64), torch.tensor([7])]}, [None, 3], [6, 5]
+    )
     assert [t.tolist() for t in empty_first["a"].to_dense()] == [[], [], [], [7], []]
 
 
@@ -96,8 +100,14 @@ def test_a_plan_the_nested_pipeline_cannot_run_is_named_before_sharding() -> Non
     nested = PipelineConfig(name=PipelineName.nested)
     why = unsupported_sharding(nested, plan("grid_shard"))
     assert why and "'t_cat_0'" in why and "grid_shard" in why and "pipeline=sparse_dist" in why
-    for kind in ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
-                 "data_parallel"):  # fmt: skip
+    for kind in (
+        "table_wise",
+        "column_wise",
+        "table_column_wise",
+        "row_wise",
+        "table_row_wise",
+        "data_parallel",
+    ):
         assert unsupported_sharding(nested, plan(kind)) is None
     sparse_dist = PipelineConfig(name=PipelineName.sparse_dist)
     assert unsupported_sharding(sparse_dist, plan("grid_shard")) is None  # it runs any plan

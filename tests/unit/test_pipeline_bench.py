@@ -20,10 +20,16 @@ from benchmarks.pipeline import (
 def test_labels_name_the_nested_variants_and_bad_ones_fail() -> None:
     assert pipeline_overrides("sparse_dist") == ["pipeline=sparse_dist"]
     assert pipeline_overrides("nested4+dedup+cluster") == [
-        "pipeline=nested", "pipeline.micro_batches=4", "pipeline.lookahead=False",
-        "pipeline.cluster_samples=True", "pipeline.dedup=True"]  # fmt: skip
+        "pipeline=nested",
+        "pipeline.micro_batches=4",
+        "pipeline.lookahead=False",
+        "pipeline.cluster_samples=True",
+        "pipeline.dedup=True",
+    ]
     assert pipeline_overrides("nested8+dedup_fwd")[-2:] == [
-        "pipeline.dedup=True", "pipeline.dedup_grads=False"]  # fmt: skip
+        "pipeline.dedup=True",
+        "pipeline.dedup_grads=False",
+    ]
     for bad in ("nested4+turbo", "nested4+dedup+dedup_fwd"):
         with pytest.raises(ValueError, match="nested<N>"):
             pipeline_overrides(bad)
@@ -43,8 +49,11 @@ def _run(samples_per_s: float, losses: list[float]) -> dict:
 
 
 def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> None:
-    slow = {"plain": _run(100.0, [0.5, 0.4]), "sparse_dist": _run(80.0, [0.5, 0.4]),
-            "nested4+dedup": _run(120.0, [0.5, 0.400001])}  # fmt: skip
+    slow = {
+        "plain": _run(100.0, [0.5, 0.4]),
+        "sparse_dist": _run(80.0, [0.5, 0.4]),
+        "nested4+dedup": _run(120.0, [0.5, 0.400001]),
+    }
     fast = {k: _run(200.0, [0.5, 0.4]) for k in slow}  # 20 ms a step
     slow["nested4+dedup"]["summary"]["pipeline_stats"] = {
         "wait_ms_per_step": {"ids": 0.5, "chunks": 9.0, "gradients": 4.25, "dense_allreduce": 1}
@@ -63,8 +72,11 @@ def test_rows_compare_each_pipeline_with_the_plain_loop_and_sparse_dist() -> Non
 
 
 def test_a_run_without_the_plain_loop_or_semi_sync_still_makes_its_table() -> None:
-    slow = {"sparse_dist": _run(80.0, [0.5]), "semi_sync": _run(100.0, [0.6]),
-            "nested4": _run(120.0, [0.5])}  # fmt: skip
+    slow = {
+        "sparse_dist": _run(80.0, [0.5]),
+        "semi_sync": _run(100.0, [0.6]),
+        "nested4": _run(120.0, [0.5]),
+    }
     rows = _rows(list(slow), slow, None)
     summary = _summary(rows)
     assert summary["speedup_vs_semi_sync"]["nested4"] == pytest.approx(1.2)
@@ -131,13 +143,19 @@ def test_repeated_rounds_keep_each_pipelines_fastest_run(tmp_path, monkeypatch) 
 def test_nested_is_compared_with_the_fastest_exact_torchrec_pipeline_and_the_limit() -> None:
     """semi_sync is stale, so never the exact baseline even when fastest; the overlap limit
     is the longer of the plain loop's compute alone (fast link) and its exchange alone."""
-    slow = {"plain": _run(100.0, [0.5]), "sparse_dist": _run(80.0, [0.5]),
-            "fused_sparse_dist": _run(110.0, [0.5]), "semi_sync": _run(150.0, [0.6]),
-            "nested4": _run(132.0, [0.5])}  # fmt: skip
+    slow = {
+        "plain": _run(100.0, [0.5]),
+        "sparse_dist": _run(80.0, [0.5]),
+        "fused_sparse_dist": _run(110.0, [0.5]),
+        "semi_sync": _run(150.0, [0.6]),
+        "nested4": _run(132.0, [0.5]),
+    }
     fast = {k: _run(250.0, [0.5]) for k in slow}  # 16 ms a step: compute alone
     summary = _summary(_rows(list(slow), slow, fast))
-    assert summary["best_torchrec_exact"] == {"pipeline": "fused_sparse_dist",
-                                              "samples_per_s": 110.0}  # fmt: skip
+    assert summary["best_torchrec_exact"] == {
+        "pipeline": "fused_sparse_dist",
+        "samples_per_s": 110.0,
+    }
     assert summary["speedup_vs_best_torchrec_exact"] == {"nested4": pytest.approx(1.2)}
     # plain: 40 ms a step, 16 of them compute alone, 24 its exchange alone
     assert summary["overlap_limit_ms"] == pytest.approx(24.0)
@@ -172,8 +190,9 @@ def test_the_row_wise_plan_is_a_second_row_set_under_plans(tmp_path, monkeypatch
     monkeypatch.setattr(bench, "_losses", lambda run_dir: [0.5])
     monkeypatch.setattr(bench, "_predicted_ms", no_prediction)
     cfg = bench.PipelineBenchConfig()
-    rows = bench._row_set(cfg, tmp_path, ["plain", "sparse_dist", "nested4"],
-                          tuple(cfg.row_wise), "row_wise")  # fmt: skip
+    rows = bench._row_set(
+        cfg, tmp_path, ["plain", "sparse_dist", "nested4"], tuple(cfg.row_wise), "row_wise"
+    )
     assert len(calls) == 6 and all(name.endswith("_row_wise") for _, name in calls)
     for overrides, _ in calls:
         assert overrides[: len(cfg.overrides)] == cfg.overrides
@@ -183,8 +202,11 @@ def test_the_row_wise_plan_is_a_second_row_set_under_plans(tmp_path, monkeypatch
     plans = bench._plans(cfg, main, rows)
     assert set(plans) == {"main", "row_wise"} and "rows" not in plans["main"]
     assert plans["row_wise"]["overrides"] == cfg.row_wise
-    assert plans["row_wise"]["pipelines"] == {"plain": 100.0, "sparse_dist": 150.0,
-                                              "nested4": 150.0}  # fmt: skip
+    assert plans["row_wise"]["pipelines"] == {
+        "plain": 100.0,
+        "sparse_dist": 150.0,
+        "nested4": 150.0,
+    }
     assert plans["row_wise"]["speedup_vs_best_torchrec_exact"] == {"nested4": 1.0}
     assert set(bench._plans(replace(cfg, row_wise=None), main, None)) == {"main"}
 

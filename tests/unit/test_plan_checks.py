@@ -69,8 +69,9 @@ def test_config_keys_the_planner_cannot_use_are_named(typed_cfg, override, needl
 def test_planner_inputs_that_describe_no_step_are_refused(change, needle) -> None:
     inputs = replace(inputs_for(SPEC, TABLES), **change)
     if "tables" in change:
-        inputs.coverage |= {t.name: inputs.coverage.get(t.name, lambda k: 0.0)
-                            for t in inputs.tables}  # fmt: skip
+        inputs.coverage |= {
+            t.name: inputs.coverage.get(t.name, lambda k: 0.0) for t in inputs.tables
+        }
     with pytest.raises(PlanInputError, match=needle.replace("[", r"\[").replace(")", r"\)")):
         check_inputs(inputs)
     with pytest.raises(PlanInputError):
@@ -122,7 +123,7 @@ B = _whole("b", 500, [Shard("b", 1, 500, 8)])
         (
             _whole("a", 1000, [Shard("a", 0, 600, 8), Shard("a", 1, 400, 8)], parts=2),
             "row parts",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_malformed_plans_are_refused_not_priced(a: TablePlan, needle: str) -> None:
@@ -152,8 +153,11 @@ def test_a_profile_of_another_model_is_refused() -> None:
     profile = build_profile(
         [(1, {k: v[0] for k, v in ids.items()})], {"t_cat_0": 1460, "t_cat_1": 5}
     )
-    model = [TableStats("t_cat_0", 40_000_000, 128), TableStats("t_cat_1", 5, 128),
-             TableStats("t_cat_2", 10, 128)]  # fmt: skip
+    model = [
+        TableStats("t_cat_0", 40_000_000, 128),
+        TableStats("t_cat_1", 5, 128),
+        TableStats("t_cat_2", 10, 128),
+    ]
     with pytest.raises(PlanConfigError) as e:
         check_profile(profile, model, "p.json")
     msg = str(e.value)
@@ -172,9 +176,10 @@ def test_multi_hot_bags_set_the_planners_lookups_per_sample(typed_cfg) -> None:
     inputs = plan_inputs(cfg, None, None)
     assert [t.lookups_per_sample for t in inputs.tables] == hotness
     source = build_source(cfg.dataset, cfg.model, 32, 1)
-    batches = ((32, {f"t_{n}": b.sparse_features[n].values().numpy()
-                     for n in feature_names(cfg.model)})
-               for b in source.batches("train", 0, 4, 0))  # fmt: skip
+    batches = (
+        (32, {f"t_{n}": b.sparse_features[n].values().numpy() for n in feature_names(cfg.model)})
+        for b in source.batches("train", 0, 4, 0)
+    )
     rows = {t.name: t.rows for t in inputs.tables}
     profile = build_profile(batches, rows)
     assert [t.lookups_per_sample for t in profile.tables] == hotness

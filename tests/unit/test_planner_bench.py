@@ -10,14 +10,26 @@ from benchmarks.planner_grid import summarize, table
 
 
 def _row(suite: str, cluster: str, planner: str, ms: float | None) -> dict:
-    return {"suite": suite, "cluster": cluster, "planner": planner, "tables": 10,
-            "feasible": ms is not None, "est_step_ms": ms if ms is not None else 0.0,
-            "planning_s": 0.5}  # fmt: skip
+    return {
+        "suite": suite,
+        "cluster": cluster,
+        "planner": planner,
+        "tables": 10,
+        "feasible": ms is not None,
+        "est_step_ms": ms if ms is not None else 0.0,
+        "planning_s": 0.5,
+    }
 
 
 def _cell(suite: str, cluster: str, **ms: float | None) -> list[dict]:
-    planners = {"hybrid": None, "torchrec": None, "torchrec_own": None, "greedy_size": None,
-                "round_robin": None, **ms}  # fmt: skip
+    planners = {
+        "hybrid": None,
+        "torchrec": None,
+        "torchrec_own": None,
+        "greedy_size": None,
+        "round_robin": None,
+        **ms,
+    }
     return [_row(suite, cluster, p, v) for p, v in planners.items()]
 
 
@@ -32,8 +44,13 @@ def test_summary_lists_each_losing_cell_once_with_its_fastest_rival() -> None:
     g = summarize(rows)
     assert g["cell_count"] == 5
     assert g["cell_seconds"] == pytest.approx(5 * 4 * 0.5)  # torchrec_own: torchrec's search
-    assert g["wins"] == {"hybrid": 2, "torchrec": 1, "torchrec_own": 0, "greedy_size": 1,
-                         "round_robin": 0}  # fmt: skip
+    assert g["wins"] == {
+        "hybrid": 2,
+        "torchrec": 1,
+        "torchrec_own": 0,
+        "greedy_size": 1,
+        "round_robin": 0,
+    }
     losses = {(x["suite"], x["planner"], x["hybrid_ms"]) for x in g["hybrid_losses"]}
     assert losses == {("b", "torchrec", 2.0), ("d", "greedy_size", None)}
     assert g["worst_vs_torchrec"]["suite"] == "b"
@@ -58,8 +75,7 @@ def test_the_gap_to_the_bound_counts_only_plans_that_fit() -> None:
     """A plan that does not fit has a predicted step and a bound too; the grid's median
     and largest gap are over hybrid's feasible plans."""
     rows = _cell("a", "c", hybrid=1.2) + _cell("b", "c", hybrid=1.5) + _cell("c", "c")
-    for r, gap in zip([r for r in rows if r["planner"] == "hybrid"], (1.2, 1.5, 9.0),
-                      strict=True):  # fmt: skip
+    for r, gap in zip([r for r in rows if r["planner"] == "hybrid"], (1.2, 1.5, 9.0), strict=True):
         r["gap_to_bound"] = gap  # cell c: hybrid's plan overflows memory
     rows += _cell("d", "other", hybrid=2.0)
     rows[-5]["gap_to_bound"] = 1.01
@@ -125,8 +141,9 @@ def test_the_grid_goes_on_from_the_cells_a_stopped_run_wrote(tmp_path, capsys) -
     assert sorted(map(key, again["cells"])) == sorted(map(key, first["cells"]))
     with pytest.raises(UserError, match="another grid .*seed"):
         run_grid(GridConfig(**{**cfg.__dict__, "seed": 7}), {"two": cluster}, named, tmp_path)
-    only_slow = run_grid(replace(cfg, only_slow_mixed=True), {"two": cluster}, named,
-                         tmp_path / "slow")  # fmt: skip
+    only_slow = run_grid(
+        replace(cfg, only_slow_mixed=True), {"two": cluster}, named, tmp_path / "slow"
+    )
     assert only_slow["cell_count"] == 0  # "two" is one node of one kind
     bigger = replace(cluster, global_batch=2 * cluster.global_batch)  # same name, other cells
     with pytest.raises(UserError, match="another grid .*clusters"):
@@ -158,18 +175,30 @@ def test_the_recheck_takes_the_cut_cells_closest_to_a_torchrec_win() -> None:
     from benchmarks.grid_recheck import closest_cut_cells
     from benchmarks.grid_recheck import table as recheck_table
 
-    rows = (_cell("a", "c", hybrid=1.0, torchrec=2.0) + _cell("b", "c", hybrid=1.0, torchrec=1.1)
-            + _cell("c", "c", hybrid=1.0, torchrec=1.01) + _cell("d", "c", hybrid=None,
-                                                                  torchrec=1.0))  # fmt: skip
+    rows = (
+        _cell("a", "c", hybrid=1.0, torchrec=2.0)
+        + _cell("b", "c", hybrid=1.0, torchrec=1.1)
+        + _cell("c", "c", hybrid=1.0, torchrec=1.01)
+        + _cell("d", "c", hybrid=None, torchrec=1.0)
+    )
     for r in rows:
         if r["planner"] == "torchrec":
             r["search_cut"], r["search_s"] = r["suite"] != "c", 31.0  # c ran to its end
     chosen = closest_cut_cells(rows, 5)
     assert [c["suite"] for c in chosen] == ["b", "a"]
-    cell = {**chosen[0], "torchrec_longer_ms": 0.9, "search_s": 240.0, "cut_again": True,
-            "verdict_changed": True}  # fmt: skip
-    result = {"config": {"limit_s": 240.0, "cells": 1}, "environment": {"date": "today"},
-              "cells": [cell], "changed": 1}  # fmt: skip
+    cell = {
+        **chosen[0],
+        "torchrec_longer_ms": 0.9,
+        "search_s": 240.0,
+        "cut_again": True,
+        "verdict_changed": True,
+    }
+    result = {
+        "config": {"limit_s": 240.0, "cells": 1},
+        "environment": {"date": "today"},
+        "cells": [cell],
+        "changed": 1,
+    }
     text = recheck_table(result)
     assert "Verdicts changed (TorchRec faster than hybrid by more than 0.5%): 1 of 1." in text
     assert "| c | b | 10 | 1.00 | 1.10 | 31 | 0.90 | 240 | yes | 0.900x |" in text

@@ -74,7 +74,7 @@ clusters = st.builds(
         network=NetworkSpec(
             intra_node_gbit_s=100.0, inter_node_gbit_s=gbps, latency_us=latency, allreduce=allreduce
         ),
-    ),  # fmt: skip
+    ),
     st.lists(
         st.tuples(
             st.integers(1, 2),
@@ -83,7 +83,7 @@ clusters = st.builds(
             st.integers(1, 4),
             st.floats(0.05, 2.0),
             st.one_of(st.none(), st.floats(16, 3600)),  # the group's own link (PCIe, NVLink)
-        ),  # fmt: skip
+        ),
         min_size=1,
         max_size=3,
     ),
@@ -119,8 +119,9 @@ def test_plans_never_exceed_capacity_and_place_every_row_once(spec, tables, plan
         assert all(s.rows == tp.replicated_rows for s in hot)
         assert len(hot) in (0, 1)
         if tp.cold_parts > 1:  # row parts: each cold row in one part, all its columns
-            assert [s.rows for s in cold] == cold_part_rows(t.rows - tp.replicated_rows,
-                                                            tp.cold_parts)  # fmt: skip
+            assert [s.rows for s in cold] == cold_part_rows(
+                t.rows - tp.replicated_rows, tp.cold_parts
+            )
             assert all(s.cols == t.dim for s in cold)
         elif cold and cold[0].node_reduce:  # table-row-wise: row blocks, one per rank
             assert sum(s.rows for s in cold) == t.rows and all(s.cols == t.dim for s in cold)
@@ -154,13 +155,25 @@ def _random_table_plan(t: TableStats, inputs: PlanInputs, data, cold_only: bool)
     def shard(rank: int, rows: int, cols: int, share: float | None, **kw) -> Shard:
         tier = data.draw(st.sampled_from(list(Tier)))
         hit = data.draw(st.floats(0, 1)) if tier == Tier.cached else 1.0
-        return Shard(t.name, rank, rows, cols, tier, hit_rate=hit, lookup_share=share,
-                     sparse_exchange=sparse, **kw)  # fmt: skip
+        return Shard(
+            t.name,
+            rank,
+            rows,
+            cols,
+            tier,
+            hit_rate=hit,
+            lookup_share=share,
+            sparse_exchange=sparse,
+            **kw,
+        )
 
     rank = st.integers(0, w - 1)
     if layout == "columns":
-        cut = sorted(data.draw(st.lists(st.sampled_from(range(1, t.dim)), max_size=3, unique=True))
-                     if t.dim > 1 else [])  # fmt: skip
+        cut = sorted(
+            data.draw(st.lists(st.sampled_from(range(1, t.dim)), max_size=3, unique=True))
+            if t.dim > 1
+            else []
+        )
         for lo, hi in zip([0, *cut], [*cut, t.dim], strict=True):
             tp.shards.append(shard(data.draw(rank), cold_rows, hi - lo, 1 - cov))
     elif layout == "row_parts":
@@ -175,19 +188,27 @@ def _random_table_plan(t: TableStats, inputs: PlanInputs, data, cold_only: bool)
         mine = data.draw(st.lists(rank, min_size=1, max_size=min(w, cold_rows), unique=True))
         k = len(mine)
         rows = [cold_rows // k + (1 if j < cold_rows % k else 0) for j in range(k)]
-        tp.shards += [shard(r, n, t.dim, None, node_reduce=True)
-                      for r, n in zip(mine, rows, strict=True)]  # fmt: skip
+        tp.shards += [
+            shard(r, n, t.dim, None, node_reduce=True) for r, n in zip(mine, rows, strict=True)
+        ]
     return tp
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=clusters, tables=table_lists, data=st.data(),
-       schedule=st.sampled_from(list(Schedule)), cold_only=st.booleans())  # fmt: skip
+@given(
+    spec=clusters,
+    tables=table_lists,
+    data=st.data(),
+    schedule=st.sampled_from(list(Schedule)),
+    cold_only=st.booleans(),
+)
 def test_no_plan_steps_faster_than_the_lower_bound(spec, tables, data, schedule, cold_only):
     """Random plans (any batch split down to 1 sample, hot rows, sharding, row parts, tiers,
     table-row-wise groups, placement) never beat the bound: a bound, not an estimate."""
-    tables = [TableStats(t.name, t.rows, t.dim, data.draw(st.sampled_from([1.0, 1.5, 8.0])))
-              for t in tables]  # fmt: skip
+    tables = [
+        TableStats(t.name, t.rows, t.dim, data.draw(st.sampled_from([1.0, 1.5, 8.0])))
+        for t in tables
+    ]
     inputs = inputs_for(spec, tables)
     inputs.schedule, inputs.micro_batches = schedule, data.draw(st.integers(1, 8))
     inputs.cold_only_exchange = cold_only
@@ -221,8 +242,11 @@ def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> 
     them receive most of the exchange; capped shares plan faster."""
     from sharding.hybrid import HybridOptions, _hybrid
 
-    spec = ClusterSpec(name="mix", network=NetworkSpec(5, 25.0), nodes=[
-        NodeGroup(devices=[DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)])])  # fmt: skip
+    spec = ClusterSpec(
+        name="mix",
+        network=NetworkSpec(5, 25.0),
+        nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)])],
+    )
     inputs = inputs_for(spec, [TableStats(f"t{i}", 100_000, 128) for i in range(26)])
     speed = proportional_batch(inputs.global_batch, [d.dense_flops_per_s for d in inputs.devices])
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
@@ -233,8 +257,7 @@ def test_hybrid_caps_fast_ranks_batch_where_their_exchange_would_cost_more() -> 
 def _two_h100s_two_t4s() -> PlanInputs:
     """Two H100s and two T4s on one node, eight large tables and a tiny one."""
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
-    spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
-                       network=NetworkSpec(25, 25.0))  # fmt: skip
+    spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)], network=NetworkSpec(25, 25.0))
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)] + [TableStats("tiny", 10, 64)]
     return inputs_for(spec, tables)
 
@@ -276,8 +299,7 @@ def test_hybrid_replicates_no_hot_rows_of_a_table_never_looked_up() -> None:
     from dataclasses import replace
 
     mixed = [DeviceGroup("h100_80g", 2), DeviceGroup("t4_16g", 2)]
-    spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)],
-                       network=NetworkSpec(25, 25.0))  # fmt: skip
+    spec = ClusterSpec(name="mix", nodes=[NodeGroup(devices=mixed)], network=NetworkSpec(25, 25.0))
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(8)]
     inputs = inputs_for(spec, tables)
     split = {t.name for t in PLANNERS["hybrid"](inputs).tables if 0 < t.replicated_rows < t.rows}
@@ -292,8 +314,11 @@ def test_hybrid_replicates_no_hot_rows_of_a_table_never_looked_up() -> None:
 def test_hybrid_cuts_a_lone_tables_cold_part_in_row_parts_over_the_ranks() -> None:
     """One big table: whole on one rank its cold part would unbalance the exchange; in row
     parts on both ranks it beats keeping the table whole (column-split over both)."""
-    spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
-                       network=NetworkSpec(5, 25.0))  # fmt: skip
+    spec = ClusterSpec(
+        name="two",
+        nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
+        network=NetworkSpec(5, 25.0),
+    )
     inputs = inputs_for(spec, [TableStats("t0", 2_000_000, 64)], batch=8192)
     # placement alone: at 8,192 samples a rank, assembling the batch on the host would set
     # every plan's step (a floor under SparseDist), hiding what the placement changes
@@ -318,8 +343,11 @@ def test_hybrid_splits_tables_only_where_the_sequence_work_pays() -> None:
     sequence exchange the hybrid plan keeps tables whole, and it predicts no worse."""
     from dataclasses import replace
 
-    spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 2)])],
-                       network=NetworkSpec(5, 25.0))  # fmt: skip
+    spec = ClusterSpec(
+        name="two",
+        nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 2)])],
+        network=NetworkSpec(5, 25.0),
+    )
     tables = [TableStats(f"t{i}", 1_000_000, 64) for i in range(4)]
     inputs = inputs_for(spec, tables, batch=8192)
     cheap = PLANNERS["hybrid"](inputs)
@@ -362,8 +390,11 @@ def test_optimizer_state_counts_against_capacity() -> None:
 
 
 def test_hybrid_plan_becomes_a_torchrec_plan_with_split_tables() -> None:
-    spec = ClusterSpec(name="two", nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
-                       network=NetworkSpec(5, 25.0))  # fmt: skip
+    spec = ClusterSpec(
+        name="two",
+        nodes=[NodeGroup(devices=[DeviceGroup("a100_80g", 2)])],
+        network=NetworkSpec(5, 25.0),
+    )
     # four big tables: their cold parts balance over the ranks, so splitting pays (one
     # alone would sit whole on one rank, and the planner keeps the table whole instead)
     tables = [TableStats(f"t_cat_{i}", 2_000_000, 64) for i in range(4)]
@@ -428,8 +459,10 @@ def test_multi_hot_tables_replicate_hot_rows_before_a_pooled_cold_part(typed_cfg
     nodes = [replace(g, count=8) for g in cfg.cluster.nodes]
     cfg = replace(cfg, cluster=replace(cfg.cluster, nodes=nodes))
     inputs = plan_inputs(cfg, None, None)
-    inputs.tables = [replace(t, lookups_per_sample=float(h))
-                     for t, h in zip(inputs.tables, MLPERF_HOTNESS, strict=True)]  # fmt: skip
+    inputs.tables = [
+        replace(t, lookups_per_sample=float(h))
+        for t, h in zip(inputs.tables, MLPERF_HOTNESS, strict=True)
+    ]
     plan = evaluate(hybrid(inputs), inputs)
     alone = evaluate(hybrid(inputs, HybridOptions(pooled_hot=False)), inputs)
     assert plan.feasible and plan.est_step_ms < 0.95 * alone.est_step_ms
@@ -472,8 +505,10 @@ def test_one_gpu_keeps_device_memory_for_the_buffers_of_pieces_still_to_come(typ
 
     cfg = typed_cfg(["cluster=1x1_a100_80g", "model=dcnv2_mlperf", "trainer.batch_size=2048"])
     inputs = plan_inputs(cfg, None, None)
-    inputs.tables = [replace(t, lookups_per_sample=float(h))
-                     for t, h in zip(inputs.tables, MLPERF_HOTNESS, strict=True)]  # fmt: skip
+    inputs.tables = [
+        replace(t, lookups_per_sample=float(h))
+        for t, h in zip(inputs.tables, MLPERF_HOTNESS, strict=True)
+    ]
     plan = evaluate(PLANNERS["hybrid"](inputs), inputs)
     assert plan.feasible and plan.est_step_ms <= 1.005 * plan.lower_bound_ms
 
@@ -487,14 +522,14 @@ tight_clusters = st.builds(
             NodeGroup(count=c, host_memory_gib=host, devices=[DeviceGroup(k, n, hbm_gib=m)])
             for c, k, n, m in groups
         ],
-    ),  # fmt: skip
+    ),
     st.lists(
         st.tuples(
             st.integers(1, 2), st.sampled_from(KINDS), st.integers(1, 4), st.floats(0.01, 1.0)
         ),
         min_size=1,
         max_size=3,
-    ),  # fmt: skip
+    ),
     st.sampled_from([0.001, 0.05, 1.0, 8.0]),
 )
 
@@ -585,8 +620,10 @@ def test_column_pieces_partly_cached_emit_the_smallest_cache_not_none() -> None:
     counted as cached whole, where it read as an empty cache)."""
     from sharding.plan_eval import finish_table
 
-    half = [Shard("t0", 0, 1000, 8, Tier.cached, hit_rate=0.9, cache_rows=500),
-            Shard("t0", 1, 1000, 8)]  # fmt: skip
+    half = [
+        Shard("t0", 0, 1000, 8, Tier.cached, hit_rate=0.9, cache_rows=500),
+        Shard("t0", 1, 1000, 8),
+    ]
     table = finish_table(TablePlan("t0", 1000, 16, "", [], Tier.cached, 0, 0, shards=half))
     plan = Plan("hybrid", "two", [table], [64, 64])
     ps = to_torchrec_plan(plan, {"t0": "f0"}, "cuda").plan[
@@ -619,12 +656,16 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
     ranks of one node, emitted as TorchRec's own table_row_wise sharding."""
     from sharding.hybrid import HybridOptions, _hybrid
 
-    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
-        DeviceGroup("a100_80g", 4)])])  # fmt: skip
+    spec = ClusterSpec(
+        network=NET,
+        name="two_nodes",
+        nodes=[NodeGroup(count=2, devices=[DeviceGroup("a100_80g", 4)])],
+    )
     tables = [TableStats(f"t{i}", 1_000_003, 64, 40.0) for i in range(3)]  # ids outweigh vectors
     inputs = inputs_for(spec, tables)
-    plan = evaluate(_hybrid(inputs, [1024] * 8, HybridOptions(True, False, False), groups=True),
-                    inputs)  # fmt: skip
+    plan = evaluate(
+        _hybrid(inputs, [1024] * 8, HybridOptions(True, False, False), groups=True), inputs
+    )
     twrw = [t for t in plan.tables if t.sharding_type == "table_row_wise"]
     assert twrw and plan.feasible
     t = twrw[0]
@@ -639,9 +680,15 @@ def test_large_pooled_tables_can_go_table_row_wise_over_a_node() -> None:
 
 def _mixed_tables(seed: int, n: int) -> list[TableStats]:
     gen = np.random.default_rng(seed)
-    return [TableStats(f"t{i}", int(np.exp(gen.uniform(np.log(1e4), np.log(3e7)))),
-                       int(gen.choice([16, 32, 64, 128])), float(np.exp(gen.uniform(0, 4.6))))
-            for i in range(n)]  # fmt: skip
+    return [
+        TableStats(
+            f"t{i}",
+            int(np.exp(gen.uniform(np.log(1e4), np.log(3e7)))),
+            int(gen.choice([16, 32, 64, 128])),
+            float(np.exp(gen.uniform(0, 4.6))),
+        )
+        for i in range(n)
+    ]
 
 
 def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> None:
@@ -654,11 +701,18 @@ def test_whole_tables_go_table_row_wise_where_that_ends_the_step_sooner() -> Non
 
     from sharding.hybrid import EACH_GROUP, NO_GROUPS, WORTH_GROUPS, HybridOptions, _hybrid
 
-    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
-        DeviceGroup("a100_80g", 4)])])  # fmt: skip
+    spec = ClusterSpec(
+        network=NET,
+        name="two_nodes",
+        nodes=[NodeGroup(count=2, devices=[DeviceGroup("a100_80g", 4)])],
+    )
     inputs = inputs_for(spec, _mixed_tables(2, 30), 2048)
-    plans = {g: evaluate(_hybrid(inputs, [2048] * 8, HybridOptions(True, False, False), groups=g),
-                         inputs) for g in (NO_GROUPS, WORTH_GROUPS, EACH_GROUP)}  # fmt: skip
+    plans = {
+        g: evaluate(
+            _hybrid(inputs, [2048] * 8, HybridOptions(True, False, False), groups=g), inputs
+        )
+        for g in (NO_GROUPS, WORTH_GROUPS, EACH_GROUP)
+    }
     kinds = {g: Counter(t.sharding_type for t in p.tables) for g, p in plans.items()}
     assert kinds[EACH_GROUP]["table_row_wise"] > kinds[WORTH_GROUPS]["table_row_wise"] > 0
     assert kinds[EACH_GROUP]["table_wise"] > 0 and kinds[NO_GROUPS]["table_row_wise"] == 0
@@ -678,8 +732,11 @@ def test_the_shape_search_finds_a_faster_plan_than_the_placement_it_starts_from(
     both steps (`host_s_per_sample`)."""
     import sharding.hybrid as hybrid_module
 
-    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
-        DeviceGroup("a100_80g", 4)])])  # fmt: skip
+    spec = ClusterSpec(
+        network=NET,
+        name="two_nodes",
+        nodes=[NodeGroup(count=2, devices=[DeviceGroup("a100_80g", 4)])],
+    )
     inputs = inputs_for(spec, _mixed_tables(3, 20), 2048)
     inputs.devices = [replace(d, host_s_per_sample=0.0) for d in inputs.devices]
     # one family of candidates (hot parts only before cold parts exchanged alone): the other
@@ -698,15 +755,24 @@ def test_the_placer_takes_a_table_back_exactly() -> None:
     from sharding.hybrid import _put
     from sharding.placer import Piece, Placer
 
-    spec = ClusterSpec(network=NET, name="two_nodes", nodes=[NodeGroup(count=2, devices=[
-        DeviceGroup("a100_80g", 4)])])  # fmt: skip
+    spec = ClusterSpec(
+        network=NET,
+        name="two_nodes",
+        nodes=[NodeGroup(count=2, devices=[DeviceGroup("a100_80g", 4)])],
+    )
     tables = _mixed_tables(1, 4)
     inputs = inputs_for(spec, tables, 2048)
     pieces = [Piece(t, t.rows, t.dim, 1.0, False) for t in tables]
 
     def state(placer: Placer) -> list[np.ndarray]:
-        return [placer.free_hbm, placer.load, placer.sent_intra, placer.sent_inter,
-                placer.recv_intra, placer.recv_inter]  # fmt: skip
+        return [
+            placer.free_hbm,
+            placer.load,
+            placer.sent_intra,
+            placer.sent_inter,
+            placer.recv_intra,
+            placer.recv_inter,
+        ]
 
     for shape in ("group", 1, 4):
         without = Placer(inputs, [2048] * 8, speed_aware=True)
@@ -750,12 +816,24 @@ def test_the_placer_puts_each_piece_where_the_step_ends_soonest() -> None:
     cluster of two nodes with unequal batches and several pieces already placed."""
     from sharding.placer import Piece, Placer
 
-    spec = ClusterSpec(network=NET, name="mixed", nodes=[
-        NodeGroup(devices=[DeviceGroup("h100_80g", 3)]),
-        NodeGroup(devices=[DeviceGroup("a100_80g", 2), DeviceGroup("t4_16g", 2)])])  # fmt: skip
+    spec = ClusterSpec(
+        network=NET,
+        name="mixed",
+        nodes=[
+            NodeGroup(devices=[DeviceGroup("h100_80g", 3)]),
+            NodeGroup(devices=[DeviceGroup("a100_80g", 2), DeviceGroup("t4_16g", 2)]),
+        ],
+    )
     gen = np.random.default_rng(0)
-    tables = [TableStats(f"t{i}", int(gen.integers(1e3, 1e6)), int(gen.choice([16, 64, 128])),
-                         float(gen.uniform(1, 40))) for i in range(24)]  # fmt: skip
+    tables = [
+        TableStats(
+            f"t{i}",
+            int(gen.integers(1e3, 1e6)),
+            int(gen.choice([16, 64, 128])),
+            float(gen.uniform(1, 40)),
+        )
+        for i in range(24)
+    ]
     inputs = inputs_for(spec, tables)
     placer = Placer(inputs, [2048, 2048, 2048, 1024, 1024, 512, 512], speed_aware=True)
     pieces = [Piece(t, t.rows, t.dim, 1.0, sparse_exchange=False) for t in tables]
@@ -781,8 +859,13 @@ def test_near_copies_of_a_placed_batch_split_are_not_placed_again() -> None:
     from sharding.hybrid import distinct_batches
 
     speed = [3796, 1174, 1174]
-    ranked = [[3805, 1170, 1169], [3800, 1172, 1172], [4968, 588, 588], [4960, 592, 592],
-              [6141, 2, 1]]  # fmt: skip
+    ranked = [
+        [3805, 1170, 1169],
+        [3800, 1172, 1172],
+        [4968, 588, 588],
+        [4960, 592, 592],
+        [6141, 2, 1],
+    ]
     assert distinct_batches(ranked, speed) == [[4968, 588, 588], [6141, 2, 1]]
     assert distinct_batches(ranked) == [[3805, 1170, 1169], [4968, 588, 588], [6141, 2, 1]]
 
@@ -794,9 +877,11 @@ def test_the_bounds_lookups_take_the_all_reduce_as_each_schedule_overlaps_it() -
     next lookups), so the bound takes the longer of all the lookups and the all-reduce."""
     from sharding.bound import lookups_and_reduce_s, lookups_spread_s
 
-    spec = ClusterSpec(name="mix", network=NET,
-                       nodes=[NodeGroup(devices=[DeviceGroup("a100_40g", 1),
-                                                 DeviceGroup("t4_16g", 1)])])  # fmt: skip
+    spec = ClusterSpec(
+        name="mix",
+        network=NET,
+        nodes=[NodeGroup(devices=[DeviceGroup("a100_40g", 1), DeviceGroup("t4_16g", 1)])],
+    )
     inputs = inputs_for(spec, [TableStats(f"t{i}", 100_000, 128) for i in range(8)])
     both = lookups_spread_s(inputs)  # both passes spread together
     apart = lookups_and_reduce_s(inputs, 0.0)  # each pass spread alone: no slower

@@ -13,8 +13,12 @@ from benchmarks.plots import redraw
 RESULTS = REPO / "benchmarks" / "results"
 
 
-PICTURES = {"pipeline": "pipelines.png", "plan_train": "plan_train.png",
-            "planners": "planner_gains.png", "batch_split": "batch_split.png"}  # fmt: skip
+PICTURES = {
+    "pipeline": "pipelines.png",
+    "plan_train": "plan_train.png",
+    "planners": "planner_gains.png",
+    "batch_split": "batch_split.png",
+}
 
 
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in RESULTS.glob("*/summary.json")))

@@ -31,17 +31,29 @@ def test_data_errors_are_found_before_any_rank(criteo, tmp_path: Path, no_ranks)
     cases = [
         ([], CriteoDataError, r"needs dataset.path: .*output=<a new directory>"),
         ([f"dataset.path={tmp_path / 'nope'}"], CriteoDataError, r"'.*nope' is not a directory"),
-        ([f"dataset.path={raw}"], CriteoDataError,
-         rf"It holds Criteo text: .*input={raw} output={raw}_binary`, then pass dataset.path"),
-        ([f"dataset.path={prepared}", "trainer.batch_size=4096"], CriteoDataError,
-         r"the train split has 1,714 rows, fewer than one batch for each rank .*smaller "
-         r"trainer.batch_size"),
-        ([f"dataset.path={prepared}", "dataset.holdout_fraction=0"], CriteoDataError,
-         r"the val split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
-         r"dataset.eval_batches=0"),
-        ([f"dataset.path={prepared}", "dataset.hotness=mlperf"], HotnessError,
-         r"_sparse_multi_hot.npz' does not exist; prepare the text again into a new directory"),
-    ]  # fmt: skip
+        (
+            [f"dataset.path={raw}"],
+            CriteoDataError,
+            rf"It holds Criteo text: .*input={raw} output={raw}_binary`, then pass dataset.path",
+        ),
+        (
+            [f"dataset.path={prepared}", "trainer.batch_size=4096"],
+            CriteoDataError,
+            r"the train split has 1,714 rows, fewer than one batch for each rank .*smaller "
+            r"trainer.batch_size",
+        ),
+        (
+            [f"dataset.path={prepared}", "dataset.holdout_fraction=0"],
+            CriteoDataError,
+            r"the val split has 0 rows, .*raise dataset.holdout_fraction \(now 0; .* or set "
+            r"dataset.eval_batches=0",
+        ),
+        (
+            [f"dataset.path={prepared}", "dataset.hotness=mlperf"],
+            HotnessError,
+            r"_sparse_multi_hot.npz' does not exist; prepare the text again into a new directory",
+        ),
+    ]
     for i, (overrides, error, message) in enumerate(cases):
         with pytest.raises(error, match=message):
             train(compose_config(CRITEO + overrides), tmp_path / f"run{i}")
@@ -51,8 +63,11 @@ def test_a_truncated_array_names_its_file(criteo, tmp_path: Path, no_ranks) -> N
     broken = _copy(criteo[1], tmp_path / "bin")
     data = (broken / "train_sparse.npy").read_bytes()
     (broken / "train_sparse.npy").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CriteoDataError, match=r"'.*bin/train_sparse.npy' is truncated or not a "
-                       r"\.npy file"):  # fmt: skip
+    with pytest.raises(
+        CriteoDataError,
+        match=r"'.*bin/train_sparse.npy' is truncated or not a "
+        r"\.npy file",
+    ):
         train(compose_config(CRITEO + [f"dataset.path={broken}"]), tmp_path / "run")
     (broken / "train_sparse.npy").write_bytes(data)
     (broken / "train_labels.npy").unlink()
@@ -75,17 +90,29 @@ def test_kernel_and_pipeline_limits_are_one_line(tmp_path, no_ranks, override, e
 @pytest.mark.parametrize(
     "overrides, error, message",
     [
-        (["trainer.sharding_group_size=3"], TwoDGroupError,
-         r"trainer.sharding_group_size=3 does not divide the 2 ranks into equal groups"),
-        (["trainer.sharding_group_size=1", "pipeline=nested"], TrainConfigError,
-         r"trainer.sharding_group_size with pipeline=nested: 2D groups train under plain"),
-        (["planner.two_d=true"], TrainConfigError,
-         r"planner.two_d=true is for our planners .* trainer.sharding_group_size=<G> instead"),
-        (["trainer.sharding_group_size=1", "cluster=local_cpu3_skewed", "planner=hybrid"],
-         TwoDGroupError, r"sharding_group_size=1: rank 2 \(cpu, speed 0.01, 0.5 GiB\) is not like "
-         r"rank 0 \(cpu, speed 0.005, 0.5 GiB\)"),
+        (
+            ["trainer.sharding_group_size=3"],
+            TwoDGroupError,
+            r"trainer.sharding_group_size=3 does not divide the 2 ranks into equal groups",
+        ),
+        (
+            ["trainer.sharding_group_size=1", "pipeline=nested"],
+            TrainConfigError,
+            r"trainer.sharding_group_size with pipeline=nested: 2D groups train under plain",
+        ),
+        (
+            ["planner.two_d=true"],
+            TrainConfigError,
+            r"planner.two_d=true is for our planners .* trainer.sharding_group_size=<G> instead",
+        ),
+        (
+            ["trainer.sharding_group_size=1", "cluster=local_cpu3_skewed", "planner=hybrid"],
+            TwoDGroupError,
+            r"sharding_group_size=1: rank 2 \(cpu, speed 0.01, 0.5 GiB\) is not like "
+            r"rank 0 \(cpu, speed 0.005, 0.5 GiB\)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_2d_groups_the_cluster_or_pipeline_cannot_take_are_one_line(
     tmp_path, no_ranks, overrides, error, message
 ) -> None:
@@ -95,10 +122,16 @@ def test_2d_groups_the_cluster_or_pipeline_cannot_take_are_one_line(
 
 def test_an_unwritable_checkpoint_dir_is_refused_before_training(tmp_path, no_ranks) -> None:
     (tmp_path / "afile").write_text("x")  # a directory under a file: unwritable even as root
-    cfg = ["debug=tiny", "trainer.save_checkpoint=true",
-           f"trainer.checkpoint_dir={tmp_path / 'afile' / 'ckpt'}"]  # fmt: skip
-    with pytest.raises(TrainConfigError, match=r"trainer.checkpoint_dir: cannot write to "
-                       r"'.*afile/ckpt' \(Not a directory\)"):  # fmt: skip
+    cfg = [
+        "debug=tiny",
+        "trainer.save_checkpoint=true",
+        f"trainer.checkpoint_dir={tmp_path / 'afile' / 'ckpt'}",
+    ]
+    with pytest.raises(
+        TrainConfigError,
+        match=r"trainer.checkpoint_dir: cannot write to "
+        r"'.*afile/ckpt' \(Not a directory\)",
+    ):
         train(compose_config(cfg), tmp_path / "run")
 
 
@@ -107,14 +140,27 @@ def test_a_run_directory_is_one_runs(tmp_path: Path, no_ranks) -> None:
     summary: refused unless resuming; the other run's outputs stay as they are."""
     run = tmp_path / "run"
     run.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from recsys.preflight import RunDirLock; "
-        f"RunDirLock(Path({str(run)!r}), False); print('held', flush=True); time.sleep(60)")],
-        cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; "
+                "from recsys.preflight import RunDirLock; "
+                f"RunDirLock(Path({str(run)!r}), False); print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(TrainConfigError, match=rf"'{run}' is in use by another run \(pid "
-                           rf"{holder.pid}\); give this run its own hydra.run.dir"):  # fmt: skip
+        with pytest.raises(
+            TrainConfigError,
+            match=rf"'{run}' is in use by another run \(pid "
+            rf"{holder.pid}\); give this run its own hydra.run.dir",
+        ):
             train(compose_config(["debug=tiny", "planner=hybrid"]), run)
     finally:
         holder.kill()

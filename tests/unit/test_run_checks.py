@@ -45,8 +45,9 @@ def test_resuming_past_max_steps_is_refused_before_any_rank_starts(typed_cfg, tm
     cfg = typed_cfg([f"trainer.resume_from={tmp_path / 'checkpoints'}", "trainer.max_steps=5"])
     model = json.loads(json.dumps(asdict(cfg.model)))
     save_small_checkpoint(tmp_path / "checkpoints", 10, model_config=model)
-    with pytest.raises(TrainConfigError, match="checkpoint is at step 10, at or past "
-                       "trainer.max_steps=5"):  # fmt: skip
+    with pytest.raises(
+        TrainConfigError, match="checkpoint is at step 10, at or past trainer.max_steps=5"
+    ):
         train(cfg, tmp_path / "run")
 
 
@@ -55,16 +56,22 @@ def test_a_model_larger_than_the_cluster_is_one_message_before_any_rank(
 ) -> None:
     from sharding.types import PlanDoesNotFitError
 
-    with pytest.raises(PlanDoesNotFitError, match=r"the tables need 98\.12 GiB .* offers 0\.10 "
-                       r"GiB .* trainer\.dry_run=true cluster=<a GPU layout"):  # fmt: skip
+    with pytest.raises(
+        PlanDoesNotFitError,
+        match=r"the tables need 98\.12 GiB .* offers 0\.10 "
+        r"GiB .* trainer\.dry_run=true cluster=<a GPU layout",
+    ):
         train(typed_cfg(["model=dcnv2_mlperf"]), tmp_path)
 
 
 def test_semi_sync_refuses_a_plan_with_replicated_rows_before_any_rank(
     typed_cfg, tmp_path, no_ranks
 ) -> None:
-    with pytest.raises(TrainConfigError, match=r"pipeline=semi_sync cannot train the hybrid "
-                       r"plan: it replicates rows of t_cat_\d+"):  # fmt: skip
+    with pytest.raises(
+        TrainConfigError,
+        match=r"pipeline=semi_sync cannot train the hybrid "
+        r"plan: it replicates rows of t_cat_\d+",
+    ):
         train(typed_cfg(["pipeline=semi_sync", "planner=hybrid"]), tmp_path)
 
 
@@ -73,8 +80,11 @@ def test_a_gpu_cluster_on_a_machine_without_cuda_is_one_line(typed_cfg, tmp_path
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(TrainConfigError, match="has GPUs and this machine has no CUDA: plan it "
-                       "with `python -m sharding.plan cluster=1x8_a100_80g`"):  # fmt: skip
+    with pytest.raises(
+        TrainConfigError,
+        match="has GPUs and this machine has no CUDA: plan it "
+        "with `python -m sharding.plan cluster=1x8_a100_80g`",
+    ):
         train(typed_cfg(["cluster=1x8_a100_80g"]), tmp_path)
 
 
@@ -137,13 +147,20 @@ def test_a_plan_that_follows_the_pipeline_is_said_to(typed_cfg, tmp_path, caplog
     from recsys.app.planning import plan_inputs
     from recsys.app.train import plan_ours
 
-    base = ["debug=tiny", "cluster=local_cpu3_skewed", "cluster.nodes.0.devices.0.count=3",
-            "planner=hybrid", CALIBRATION_2026_12_04]  # fmt: skip
+    base = [
+        "debug=tiny",
+        "cluster=local_cpu3_skewed",
+        "cluster.nodes.0.devices.0.count=3",
+        "planner=hybrid",
+        CALIBRATION_2026_12_04,
+    ]
     with caplog.at_level(logging.INFO, logger="recsys.app.train"):
         for overrides in (base, [*base, "pipeline=nested"]):
             cfg = typed_cfg(overrides)
             plan_ours(cfg, plan_inputs(cfg, None, None), tmp_path)
             if overrides == base:
                 assert "priced" not in caplog.text  # the plain loop: nothing to compare
-    assert "planner=hybrid priced pipeline=nested's schedule: its plan differs from the plain " \
-           "loop's (" in caplog.text  # fmt: skip
+    assert (
+        "planner=hybrid priced pipeline=nested's schedule: its plan differs from the plain "
+        "loop's (" in caplog.text
+    )

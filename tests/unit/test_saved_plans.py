@@ -32,17 +32,29 @@ def test_a_saved_plan_reads_back_shard_for_shard(typed_cfg, tmp_path: Path) -> N
     assert loaded.est_step_ms == pytest.approx(plan.est_step_ms)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("cluster=local_cpu3_skewed", "was made for cluster 'local_cpu2' with 2 ranks; this run is on "
-                                  "'local_cpu3_skewed' with 3"),
-    ("model.embedding_dim=32", "holds another model's tables (first difference: t_cat_0"),
-    ("trainer.batch_size=1024", "splits a global batch of 4096 samples; this run's is 2048 "
-                                "(trainer.batch_size x ranks): set trainer.batch_size=2048"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "cluster=local_cpu3_skewed",
+            "was made for cluster 'local_cpu2' with 2 ranks; this run is on "
+            "'local_cpu3_skewed' with 3",
+        ),
+        ("model.embedding_dim=32", "holds another model's tables (first difference: t_cat_0"),
+        (
+            "trainer.batch_size=1024",
+            "splits a global batch of 4096 samples; this run's is 2048 "
+            "(trainer.batch_size x ranks): set trainer.batch_size=2048",
+        ),
+    ],
+)
 def test_a_plan_for_something_else_is_refused_naming_it(typed_cfg, tmp_path, override, message):
     path, _ = _saved(typed_cfg, tmp_path, HYBRID)
-    cfg = typed_cfg(HYBRID + [override, "model.dense_arch_layer_sizes=[64,32]"]
-                    if override.startswith("model") else HYBRID + [override])  # fmt: skip
+    cfg = typed_cfg(
+        HYBRID + [override, "model.dense_arch_layer_sizes=[64,32]"]
+        if override.startswith("model")
+        else HYBRID + [override]
+    )
     with pytest.raises(SavedPlanError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_plan(str(path), plan_inputs(cfg, None, None))
 
@@ -54,8 +66,9 @@ def test_files_that_are_no_plan_of_ours_are_refused(typed_cfg, tmp_path: Path) -
     (tmp_path / "bad.json").write_text('{"planner": "hybrid"}')
     with pytest.raises(SavedPlanError, match="is not a plan.json of this version"):
         load_plan(str(tmp_path / "bad.json"), inputs)
-    path, _ = _saved(typed_cfg, tmp_path, ["debug=tiny", "planner=torchrec",
-                                           "trainer.batch_size=2048"])  # fmt: skip
+    path, _ = _saved(
+        typed_cfg, tmp_path, ["debug=tiny", "planner=torchrec", "trainer.batch_size=2048"]
+    )
     with pytest.raises(SavedPlanError, match="is TorchRec's plan"):
         load_plan(str(path), inputs)
 
@@ -63,5 +76,14 @@ def test_files_that_are_no_plan_of_ours_are_refused(typed_cfg, tmp_path: Path) -
 def test_a_wrong_saved_plan_stops_the_run_before_any_rank(typed_cfg, tmp_path, no_ranks) -> None:
     path, _ = _saved(typed_cfg, tmp_path, HYBRID)
     with pytest.raises(SavedPlanError, match="holds another model's tables"):
-        train(typed_cfg(["debug=tiny", f"trainer.plan={path}", "model.embedding_dim=32",
-                         "model.dense_arch_layer_sizes=[64,32]"]), tmp_path / "run")  # fmt: skip
+        train(
+            typed_cfg(
+                [
+                    "debug=tiny",
+                    f"trainer.plan={path}",
+                    "model.embedding_dim=32",
+                    "model.dense_arch_layer_sizes=[64,32]",
+                ]
+            ),
+            tmp_path / "run",
+        )

@@ -62,9 +62,15 @@ def test_the_dense_part_is_priced_at_the_precision_asked() -> None:
     from benchmarks.scale import scale_points
 
     def points(precision: str) -> dict:
-        cfg = ScaleConfig(families={"homogeneous": Family("2x8_h100", 8)}, workers=[8],
-                          planners=["round_robin"], schedules=["plain"], profile=None,
-                          precision=precision, validation=False)  # fmt: skip
+        cfg = ScaleConfig(
+            families={"homogeneous": Family("2x8_h100", 8)},
+            workers=[8],
+            planners=["round_robin"],
+            schedules=["plain"],
+            profile=None,
+            precision=precision,
+            validation=False,
+        )
         with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
             compose(config_name="config")
             return scale_points(cfg)[0][0]
@@ -90,9 +96,15 @@ def test_gpu_hosts_batch_assembly_is_priced_as_the_study_is_told() -> None:
     from sharding.calibration import host_assembly_s
 
     def step_ms(host: float | None) -> float:
-        cfg = ScaleConfig(families={"homogeneous": Family("2x8_h100", 8)}, workers=[8],
-                          planners=["round_robin"], schedules=["nested4"], profile=None,
-                          host_s_per_sample=host, validation=False)  # fmt: skip
+        cfg = ScaleConfig(
+            families={"homogeneous": Family("2x8_h100", 8)},
+            workers=[8],
+            planners=["round_robin"],
+            schedules=["nested4"],
+            profile=None,
+            host_s_per_sample=host,
+            validation=False,
+        )
         with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
             compose(config_name="config")
             return scale_points(cfg)[0][0]["step_ms"]
@@ -112,7 +124,10 @@ def test_a_training_configs_label_names_its_dedup() -> None:
 
     nested = ["pipeline=nested", "pipeline.micro_batches=8"]
     fwd = ["pipeline.dedup=true", "pipeline.dedup_grads=false", "pipeline.cluster_samples=true"]
-    for extra, want in (([], "nested8"), (["pipeline.dedup=true"], "nested8+dedup"),
-                        (fwd, "nested8+dedup_fwd+cluster")):  # fmt: skip
+    for extra, want in (
+        ([], "nested8"),
+        (["pipeline.dedup=true"], "nested8+dedup"),
+        (fwd, "nested8+dedup_fwd+cluster"),
+    ):
         assert label_of(to_typed(compose_config(nested + extra))) == want
         assert schedule_of_label(want).dedup_grads == ("dedup_fwd" not in want)

@@ -20,8 +20,12 @@ def dlrm() -> DLRM:
     from recsys.config import ModelConfig
     from recsys.models.dlrm import table_configs
 
-    cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
-                      dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
+    cfg = ModelConfig(
+        num_embeddings_per_feature=ROWS,
+        embedding_dim=8,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[16, 1],
+    )
     torch.manual_seed(0)
     return DLRM(EmbeddingBagCollection(table_configs(cfg)), 13, [16, 8], [16, 1])
 

@@ -23,8 +23,14 @@ def test_stages_on_two_resources_overlap_unless_one_waits_for_the_other() -> Non
 
 
 def test_a_shared_resource_serialises_two_stages_in_program_order() -> None:
-    t = run([Task("x", "gpu", 1.0), Task("y", "nic", 4.0, ("x",)),
-             Task("z", "nic", 1.0), Task("w", "gpu", 1.0, ("z",))])  # fmt: skip
+    t = run(
+        [
+            Task("x", "gpu", 1.0),
+            Task("y", "nic", 4.0, ("x",)),
+            Task("z", "nic", 1.0),
+            Task("w", "gpu", 1.0, ("z",)),
+        ]
+    )
     assert t.spans["y"] == (1.0, 5.0)
     assert t.spans["z"] == (5.0, 6.0)  # ready at 0, but the queue is in order
     assert t.spans["w"] == (6.0, 7.0)
@@ -38,10 +44,17 @@ def test_a_dependency_listed_later_or_a_negative_duration_is_refused() -> None:
 
 
 def _cost(world: int = 2, dense: float = 10.0, emb: float = 4.0, ids: float = 1.0) -> StepCost:
-    return StepCost(lookup_fwd_s=[1.0] * world, lookup_bwd_s=[2.0] * world,
-                    ids_a2a_s=[ids] * world, emb_a2a_fwd_s=[emb] * world,
-                    emb_a2a_bwd_s=[emb] * world, dense_s=[dense] * world, allreduce_s=1.5,
-                    overhead_s=0.5, input_s=0.25)  # fmt: skip
+    return StepCost(
+        lookup_fwd_s=[1.0] * world,
+        lookup_bwd_s=[2.0] * world,
+        ids_a2a_s=[ids] * world,
+        emb_a2a_fwd_s=[emb] * world,
+        emb_a2a_bwd_s=[emb] * world,
+        dense_s=[dense] * world,
+        allreduce_s=1.5,
+        overhead_s=0.5,
+        input_s=0.25,
+    )
 
 
 @pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
@@ -53,9 +66,17 @@ def test_equal_ranks_take_the_closed_forms_step(schedule: Schedule) -> None:
 def _fast_sender() -> StepCost:
     """Rank 0 looks up and computes in a third of rank 1's time but sends and receives
     most of the embeddings: its part of each exchange (4) outlasts rank 1's (1)."""
-    return StepCost(lookup_fwd_s=[1.0, 3.0], lookup_bwd_s=[2.0, 2.0], ids_a2a_s=[1.0, 1.0],
-                    emb_a2a_fwd_s=[4.0, 1.0], emb_a2a_bwd_s=[4.0, 1.0], dense_s=[4.0, 12.0],
-                    allreduce_s=1.5, overhead_s=0.5, input_s=0.25)  # fmt: skip
+    return StepCost(
+        lookup_fwd_s=[1.0, 3.0],
+        lookup_bwd_s=[2.0, 2.0],
+        ids_a2a_s=[1.0, 1.0],
+        emb_a2a_fwd_s=[4.0, 1.0],
+        emb_a2a_bwd_s=[4.0, 1.0],
+        dense_s=[4.0, 12.0],
+        allreduce_s=1.5,
+        overhead_s=0.5,
+        input_s=0.25,
+    )
 
 
 @pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
@@ -148,8 +169,9 @@ def test_the_networks_cpu_work_takes_the_compute_queue_as_in_the_closed_form(sch
     r = simulate(cost, schedule)
     assert r.step_s == pytest.approx(cost.step_s(schedule))
     assert r.step_s == pytest.approx(_cost().step_s(schedule) + 0.5 * (schedule != Schedule.plain))
-    assert r.exposed_comm_s == pytest.approx(simulate(_cost(), schedule).exposed_comm_s
-                                             + 0.5 * (schedule != Schedule.plain))  # fmt: skip
+    assert r.exposed_comm_s == pytest.approx(
+        simulate(_cost(), schedule).exposed_comm_s + 0.5 * (schedule != Schedule.plain)
+    )
 
 
 @pytest.mark.parametrize("schedule", [Schedule.plain, Schedule.sparse_dist])
@@ -189,14 +211,22 @@ def test_an_exchange_split_by_link_takes_its_slower_link_and_copies_hide_when_pr
     from dataclasses import replace
 
     cost = _cost(dense=10.0, emb=4.0, ids=1.0)
-    split = replace(cost, emb_a2a_parts_s={"nic": [4.0, 4.0], "fabric": [1.0, 1.0]},
-                    ids_a2a_parts_s={"nic": [0.5, 0.5], "fabric": [1.0, 1.0]},
-                    allreduce_link="nic")  # fmt: skip
+    split = replace(
+        cost,
+        emb_a2a_parts_s={"nic": [4.0, 4.0], "fabric": [1.0, 1.0]},
+        ids_a2a_parts_s={"nic": [0.5, 0.5], "fabric": [1.0, 1.0]},
+        allreduce_link="nic",
+    )
     for schedule in (Schedule.plain, Schedule.sparse_dist):  # each exchange: its slower link
         assert simulate(split, schedule).step_s == pytest.approx(cost.step_s(schedule))
     timeline = simulate(split, Schedule.plain).timeline
     assert {timeline.resources[t].split(":")[0] for t in timeline.spans if "@" in t} == {
-        "compute", "nic", "fabric", "h2d", "host"}  # fmt: skip
+        "compute",
+        "nic",
+        "fabric",
+        "h2d",
+        "host",
+    }
     # the batch's copy to the device: exposed in the plain loop, under SparseDist's dense work
     copied = replace(split, input_copy_s=[2.0, 2.0])
     assert simulate(copied, Schedule.plain).step_s == pytest.approx(cost.step_s() + 2.0)

@@ -24,14 +24,19 @@ ROWS = [50, 40, 100, 30] + [20] * 22
 
 
 def models(
-    hot: dict[str, torch.Tensor], sequences: frozenset = frozenset(),
+    hot: dict[str, torch.Tensor],
+    sequences: frozenset = frozenset(),
     parts: dict[str, int] | None = None,
-) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:  # fmt: skip
+) -> tuple[DLRMTrain, DLRMTrain, SplitRemap]:
     """The plain model and its split copy; `sequences`: the tables whose cold parts are
     sequence tables; `parts`: cold row parts per feature."""
     parts = parts or {}
-    cfg = ModelConfig(num_embeddings_per_feature=ROWS, embedding_dim=8,
-                      dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])  # fmt: skip
+    cfg = ModelConfig(
+        num_embeddings_per_feature=ROWS,
+        embedding_dim=8,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[16, 1],
+    )
     torch.manual_seed(0)
     tables = table_configs(cfg)
     plain = DLRMTrain(DLRM(EmbeddingBagCollection(tables), 13, [16, 8], [16, 1]))
@@ -112,8 +117,11 @@ def test_remap_sends_each_bags_ids_to_their_parts_in_the_bags_order(bags: str) -
         lengths = torch.randint(0, 4, (len(names) * batch,), generator=gen, dtype=torch.int32)
     values = torch.randint(0, 30, (int(lengths.sum()),), generator=gen)
     kjt = KeyedJaggedTensor(keys=names, values=values, lengths=lengths, stride=batch)
-    hot = {"x": torch.tensor([5, 2]), "y": torch.zeros(0, dtype=torch.int64),
-           "z": torch.tensor([0, 29, 7])}  # fmt: skip
+    hot = {
+        "x": torch.tensor([5, 2]),
+        "y": torch.zeros(0, dtype=torch.int64),
+        "z": torch.tensor([0, 29, 7]),
+    }
     parts = {"y": 2, "z": 3}
     out = SplitRemap(hot, parts)(kjt)
     for f, ids in hot.items():

@@ -115,9 +115,12 @@ def test_one_hot_hotness_is_the_default_stream_and_mlperf_names_its_sizes() -> N
 
 @pytest.mark.parametrize(
     ("hotness", "message"),
-    [([1, 2], "2 bag sizes but the model has 26 tables"), ([-1] + [1] * 25, ">= 0"),
-     ("mlperf2", "'mlperf'")],
-)  # fmt: skip
+    [
+        ([1, 2], "2 bag sizes but the model has 26 tables"),
+        ([-1] + [1] * 25, ">= 0"),
+        ("mlperf2", "'mlperf'"),
+    ],
+)
 def test_bad_hotness_fails_naming_the_fix(hotness, message: str) -> None:
     from recsys.data.multi_hot import HotnessError
 

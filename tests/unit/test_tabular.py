@@ -26,9 +26,16 @@ LOG = """clicked,ts,price,user,item,tags
 
 
 def _cfg(tmp: Path, **kw) -> TabularConfig:
-    fields = dict(input=str(tmp / "logs.csv"), output=str(tmp / "out"), label="clicked",
-                  dense=["price"], categorical=["user", "item"], multi_valued=["tags"],
-                  sort_by="ts", progress=False)  # fmt: skip
+    fields = dict(
+        input=str(tmp / "logs.csv"),
+        output=str(tmp / "out"),
+        label="clicked",
+        dense=["price"],
+        categorical=["user", "item"],
+        multi_valued=["tags"],
+        sort_by="ts",
+        progress=False,
+    )
     return TabularConfig(**(fields | kw))
 
 
@@ -70,8 +77,15 @@ def test_a_csv_becomes_the_prepared_layout_in_time_order(tmp_path: Path) -> None
 def test_the_loader_reads_variable_bags_and_the_shapes_it_needs(tmp_path: Path) -> None:
     (tmp_path / "logs.csv").write_text(LOG)
     convert_tabular(_cfg(tmp_path))
-    source = CriteoBinary(tmp_path / "out", [4, 4, 5], ["cat_0", "cat_1", "cat_2"], 1, 1,
-                          holdout_fraction=0.4, dense_features=1)  # fmt: skip
+    source = CriteoBinary(
+        tmp_path / "out",
+        [4, 4, 5],
+        ["cat_0", "cat_1", "cat_2"],
+        1,
+        1,
+        holdout_fraction=0.4,
+        dense_features=1,
+    )
     batch = source.batch("train", 0, 0)  # the first row: carol's, bag a|c|d
     kjt = batch.sparse_features
     assert kjt["cat_2"].lengths().tolist() == [3] and len(kjt["cat_2"].values()) == 3
@@ -82,9 +96,18 @@ def test_the_loader_reads_variable_bags_and_the_shapes_it_needs(tmp_path: Path) 
 
 def test_hashing_vocab_reuse_and_thresholded_labels(tmp_path: Path) -> None:
     (tmp_path / "logs.csv").write_text(LOG)
-    convert_tabular(_cfg(tmp_path, categories="hash", hash_buckets=64, label="price",
-                         label_threshold=3.0, dense=[], categorical=["user", "item", "clicked"],
-                         skip_bad_rows=True))  # fmt: skip
+    convert_tabular(
+        _cfg(
+            tmp_path,
+            categories="hash",
+            hash_buckets=64,
+            label="price",
+            label_threshold=3.0,
+            dense=[],
+            categorical=["user", "item", "clicked"],
+            skip_bad_rows=True,
+        )
+    )
     a = _load(tmp_path / "out")
     assert a["labels"][:, 0].tolist() == [0, 0, 1, 1]  # price >= 3; bob's empty price skipped
     assert 0 < a["sparse"][:, :3].min() and a["sparse"].max() < 64  # tags: one row empty
@@ -92,16 +115,25 @@ def test_hashing_vocab_reuse_and_thresholded_labels(tmp_path: Path) -> None:
     convert_tabular(_cfg(tmp_path, overwrite=True))
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / "day2.csv").write_text("clicked,ts,price,user,item,tags\n1,3,1,dave,i1,b\n")
-    convert_tabular(TabularConfig(input=str(tmp_path / "new"), output=str(tmp_path / "new_out"),
-                                  vocab_from=str(tmp_path / "out"), progress=False))  # fmt: skip
+    convert_tabular(
+        TabularConfig(
+            input=str(tmp_path / "new"),
+            output=str(tmp_path / "new_out"),
+            vocab_from=str(tmp_path / "out"),
+            progress=False,
+        )
+    )
     b = _load(tmp_path / "new_out", "day2")
     assert b["sparse"].tolist() == [[0, 1, 1]]  # dave unseen: row 0; i1 and b as before
 
 
 def test_bad_rows_are_named_or_skipped_and_nothing_partial_is_left(tmp_path: Path) -> None:
     (tmp_path / "logs.csv").write_text(LOG + "x,3,1,bob,i2,b\n1,4,cheap,bob,i2,b\n")
-    with pytest.raises(TabularError, match=r"logs.csv: row 6: label column 'clicked' is 'x', "
-                                           r"not 0 or 1 \(2 bad rows in all\)"):  # fmt: skip
+    with pytest.raises(
+        TabularError,
+        match=r"logs.csv: row 6: label column 'clicked' is 'x', "
+        r"not 0 or 1 \(2 bad rows in all\)",
+    ):
         convert_tabular(_cfg(tmp_path))
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
     summary = convert_tabular(_cfg(tmp_path, skip_bad_rows=True))
@@ -118,12 +150,21 @@ def test_parquet_input(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"y": [1, 0, 1], "n": [1.5, None, 3.0], "u": [7, 8, 7],
-                      "g": ["x|y", None, "y"]})  # fmt: skip
+    table = pa.table(
+        {"y": [1, 0, 1], "n": [1.5, None, 3.0], "u": [7, 8, 7], "g": ["x|y", None, "y"]}
+    )
     pq.write_table(table, tmp_path / "t.parquet")
-    convert_tabular(TabularConfig(input=str(tmp_path / "t.parquet"), output=str(tmp_path / "o"),
-                                  label="y", dense=["n"], categorical=["u"], multi_valued=["g"],
-                                  progress=False))  # fmt: skip
+    convert_tabular(
+        TabularConfig(
+            input=str(tmp_path / "t.parquet"),
+            output=str(tmp_path / "o"),
+            label="y",
+            dense=["n"],
+            categorical=["u"],
+            multi_valued=["g"],
+            progress=False,
+        )
+    )
     a = _load(tmp_path / "o", "t")
     assert a["labels"][:, 0].tolist() == [1, 0, 1]
     assert a["sparse"][:, 0].tolist() == [1, 2, 1]  # 7 twice: row 1

@@ -36,10 +36,15 @@ from sharding.types import (
 
 TWO_NODES = ClusterSpec(
     name="two_nodes",
-    nodes=[NodeGroup(count=2, host_memory_gib=64, devices=[DeviceGroup("a100_40g", 2),
-                                                           DeviceGroup("t4_16g", 2, hbm_gib=8)])],
+    nodes=[
+        NodeGroup(
+            count=2,
+            host_memory_gib=64,
+            devices=[DeviceGroup("a100_40g", 2), DeviceGroup("t4_16g", 2, hbm_gib=8)],
+        )
+    ],
     network=NetworkSpec(intra_node_gbit_s=300, inter_node_gbit_s=50, latency_us=5),
-)  # fmt: skip
+)
 
 
 def test_topology_gets_capacities_bandwidths_and_ranks_per_node() -> None:
@@ -82,7 +87,7 @@ def test_every_sharding_type_and_kernel_is_offered() -> None:
     inputs.cpu = True
     cpu = torchrec_constraints(inputs, PlannerConfig())
     assert "row_wise" not in cpu["wide"].sharding_types
-    assert set(cpu["wide"].compute_kernels) == {"fused", "dense"}  # fmt: skip
+    assert set(cpu["wide"].compute_kernels) == {"fused", "dense"}
     no_dp = torchrec_constraints(inputs, PlannerConfig(torchrec_data_parallel=False))
     assert "data_parallel" in cpu["wide"].sharding_types
     assert set(no_dp["wide"].sharding_types) == set(cpu["wide"].sharding_types) - {"data_parallel"}
@@ -121,15 +126,23 @@ def test_every_plan_torchrec_rated_is_priced_and_its_choice_kept() -> None:
     assert plans.best_ours.est_step_ms <= plans.chosen.est_step_ms
     assert plans.chosen.batch_per_rank == [1024] * 8  # TorchRec splits the batch equally
     kinds = {t.sharding_type for t in plans.chosen.tables}
-    assert kinds <= {"data_parallel", "table_wise", "column_wise", "table_column_wise",
-                     "row_wise", "table_row_wise"}  # fmt: skip
+    assert kinds <= {
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "table_column_wise",
+        "row_wise",
+        "table_row_wise",
+    }
     # each rated plan is a layout that our cost model reads back and checks
     for _, layout in plans.result.proposals[:20]:
         plan = plan_from_layout("torchrec", layout, inputs)
         assert {t.name for t in plan.tables} == {t.name for t in tables}
     # the best is what checking every rated plan in full finds: the fastest that fits
-    every = [evaluate(plan_from_layout("torchrec", x, inputs), inputs, bound=False)
-             for _, x in plans.result.proposals]  # fmt: skip
+    every = [
+        evaluate(plan_from_layout("torchrec", x, inputs), inputs, bound=False)
+        for _, x in plans.result.proposals
+    ]
     fits = [p.est_step_ms for p in every if p.feasible]
     assert fits and plans.best_ours.feasible
     assert plans.best_ours.est_step_ms == min(fits + [plans.chosen.est_step_ms])

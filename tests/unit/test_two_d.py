@@ -21,8 +21,11 @@ from sharding.two_d import (
 from sharding.types import ClusterSpec, DeviceGroup, NetworkSpec, NodeGroup, TableStats
 from tests.unit.test_planners import inputs_for
 
-NODE = ClusterSpec(name="node", nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 4)])],
-                   network=NetworkSpec(900.0, 100.0))  # fmt: skip
+NODE = ClusterSpec(
+    name="node",
+    nodes=[NodeGroup(devices=[DeviceGroup("h100_80g", 4)])],
+    network=NetworkSpec(900.0, 100.0),
+)
 TABLES = [TableStats(f"t{i}", 200_000, 64, lookups_per_sample=4.0) for i in range(6)] + [
     TableStats("small", 1_000, 32)
 ]
@@ -85,8 +88,11 @@ def test_a_group_that_does_not_divide_the_cluster_is_refused() -> None:
 
 
 def _cluster(nodes: int, inter_gbit_s: float, per_node: int = 4) -> ClusterSpec:
-    return ClusterSpec(name="nodes", nodes=[NodeGroup(count=nodes, devices=[
-        DeviceGroup("h100_80g", per_node)])], network=NetworkSpec(900.0, inter_gbit_s))  # fmt: skip
+    return ClusterSpec(
+        name="nodes",
+        nodes=[NodeGroup(count=nodes, devices=[DeviceGroup("h100_80g", per_node)])],
+        network=NetworkSpec(900.0, inter_gbit_s),
+    )
 
 
 MULTI_HOT = [TableStats(f"m{i}", 20_000, 128, lookups_per_sample=30.0) for i in range(8)]

@@ -31,8 +31,11 @@ def _project_error_classes() -> dict[str, type]:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             module = importlib.import_module(info.name)
             for name, obj in vars(module).items():
-                if (inspect.isclass(obj) and issubclass(obj, Exception)
-                        and obj.__module__ == module.__name__):  # fmt: skip
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, Exception)
+                    and obj.__module__ == module.__name__
+                ):
                     found[f"{obj.__module__}.{name}"] = obj
     return found
 
@@ -41,8 +44,9 @@ def test_every_project_error_is_a_user_error_or_named_otherwise() -> None:
     classes = _project_error_classes()
     assert "sharding.cluster.ClusterConfigError" in classes  # the scan sees the project
     assert NOT_USER_ERRORS <= set(classes)
-    stray = sorted(n for n, c in classes.items()
-                   if not issubclass(c, UserError) and n not in NOT_USER_ERRORS)  # fmt: skip
+    stray = sorted(
+        n for n, c in classes.items() if not issubclass(c, UserError) and n not in NOT_USER_ERRORS
+    )
     assert not stray, f"derive these from UserError or name them in NOT_USER_ERRORS: {stray}"
 
 
