@@ -6,14 +6,22 @@ with `cluster=<emulated preset>` (emu_mixed4), every rank of that emulated mixed
 two training runs of different lengths; the link's byte counters give the bytes each
 training step sends (the difference of the two runs over the difference of their steps, so
 start-up, planning and evaluation traffic cancel out), and the longer run, repeated
-`repeats` times interleaved across planners, gives samples/s (the best run's, every run
-listed). Beside them, the cost model's prediction for each plan. summary.json has, per
-planner name, `samples_per_s`, `predicted_ms`, `measured_ms`, `link_bytes`. Needs root.
+`repeats` times interleaved across planners, gives samples/s (the median run's, with the
+range and every run listed). Beside them, the cost model's prediction for each plan.
+summary.json has, per planner name, `samples_per_s`, `predicted_ms`, `measured_ms`,
+`link_bytes`. Needs root.
+
+Beside the planners, the alternatives that tell a gain's parts apart (`SPLIT_VARIANTS`):
+`<planner>+hybrid_split`, that planner's placement at hybrid's batch split (TorchRec's
+placement with speed-aware shares), and `<planner>+equal_split`, its placement at equal
+batches (hybrid's tables without its split), each trained as a saved plan (`trainer.plan`)
+with the same global batch.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,7 +66,7 @@ class PlanTrainBenchConfig:
     )
     overrides: list[str] = field(default_factory=lambda: ["trainer.batch_size=2048"])
     steps: list[int] = field(default_factory=lambda: [20, 80])
-    repeats: int = 3  # long runs per planner, interleaved; the best samples/s is reported
+    repeats: int = 3  # long runs per planner, interleaved; the median samples/s is reported
     link_rate: str = "1gbit"
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
     cluster: ClusterSpec | None = None
@@ -68,6 +76,34 @@ class PlanTrainBenchConfig:
     trainer: BenchTrainer = field(default_factory=BenchTrainer)
     save: bool = False  # also write benchmarks/results/ (see common.output_dirs)
     results_dir: str = ""  # "": benchmarks/results/plan_train, plan_train_<preset> with cluster=
+
+
+# `<planner>+<variant>`: that planner's placement at another batch split (module docstring)
+SPLIT_VARIANTS = {"hybrid_split": "at hybrid's batch split", "equal_split": "at equal batches"}
+
+
+def _moved_plan(cfg: PlanTrainBenchConfig, label: str):
+    """The plan of a split variant (`SPLIT_VARIANTS`), priced by the cost model; None for
+    any other label."""
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.train import to_typed
+    from sharding.plan_eval import evaluate
+
+    name, _, variant = label.partition("+")
+    if variant not in SPLIT_VARIANTS:
+        return None
+    typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, name)))
+    inputs = plan_inputs(typed, None, None)
+    plan = make_plan(typed, inputs)
+    total, world = sum(plan.batch_per_rank), len(plan.batch_per_rank)
+    if variant == "hybrid_split":
+        hybrid = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, "hybrid")))
+        batch = make_plan(hybrid, inputs).batch_per_rank
+    else:
+        batch = [total // world + (r < total % world) for r in range(world)]
+    moved = copy.deepcopy(plan)
+    moved.batch_per_rank, moved.devices = batch, []
+    return evaluate(moved, inputs)
 
 
 def _overrides(cfg: PlanTrainBenchConfig, planner: str) -> list[str]:
@@ -93,7 +129,7 @@ def trainer_on(cfg: PlanTrainBenchConfig) -> Iterator[Callable[..., tuple[int, d
 
 
 def run(cfg: PlanTrainBenchConfig) -> dict:
-    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.planning import make_plan, plan_inputs, plan_json
     from recsys.app.train import to_typed
     from sharding.plan_eval import evaluate
     from sharding.two_d import evaluate_two_d
@@ -104,10 +140,19 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in cfg.planners}
     short_bytes: dict[str, float] = {}
     fresh = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
+    moved = {p: m for p in cfg.planners if (m := _moved_plan(cfg, p)) is not None}
     with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
+
+        def overrides_of(planner: str) -> list[str]:
+            if planner not in moved:
+                return _overrides(cfg, planner)
+            path = Path(tmp) / f"{planner}.json"
+            path.write_text(json.dumps(plan_json(moved[planner])))
+            return [*_overrides(cfg, "hybrid"), f"trainer.plan={path}"]  # trained as it is
+
         for rep in range(cfg.repeats):  # interleaved, so drift on the machine hits all alike
             for planner in cfg.planners:
-                overrides = _overrides(cfg, planner)
+                overrides = overrides_of(planner)
                 if rep == 0:
                     short_bytes[planner], _ = train(overrides, short, Path(tmp) / f"{planner}_s")
                 b_long, summary = train(overrides, long, Path(tmp) / f"{planner}_long{rep}")
@@ -119,13 +164,16 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                 )
     rows = []
     for planner in cfg.planners:
-        typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, planner)))
-        plan = make_plan(typed, plan_inputs(typed, None, None))  # the plan the runs trained
-        saved_ms = plan.est_step_ms
+        name = planner.partition("+")[0] if planner in moved else planner
+        typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, name)))
+        plan = moved.get(planner) or make_plan(typed, plan_inputs(typed, None, None))
+        saved_ms = plan.est_step_ms  # the plan the runs trained, as the saved rates price it
         if fresh is not None:  # that plan, priced with today's per-core rates
             again = evaluate_two_d if plan.sharding_group_size else evaluate
             plan = again(copy.deepcopy(plan), plan_inputs(typed, None, None, fresh))
-        b_long, best = max(runs[planner], key=lambda run: run[1]["samples_per_s"])
+        ranked = sorted(runs[planner], key=lambda run: run[1]["samples_per_s"])
+        b_long, best = ranked[(len(ranked) - 1) // 2]  # the median run (the lower of two)
+        each = [run[1]["samples_per_s"] for run in runs[planner]]
         rows.append(
             {
                 "planner": planner,
@@ -133,7 +181,8 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                 "link_bytes": b_long,
                 "batch_per_rank": best["batch_per_rank"],
                 "samples_per_s": best["samples_per_s"],
-                "samples_per_s_runs": [r[1]["samples_per_s"] for r in runs[planner]],
+                "samples_per_s_range": [min(each), max(each)],
+                "samples_per_s_runs": each,
                 "predicted_a2a_bytes_per_step": plan.a2a_bytes_per_step,
                 "predicted_step_ms": plan.est_step_ms,
                 "predicted_with_saved_rates_ms": saved_ms,
@@ -144,6 +193,11 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     for r in rows:
         r["bytes_vs_first"] = r["bytes_per_step"] / base["bytes_per_step"]
         r["speedup_vs_first"] = r["samples_per_s"] / base["samples_per_s"]
+        # the ratio's spread: each run against the first planner's run of the same round
+        ratios = [
+            a / b for a, b in zip(r["samples_per_s_runs"], base["samples_per_s_runs"], strict=True)
+        ]
+        r["speedup_vs_first_range"] = [min(ratios), max(ratios)]
     return {
         "rows": rows,
         # per planner, the figures every plan benchmark reports (the long run's bytes)
@@ -174,11 +228,12 @@ def table(r: dict) -> str:
     lines = [
         f"# Plans trained {where} "
         f"({env['date']}, torch {env['torch']}, torchrec {env['torchrec']}; "
-        f"{' '.join(r['config']['overrides'])}; samples/s: best of "
-        f"{r['config']['repeats']} interleaved runs)",
+        f"{' '.join(r['config']['overrides'])}; samples/s: the median of "
+        f"{r['config']['repeats']} interleaved runs; a speed-up's range: each run against the "
+        f"first planner's run of its round)",
         "",
         f"| planner | link bytes/step (measured) | vs {first} | samples/s (measured) | "
-        f"speedup vs {first} | every run's samples/s | predicted a2a bytes/step | "
+        f"speedup vs {first} (range) | every run's samples/s | predicted a2a bytes/step | "
         f"predicted / measured ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -188,7 +243,8 @@ def table(r: dict) -> str:
         lines.append(
             f"| {x['planner']} | {x['bytes_per_step'] / 1e6:.2f} MB | "
             f"{x['bytes_vs_first']:.2f}x | {x['samples_per_s']:,.0f} | "
-            f"{x['speedup_vs_first']:.2f}x | {each} | {predicted_mb:.2f} MB | "
+            f"{x['speedup_vs_first']:.2f}x ({x['speedup_vs_first_range'][0]:.2f}-"
+            f"{x['speedup_vs_first_range'][1]:.2f}) | {each} | {predicted_mb:.2f} MB | "
             f"{x['predicted_step_ms']:.1f} / {x['measured_step_ms']:.1f} |"
         )
     return "\n".join(lines)

@@ -322,11 +322,6 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
             f"({type(e).__name__}: {e}); plan again with python -m "
             f"sharding.plan"
         ) from None
-    if planner == PlannerName.torchrec.value:
-        raise SavedPlanError(
-            f"trainer.plan: '{where}' is TorchRec's plan, which TorchRec makes again in the ranks "
-            f"(planner=torchrec); trainer.plan takes plans of hybrid, greedy_size or round_robin"
-        )
     if cluster != inputs.cluster or len(batch) != (group or inputs.world):
         groups = f" (2D groups of {group})" if group else ""
         raise SavedPlanError(
