@@ -53,21 +53,19 @@ PUBLISHED = [
             "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]",
         ],
     ),
-    (
-        "plan_train_emu_mixed4",
-        "summary.json",
-        ["benchmarks.plan_train", "cluster=emu_mixed4", "repeats=2"],
-    ),
-    (
-        "plan_train_emu_mixed3",
-        "summary.json",
-        [
-            "benchmarks.plan_train",
-            "cluster=emu_mixed3",
-            "planners=[torchrec,hybrid]",
-            "repeats=2",
-            "recalibrate=true",
-        ],
+    # both plans and the two alternatives that tell the gain apart (docs/planning.md)
+    *(
+        (
+            f"plan_train_{cluster}",
+            "summary.json",
+            [
+                "benchmarks.plan_train",
+                f"cluster={cluster}",
+                "planners=[torchrec,torchrec+hybrid_split,hybrid+equal_split,hybrid]",
+                "repeats=3",
+            ],
+        )
+        for cluster in ("emu_mixed4", "emu_mixed3")
     ),
     # hybrid's plan at several batch splits: does the split it picks train fastest?
     ("batch_split_emu_mixed3", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed3"]),
