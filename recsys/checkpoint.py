@@ -257,7 +257,7 @@ def save_checkpoint(
     writes `run` (`{"model": ..., "dataset": ..., "plan_layout": [...]}`) as run.json,
     `split` (the split tables' hot ids and cold parts) as split.npz and, last, the manifest
     naming `run_id`, then renames the directory to `root/step_<step>` (module docstring).
-    Returns that path once every rank has it."""
+    Returns that path (in place on rank 0 when it returns there)."""
     final = checkpoint_path(root, step)
     tmp = final.with_name(f".{final.name}{PARTIAL_SUFFIX}")
     first = not dist.is_initialized() or dist.get_rank() == 0
@@ -283,8 +283,7 @@ def save_checkpoint(
         why = "No space left on device [Errno 28]" if full else (text.strip() or repr(e))
         shutil.rmtree(tmp, ignore_errors=True)  # nothing of it is kept: a full disk is freed
         raise CheckpointWriteError(f"writing checkpoint '{final}' failed: {why[:300]}") from e
-    _barrier()
-    return final
+    return final  # the other ranks go on: the next collective waits for rank 0 anyway
 
 
 def _replace(new: Path, final: Path) -> None:
