@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks import fingerprint
 from recsys.console import command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,13 +86,16 @@ def environment() -> dict[str, Any]:
 def save(
     result: dict, table: str, name: str, dirs: list[Path], json_name: str | None = None
 ) -> list[Path]:
-    """Write `<json_name or name>.json` and `<name>.md` into each directory."""
+    """Write `<json_name or name>.json`, `<name>.md` and the record of the code they measured
+    (`benchmarks.fingerprint`, `code.json`) into each directory."""
     written = []
+    code = json.dumps(fingerprint.record(name), indent=1)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
         text = json.dumps(result, indent=2, default=_plain)
         (d / f"{json_name or name}.json").write_text(text + "\n")
         (d / f"{name}.md").write_text(table + "\n")
+        (d / fingerprint.RECORD).write_text(code + "\n")
         written.append(d / f"{name}.md")
     return written
 

@@ -10,10 +10,15 @@ The docs quote results two ways (tests/unit/test_docs.py checks both):
 - a figure linked to a results JSON, `[1.54x](benchmarks/results/.../summary.json#rows.0.x)`:
   its number is rewritten to the value at the decimals shown.
 
+A quoted result whose code has changed since it was measured (`benchmarks/fingerprint.py`,
+the results directory's `code.json`) is marked `<sup>stale</sup>` after the figure or on the
+table's marker line, and the mark is dropped once the result is fresh again; the README
+cites fresh results only, so a stale one there is an error until the benchmark is re-run.
+
 Every change is printed as `doc: old -> new`, so the prose around it can be read again: a
 sentence such as "all on two equal H100 nodes" is not a number and is left to the writer.
 Rows or figures it cannot match are listed and left alone. `check=true` changes nothing
-and exits 1 if anything is stale.
+and exits 1 if anything is out of date.
 """
 
 from __future__ import annotations
@@ -23,10 +28,17 @@ import re
 import sys
 from pathlib import Path
 
+from benchmarks import fingerprint
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FIGURE = re.compile(r"\[([^\]\[\n]+)\]\(((?:\.\./)?benchmarks/results/[^)#\s]+\.json)#([^)\s]+)\)")
-TABLE = re.compile(r"<!-- rows from (benchmarks/results/\S+\.md) -->\n((?:(?:\||- ).*\n)+)")
+TABLE = re.compile(
+    r"<!-- rows from (benchmarks/results/\S+\.md) -->(?: <sup>stale</sup>)?\n((?:(?:\||- ).*\n)+)"
+)
+# after a quoted figure, or after a copied table's marker line: the result's code has
+# changed since it was measured (benchmarks/fingerprint.py)
+STALE = "<sup>stale</sup>"
 NUMBER = re.compile(r"-?[\d,]*\.?\d+")
 NUMERIC_CELL = re.compile(r"^[<>~]?-?[\d,]*\.?\d+\s*(x|%|s|ms|MB|GB)?$")
 
@@ -138,29 +150,47 @@ def _sync_table(doc: str, source: Path, table: str, log: list[str]) -> str:
 
 def sync(doc: Path, log: list[str], repo: Path = REPO) -> str:
     """The doc's text with its copied tables and linked figures refreshed (paths in it are
-    relative to `repo`); each change, and each quote it cannot match, is appended to `log`."""
+    relative to `repo`), and each citation of a result whose code has changed since it was
+    measured marked `STALE` (the mark dropped once it is fresh again); each change, each
+    quote it cannot match and each stale result the README cites is appended to `log`."""
     name = doc.relative_to(repo).as_posix()
-    text = TABLE.sub(
-        lambda m: m.group(0).replace(
-            m.group(2), _sync_table(name, repo / m.group(1), m.group(2), log)
-        ),
-        doc.read_text(),
-    )
+    readme = name == "README.md"
+    known: dict[Path, str | None] = {}
+
+    def stale(file: str, marked: bool) -> bool:
+        where = (repo / file.removeprefix("../")).parent
+        if where not in known:
+            known[where] = fingerprint.staleness(where, repo)
+        why, short = known[where], where.relative_to(repo).as_posix()
+        if why and readme:
+            log.append(f"{name}: STALE {short} ({why}): the README cites fresh results only")
+        elif why and not marked:
+            log.append(f"{name}: marked stale: {short} ({why})")
+        elif marked and not why:
+            log.append(f"{name}: no longer stale: {short}")
+        return why is not None
+
+    def table(m: re.Match) -> str:
+        file, rows = m.groups()
+        mark = f" {STALE}" if stale(file, STALE in m.group(0).split("\n", 1)[0]) else ""
+        return f"<!-- rows from {file} -->{mark}\n" + _sync_table(name, repo / file, rows, log)
 
     def figure(m: re.Match) -> str:
         label, file, path = m.groups()
+        mark = STALE if stale(file, m.group(0).endswith(STALE)) else ""
         try:
             value = float(resolve(json.loads((repo / file.removeprefix("../")).read_text()), path))
         except (KeyError, IndexError, ValueError, TypeError, FileNotFoundError) as e:
             log.append(f"{name}: NOT MATCHED [{label}]({file}#{path}): {e}")
-            return m.group(0)
+            return f"[{label}]({file}#{path}){mark}"
         new = shown(label, value)
-        if new is None or new == label:
-            return m.group(0)
-        log.append(f"{name}: [{label}] -> [{new}]  ({file}#{path})")
-        return f"[{new}]({file}#{path})"
+        if new is not None and new != label:
+            log.append(f"{name}: [{label}] -> [{new}]  ({file}#{path})")
+            label = new
+        return f"[{label}]({file}#{path}){mark}"
 
-    return FIGURE.sub(figure, text)
+    text = TABLE.sub(table, doc.read_text())
+    return re.compile(FIGURE.pattern + f"(?:{re.escape(STALE)})?").sub(figure, text)
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,8 @@
     python -m benchmarks.remeasure pipeline plan_train   # these (stale or not), in this order
 
 A result set is stale when the torch, torchrec or fbgemm_gpu version in its JSON file's
-`environment` block is not the installed one. They run in the order below, calibration
+`environment` block is not the installed one, or when the code it measured has changed since
+(`benchmarks.fingerprint`). They run in the order below, calibration
 first (the others' predictions use its constants), then the ones the README and docs quote
 most, the planners' at-scale run last; each as its own process with the machine otherwise
 idle (the timings are the point); a stopped run resumes where it stopped, since the sets
@@ -21,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks import fingerprint
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # the reduced pipeline sets: no burst sweep, no multi-hot rows, no second (row-wise) plan,
@@ -241,7 +244,8 @@ def why_stale(name: str, installed: dict[str, str]) -> str | None:
         for k in VERSIONS
         if env.get(k) != installed[k]
     ]
-    return ", ".join(differ) or None
+    code = fingerprint.staleness(RESULTS / name)
+    return ", ".join([*differ, *([code] if code else [])]) or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ table's rows, and every results path they name exists.
 - A table: a line `<!-- rows from benchmarks/results/<dir>/<name>.md -->` right above it;
   its header and each row must be lines of that file (a subset of its rows, unchanged).
 
-`python -m benchmarks.docs_sync` refreshes both after a benchmark is re-run.
+`python -m benchmarks.docs_sync` refreshes both after a benchmark is re-run, and marks a
+quoted result whose code has changed since it was measured (`benchmarks/fingerprint.py`);
+the README quotes fresh results only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fingerprint
 from benchmarks.docs_sync import DOCS, FIGURE, NUMBER, REPO, TABLE, resolve, source_tables
 
 PATH = re.compile(r"benchmarks/results/[\w*./-]*")
@@ -86,6 +89,7 @@ def test_docs_sync_refreshes_a_stale_row_and_figure_and_leaves_what_it_cannot_ma
 
     results = tmp_path / "benchmarks/results/x"
     results.mkdir(parents=True)
+    (results / "code.json").write_text('{"files": {}}')  # fresh: no file it measured changed
     (results / "x.md").write_text(
         "| cluster | planner | ms |\n|---|---|---|\n| c_1 | hybrid | 9.50 |\n| c_1 | tr | 12.00 |\n"
     )
@@ -115,6 +119,7 @@ def test_docs_sync_takes_each_quoted_table_from_its_own_row_set(tmp_path):
 
     results = tmp_path / "benchmarks/results/x"
     results.mkdir(parents=True)
+    (results / "code.json").write_text('{"files": {}}')
     head = "| pipeline | samples/s | MB |\n|---|---|---|\n"
     (results / "x.md").write_text(
         head
@@ -145,3 +150,52 @@ def test_docs_sync_takes_each_quoted_table_from_its_own_row_set(tmp_path):
     assert "| plain | 1 | 2 |" in none and any("NOT MATCHED" in line for line in log)
     assert "| plain | 30,818 | 468.0 |" in main and "| nested4 | 52,253 | 467.9 |" in main
     assert "| plain | 18,274 | 657.3 |" in multi and "| nested4 | 25,081 | 657.0 |" in multi
+
+
+def test_docs_sync_marks_a_result_whose_code_changed_and_unmarks_it_once_fresh(tmp_path):
+    from benchmarks.docs_sync import STALE, sync
+
+    (tmp_path / "sharding").mkdir()
+    (tmp_path / "sharding/hybrid.py").write_text("A = 1\n")
+    results = tmp_path / "benchmarks/results/x"
+    results.mkdir(parents=True)
+    (results / "s.json").write_text(json.dumps({"x": 1.5}))
+    (results / "x.md").write_text("| a | ms |\n|---|---|\n| h | 2.0 |\n")
+    digest = fingerprint.digest("sharding/hybrid.py", b"A = 1\n")
+    (results / "code.json").write_text(json.dumps({"files": {"sharding/hybrid.py": digest}}))
+    quote = (
+        "<!-- rows from benchmarks/results/x/x.md -->\n| a | ms |\n|---|---|\n| h | 2.0 |\n\n"
+        "It is [1.5x](../benchmarks/results/x/s.json#x) faster.\n"
+    )
+    (tmp_path / "docs").mkdir()
+    doc, readme = tmp_path / "docs/d.md", tmp_path / "README.md"
+    doc.write_text(quote)
+    readme.write_text(quote.replace("../", ""))
+    log: list[str] = []
+    assert sync(doc, log, repo=tmp_path) == quote and not log  # fresh: nothing to say
+
+    (tmp_path / "sharding/hybrid.py").write_text("A = 2\n")
+    marked = sync(doc, log, repo=tmp_path)
+    assert f"x.md --> {STALE}\n| a |" in marked and f"s.json#x){STALE} faster" in marked
+    assert len(log) == 2 and all("marked stale" in line and "hybrid.py" in line for line in log)
+    doc.write_text(marked)
+    log.clear()
+    assert sync(doc, log, repo=tmp_path) == marked and not log  # marked: nothing more to do
+    sync(readme, log, repo=tmp_path)
+    assert len(log) == 2 and all("STALE" in line and "README" in line for line in log)
+
+    (tmp_path / "sharding/hybrid.py").write_text("A = 1\n")  # fresh again: the marks go
+    log.clear()
+    assert sync(doc, log, repo=tmp_path) == quote and len(log) == 2
+
+
+def test_the_readme_cites_fresh_results_and_the_docs_mark_every_stale_one():
+    """What `python -m benchmarks.docs_sync check=true` asks: nothing left to refresh."""
+    from benchmarks.docs_sync import sync
+
+    log: list[str] = []
+    for doc in DOCS:
+        sync(doc, log)
+    assert not log, "run python -m benchmarks.docs_sync (README: rerun the benchmarks):\n" + (
+        "\n".join(log)
+    )
