@@ -89,7 +89,7 @@ def save(
     """Write `<json_name or name>.json`, `<name>.md` and the record of the code they measured
     (`benchmarks.fingerprint`, `code.json`) into each directory."""
     written = []
-    code = json.dumps(fingerprint.record(name), indent=1)
+    code = json.dumps(fingerprint.record(name, taken=_CODE_AT_START.get("taken")), indent=1)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
         text = json.dumps(result, indent=2, default=_plain)
@@ -122,12 +122,18 @@ def benchmark_command(main: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return body
 
 
+# the code as it was when the benchmark started (`start`): what its results record
+_CODE_AT_START: dict[str, dict] = {}
+
+
 def start(cfg: Any) -> Any:
-    """A benchmark app's typed config, with the libraries' routine warnings filtered."""
+    """A benchmark app's typed config, with the libraries' routine warnings filtered; the
+    code it runs is noted for its results' record (`benchmarks.fingerprint`)."""
     from omegaconf import OmegaConf
 
     from recsys.app.train import quiet_library_noise
 
+    _CODE_AT_START["taken"] = fingerprint.snapshot()
     quiet_library_noise()
     return OmegaConf.to_object(cfg)
 

@@ -108,11 +108,25 @@ def _files_now(paths: Iterable[str], repo: Path) -> dict[str, Path]:
     return found
 
 
-def record(benchmark: str, repo: Path = REPO) -> dict:
-    """The code record of a result measured now (`code.json`)."""
+def snapshot(repo: Path = REPO) -> dict:
+    """Every file any benchmark's record may name, as it is now: taken when a benchmark
+    starts, so that its record is of the code it ran even if files change while it runs."""
+    paths = [*PRODUCT, *(p.relative_to(repo).as_posix() for p in repo.glob("benchmarks/*.py"))]
+    files = {name: f.read_bytes() for name, f in _files_now(paths, repo).items()}
+    return {"commit": _head(repo), "files": files}
+
+
+def record(benchmark: str, repo: Path = REPO, taken: dict | None = None) -> dict:
+    """The code record (`code.json`) of a result measured from the files `taken` by
+    `snapshot` when it started (default: as they are now)."""
     paths = paths_of(benchmark)
-    files = {name: digest(name, f.read_bytes()) for name, f in _files_now(paths, repo).items()}
-    return {"benchmark": benchmark, "paths": paths, "commit": _head(repo), "files": files}
+    taken = taken or snapshot(repo)
+    files = {
+        name: digest(name, data)
+        for name, data in taken["files"].items()
+        if any(name == p or name.startswith(p.rstrip("/") + "/") for p in paths)
+    }
+    return {"benchmark": benchmark, "paths": paths, "commit": taken["commit"], "files": files}
 
 
 def record_at(benchmark: str, commit: str, repo: Path = REPO) -> dict:

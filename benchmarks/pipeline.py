@@ -100,7 +100,7 @@ class PipelineBenchConfig:
     )
     steps: int = 60
     # the main row set's runs, on each link: this many rounds, every pipeline once a round
-    # (interleaved, so drift on the machine hits all alike); each pipeline's fastest run is
+    # (interleaved, so drift on the machine hits all alike); each pipeline's median run is
     # its row, every run's samples/s listed (`samples_per_s_runs`)
     repeats: int = 3
     link_rate: str = "700mbit"
@@ -276,7 +276,8 @@ def _train_all(
     out = {}
     predict = rate is None and tag != "row_wise"
     for label, done in runs.items():
-        best = max(done, key=lambda r: r["summary"]["samples_per_s"])
+        ranked = sorted(done, key=lambda r: r["summary"]["samples_per_s"])
+        best = ranked[(len(ranked) - 1) // 2]  # the median run (the lower of two)
         out[label] = {
             "summary": best["summary"],
             "bytes": best["bytes"],
@@ -508,6 +509,11 @@ def _summary(rows: list[dict]) -> dict:
             for r in rows
             if r["pipeline"].startswith("nested")
         },
+        # each ratio's spread: a pipeline's run against the other's run of the same round
+        "speedup_vs_sparse_dist_range": _ranges(rows, by.get("sparse_dist")),
+        "speedup_vs_best_torchrec_exact_range": _ranges(
+            [r for r in rows if r["pipeline"].startswith("nested")], best
+        ),
         "overlap_limit_ms": limit,
         "plain_comm_share": _comm_share(by),
     }
@@ -528,6 +534,18 @@ def speedups(pipelines: dict[str, float], base: str) -> dict[str, float]:
     if base not in pipelines:
         return {}
     return {p: speed / pipelines[base] for p, speed in pipelines.items()}
+
+
+def _ranges(rows: list[dict], base: dict | None) -> dict[str, list[float]]:
+    """Per row, [min, max] over rounds of its samples/s over `base`'s in the same round."""
+    if base is None:
+        return {}
+    out = {}
+    for r in rows:
+        pairs = zip(r["samples_per_s_runs"], base["samples_per_s_runs"], strict=True)
+        ratios = [a / b for a, b in pairs]
+        out[r["pipeline"]] = [min(ratios), max(ratios)]
+    return out
 
 
 def _speedups(rows: list[dict], base: str) -> dict[str, float]:
@@ -575,7 +593,11 @@ def _headline(m: dict) -> list[str]:
     lines = []
     best = m.get("best_torchrec_exact")
     if best:
-        vs = ", ".join(f"{p} {x:.2f}x" for p, x in m["speedup_vs_best_torchrec_exact"].items())
+        spread = m.get("speedup_vs_best_torchrec_exact_range", {})
+        vs = ", ".join(
+            f"{p} {x:.2f}x" + (f" ({spread[p][0]:.2f}-{spread[p][1]:.2f})" if p in spread else "")
+            for p, x in m["speedup_vs_best_torchrec_exact"].items()
+        )
         lines.append(
             f"Fastest staleness-free TorchRec pipeline: {best['pipeline']} "
             f"({best['samples_per_s']:,.0f} samples/s); against it: {vs or '-'}."
@@ -604,7 +626,12 @@ def _waits(w: dict | None) -> str:
 
 def _rounds(c: dict) -> str:
     n = c.get("repeats", 1)
-    return f"; main rows: each pipeline's best of {n} interleaved runs per link" if n > 1 else ""
+    return (
+        f"; main rows: each pipeline's median of {n} interleaved runs per link, the ranges "
+        "each run against the other's run of the same round"
+        if n > 1
+        else ""
+    )
 
 
 def table(r: dict) -> str:
