@@ -634,12 +634,13 @@ def measure_emulated(cfg: CalibrateConfig, base: Calibration, run_dir: Path) -> 
     no calibration has seen plans there)."""
     from recsys import emulation
     from recsys.app.train import to_typed
+    from recsys.config import cluster_overrides
     from sharding.calibration import share_key
 
     core = base.device
     shares, ratios, links, raw = {}, {}, {}, {}
     for name in cfg.emulated:
-        spec = to_typed(_compose([f"cluster={name}"])).cluster
+        spec = to_typed(_compose(cluster_overrides(name))).cluster
         print(f"measuring {name}: each share in its cgroup, gloo across its nodes ...", flush=True)
         with emulation.emulated(spec) as emu:
             job = emulation.run_ranks(emu, measure_compute, (3, cfg.share_window_s), 1800)

@@ -182,17 +182,20 @@ def finish(
 
 def planner_overrides(label: str) -> list[str]:
     """`hybrid+pooled` -> hybrid with TorchRec's pooled exchange for split tables' cold
-    parts; `<planner>+2d<G>` -> its plan for 2D groups of G ranks; any other label is a
-    planner name."""
+    parts; `hybrid+all_devices` -> hybrid on every device (it weighs no part of the cluster);
+    `<planner>+2d<G>` -> its plan for 2D groups of G ranks; any other label is a planner
+    name."""
     name, _, variant = label.partition("+")
+    if variant == "all_devices":
+        return [f"planner={name}", "planner.leave_out=false"]
     if variant == "pooled":
         return [f"planner={name}", "planner.cold_only_exchange=false"]
     if variant.startswith("2d") and variant[2:].isdigit():
         return [f"planner={name}", f"trainer.sharding_group_size={int(variant[2:])}"]
     if variant:
         raise ValueError(
-            f"unknown planner variant '{label}'; use <planner>, hybrid+pooled or "
-            f"<planner>+2d<G> (2D groups of G ranks)"
+            f"unknown planner variant '{label}'; use <planner>, hybrid+pooled, "
+            f"hybrid+all_devices or <planner>+2d<G> (2D groups of G ranks)"
         )
     return [f"planner={name}"]
 

@@ -48,6 +48,8 @@ from benchmarks.common import (
 )
 from recsys import CONF_DIR
 from recsys.config import register_configs
+from sharding.cluster import resolve_cluster
+from sharding.subsets import candidates
 from sharding.types import ClusterSpec
 
 
@@ -70,6 +72,10 @@ class PlanTrainBenchConfig:
     link_rate: str = "1gbit"
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
     cluster: ClusterSpec | None = None
+    # these planners also trained on each part of the cluster a user might keep, leaving
+    # the other devices out (whole nodes, the fastest device kinds: sharding.subsets), at
+    # the same global batch: rows `<planner>@ranks_<r>_...`
+    parts: list[str] = field(default_factory=list)
     # predict with the per-core rates re-measured at the start (about a minute;
     # benchmarks.calibrate.refreshed), not the saved calibration's
     recalibrate: bool = False
@@ -92,12 +98,14 @@ def _moved_plan(cfg: PlanTrainBenchConfig, label: str):
     name, _, variant = label.partition("+")
     if variant not in SPLIT_VARIANTS:
         return None
-    typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, name)))
+    every = ["planner.leave_out=false"]  # both on every device
+    typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, name) + every))
     inputs = plan_inputs(typed, None, None)
     plan = make_plan(typed, inputs)
     total, world = sum(plan.batch_per_rank), len(plan.batch_per_rank)
     if variant == "hybrid_split":
-        hybrid = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, "hybrid")))
+        ours = _overrides(cfg, "hybrid") + every
+        hybrid = to_typed(hydra.compose(config_name="plan", overrides=ours))
         batch = make_plan(hybrid, inputs).batch_per_rank
     else:
         batch = [total // world + (r < total % world) for r in range(world)]
@@ -108,10 +116,44 @@ def _moved_plan(cfg: PlanTrainBenchConfig, label: str):
 
 def _overrides(cfg: PlanTrainBenchConfig, planner: str) -> list[str]:
     """The planner plans for the link the ranks train across: the veth pair's calibrated
-    link, or the emulated cluster's own (its default)."""
+    link, or the emulated cluster's own (its default); `<planner>@ranks_<r>_...` on those
+    ranks alone, each with its share of the same global batch."""
     name = emulated_preset(cfg.cluster, "plan_train")
     where = [f"cluster={name}"] if name else [f"planner.link=veth_{cfg.link_rate}"]
-    return [*planner_overrides(planner), *cfg.overrides, *where]
+    planner, at, ranks = planner.partition("@")
+    if not at:
+        return [*planner_overrides(planner), *cfg.overrides, *where]
+    from recsys.app.train import to_typed
+
+    keep = [int(r) for r in ranks.removeprefix("ranks_").split("_")]
+    whole = to_typed(hydra.compose(config_name="config", overrides=[*cfg.overrides, *where]))
+    total = whole.trainer.batch_size * len(resolve_cluster(whole.cluster))
+    return [
+        *planner_overrides(planner),
+        *cfg.overrides,
+        *where,
+        f"cluster.only_ranks=[{','.join(map(str, keep))}]",
+        f"trainer.batch_size={total // len(keep)}",
+    ]
+
+
+def part_labels(cfg: PlanTrainBenchConfig) -> list[str]:
+    """`<planner>@ranks_<r>_...` for each planner of `parts` on each part of the cluster
+    whose ranks split its global batch evenly."""
+    from recsys.app.train import to_typed
+
+    if not cfg.parts or cfg.cluster is None:
+        return []
+    world = len(resolve_cluster(cfg.cluster))
+    composed = hydra.compose(config_name="config", overrides=cfg.overrides)
+    total = world * to_typed(composed).trainer.batch_size
+    out = []
+    for keep, what in candidates(cfg.cluster):
+        if total % len(keep):
+            print(f"not trained on {what}: {len(keep)} ranks cannot split {total} samples evenly")
+            continue
+        out += [f"{p}@ranks_{'_'.join(map(str, keep))}" for p in cfg.parts]
+    return out
 
 
 @contextmanager
@@ -140,6 +182,8 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in cfg.planners}
     short_bytes: dict[str, float] = {}
     fresh = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
+    cfg = copy.copy(cfg)
+    cfg.planners = [*cfg.planners, *part_labels(cfg)]
     moved = {p: m for p in cfg.planners if (m := _moved_plan(cfg, p)) is not None}
     with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
 

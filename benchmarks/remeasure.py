@@ -56,7 +56,8 @@ PUBLISHED = [
             "pipelines=[plain,sparse_dist,semi_sync,nested2,nested4,nested8,nested4+dedup]",
         ],
     ),
-    # both plans and the two alternatives that tell the gain apart (docs/planning.md)
+    # both plans, the alternatives that tell the gain apart, hybrid kept on every device,
+    # and TorchRec's planner on each part of the cluster (docs/planning.md)
     *(
         (
             f"plan_train_{cluster}",
@@ -64,7 +65,9 @@ PUBLISHED = [
             [
                 "benchmarks.plan_train",
                 f"cluster={cluster}",
-                "planners=[torchrec,torchrec+hybrid_split,hybrid+equal_split,hybrid]",
+                "planners=[torchrec,torchrec+hybrid_split,hybrid+equal_split,hybrid+all_devices,"
+                "hybrid]",
+                "parts=[torchrec]",
                 "repeats=3",
             ],
         )

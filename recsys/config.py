@@ -10,6 +10,7 @@ unknown key or a value of the wrong type fails at composition with the key's nam
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from omegaconf.errors import MissingMandatoryValue
 
 from pipelines.types import TWO_D_PIPELINES, PipelineConfig, PipelineName
 from sharding.errors import UserError
+from sharding.subsets import parse as parse_part
+from sharding.subsets import part
 from sharding.types import ClusterSpec, PlannerConfig
 
 GROUPS = ("dataset", "model", "cluster", "planner", "pipeline", "trainer", "experiment", "debug")
@@ -385,13 +388,35 @@ def to_object(cfg: Any) -> Any:
     """A composed config as plain dataclasses; a required key left unset (a device's `kind`)
     is one line naming it."""
     try:
-        return OmegaConf.to_object(cfg)
+        obj = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
         raise TrainConfigError(
             f"{e.full_key} is required and unset: give it in the config file or on the command "
             f"line (a device's kind: a catalog kind, or any name with its figures, "
             f"docs/clusters.md)"
         ) from None
+    return _on_its_ranks(obj)
+
+
+def cluster_overrides(name: str) -> list[str]:
+    """The overrides that compose the cluster `name`: a preset, or a part of one
+    (`<preset>@ranks_<r>_...`, `sharding.subsets`)."""
+    found = parse_part(name)
+    if found is None:
+        return [f"cluster={name}"]
+    base, keep = found
+    return [f"cluster={base}", f"cluster.only_ranks=[{','.join(map(str, keep))}]"]
+
+
+def _on_its_ranks(obj: Any) -> Any:
+    """A config whose cluster names `only_ranks`, on that part of the cluster
+    (`sharding.subsets`)."""
+    if isinstance(obj, ClusterSpec):
+        return part(obj)
+    cluster = getattr(obj, "cluster", None)
+    if isinstance(cluster, ClusterSpec) and cluster.only_ranks is not None:
+        return dataclasses.replace(obj, cluster=part(cluster))
+    return obj
 
 
 def register_configs() -> None:

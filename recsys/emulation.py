@@ -421,14 +421,13 @@ def run_ranks(
 
 def _cluster(name: str) -> ClusterSpec:
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
-    from recsys.config import register_configs
+    from recsys.config import cluster_overrides, register_configs, to_object
 
     register_configs()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"cluster={name}"])
-    return OmegaConf.to_object(cfg.cluster)  # type: ignore[return-value]
+        cfg = compose("config", overrides=cluster_overrides(name))
+    return to_object(cfg).cluster
 
 
 def _cli_emulation(name: str) -> Emulation:

@@ -19,6 +19,7 @@ from pathlib import Path
 from sharding.constants import DEVICE_CATALOG
 from sharding.cost_model import datasheet_device_cost, spec_network_cost
 from sharding.errors import UserError
+from sharding.subsets import parse as subset_parts
 from sharding.types import ClusterSpec, DeviceCost, LinkCost, NetworkCost, RankDevice
 
 DEFAULT_PATH = Path(__file__).parent / "calibration" / "local_cpu.json"
@@ -196,6 +197,9 @@ def device_costs(
             raise CalibrationError("CPU ranks need a calibration (python -m benchmarks.calibrate)")
         if r.share is not None:
             key, legacy = share_key(r.share, cluster), share_key(r.share)
+            whole = _whole_cluster(cluster)
+            if key not in cal.shares and whole and share_key(r.share, whole) in cal.shares:
+                key = share_key(r.share, whole)  # a part of it, not measured on its own
             if key not in cal.shares and legacy not in cal.shares:
                 raise CalibrationError(
                     f"rank {r.rank} is an emulated CPU rank at share {legacy} of the cluster "
@@ -258,6 +262,12 @@ def at_speed(d: DeviceCost, scale: float) -> DeviceCost:
     )
 
 
+def _whole_cluster(name: str) -> str | None:
+    """The whole cluster's name for a subset's (`sharding.subsets`), else None."""
+    found = subset_parts(name)
+    return found[0] if found else None
+
+
 def calibrated_link(spec: ClusterSpec, link: str | None) -> str:
     """The calibrated link a CPU cluster's ranks use: `link` if named, else an emulated
     cluster's own (measured across its nodes), else loopback."""
@@ -278,6 +288,9 @@ def network_cost(
     all-reduce speeds up with more NICs in use)."""
     if all(r.kind == "cpu" for r in ranks) and cal is not None:
         name = calibrated_link(spec, link)
+        whole = _whole_cluster(name)
+        if name not in cal.links and whole:  # a part not measured on its own
+            name = whole if len({r.node for r in ranks}) > 1 else "loopback"
         if name not in cal.links and spec.emulation.enabled and name == spec.name:
             raise CalibrationError(
                 f"no calibration for the emulated cluster '{name}' (calibrated: "

@@ -93,6 +93,9 @@ class ClusterSpec:
     nodes: list[NodeGroup] = field(default_factory=lambda: [NodeGroup()])
     network: NetworkSpec = field(default_factory=NetworkSpec)
     emulation: EmulationSpec = field(default_factory=EmulationSpec)
+    # train and plan on these ranks of the layout alone (its numbering), the rest left out
+    # (sharding.subsets); None: every rank
+    only_ranks: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,10 @@ class PlannerConfig:
     # our planners: also plan 2D groups (the tables sharded within groups of whole nodes,
     # the groups replicated; sharding.two_d) and keep the faster; the plan says which
     two_d: bool = False
+    # hybrid: also plan each part of the cluster (whole nodes, the fastest device kinds;
+    # sharding.subsets) at the same global batch and keep the fastest, leaving the other
+    # devices out; the plan says which it weighed and why it left any out
+    leave_out: bool = True
 
 
 # --- the cost model's and the planners' data: what a planner takes and returns ---
@@ -570,6 +577,10 @@ class Plan:
     # the dense reduction est_step_ms prices: "flat" (one all-reduce over every rank) or
     # "hierarchical" (within each node, then across nodes)
     dense_allreduce: str = "flat"
+    # a plan for part of a cluster (sharding.subsets): the whole cluster's ranks it leaves
+    # out (its own ranks are the others, in order), and every part the planner weighed
+    left_out: list[int] = field(default_factory=list)
+    weighed: list[dict] = field(default_factory=list)
 
     def shards(self) -> list[Shard]:
         return [s for t in self.tables for s in t.shards]

@@ -33,6 +33,7 @@ def plan_table(plan: Plan) -> str:
         f"(dense in {plan.precision}), "
         f"lower bound {plan.lower_bound_ms:.2f} ms ({gap:.2f}x), planned in "
         f"{plan.planning_s:.2f} s, {fits}",
+        *_parts_line(plan),
         "",
         f"{'table':12} {'rows':>12} {'dim':>4}  {'sharding':{w}} {'tier':6} {'replicated':>10}"
         "  ranks",
@@ -57,6 +58,36 @@ def plan_table(plan: Plan) -> str:
     if len(plan.devices) > 16:
         lines.append(f"... {len(plan.devices) - 16} more ranks in plan.json")
     return "\n".join(lines)
+
+
+def _parts_line(plan: Plan) -> list[str]:
+    """What hybrid weighed leaving out (`planner.leave_out`), in one line; none if nothing."""
+    if not plan.weighed:
+        return []
+    every = plan.weighed[0]
+    parts = ", ".join(
+        f"{w['what']} {w['est_step_ms']:.2f} ms"
+        if "est_step_ms" in w
+        else f"{w['what']} not weighed ({w['not_weighed']})"
+        for w in plan.weighed[1:]
+    )
+    if plan.left_out:
+        kept = next(w for w in plan.weighed if w["ranks"] == _kept(plan))
+        return [
+            f"leaves ranks {_short(plan.left_out)} out, training on {kept['what']}: predicted "
+            f"{plan.est_step_ms:.2f} ms/step without them, {every['est_step_ms']:.2f} ms with "
+            f"every device (weighed: {parts})"
+        ]
+    return [f"every device kept: no part of the cluster is predicted faster (weighed: {parts})"]
+
+
+def _kept(plan: Plan) -> list[int]:
+    world = len(plan.batch_per_rank) + len(plan.left_out)
+    return [r for r in range(world) if r not in plan.left_out]
+
+
+def _short(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{len(ranks)} ranks"
 
 
 STAGE_COLORS = {

@@ -35,6 +35,7 @@ from sharding.errors import UserError
 from sharding.plan_check import check_inputs
 from sharding.plan_eval import evaluate
 from sharding.planners import PLANNERS
+from sharding.subsets import candidates, subset
 from sharding.torchrec_planner import TorchRecPlans
 from sharding.two_d import best_with_groups, evaluate_two_d, group_inputs
 from sharding.types import (
@@ -210,8 +211,59 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
         plan = _planned(cfg, inputs)
         if cfg.planner.two_d:
             plan = best_with_groups(plan, inputs, lambda g: _planned(cfg, g))
+        elif cfg.planner.leave_out and PlannerName(cfg.planner.name) == PlannerName.hybrid:
+            plan = _with_fewer_devices(cfg, inputs, plan)
     plan.planning_s = time.perf_counter() - start
     return plan
+
+
+# a part of the cluster is kept only if its plan is predicted this much faster than the
+# plan on every device: within it the cost model cannot tell them apart
+LEAVE_OUT_MARGIN = 0.02
+
+
+def on_part(
+    cfg: TrainConfig, inputs: PlanInputs, keep: list[int]
+) -> tuple[TrainConfig, PlanInputs]:
+    """`cfg` and `inputs` on the ranks `keep` of the cluster alone (`sharding.subsets`):
+    the same tables, access frequencies and global batch."""
+    part_cfg = replace(cfg, cluster=subset(cfg.cluster, keep))
+    part = plan_inputs(part_cfg, None, None)
+    return part_cfg, replace(
+        part, tables=inputs.tables, coverage=inputs.coverage, global_batch=inputs.global_batch
+    )
+
+
+def _with_fewer_devices(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> Plan:
+    """The fastest of `plan` and hybrid's plan on each part of the cluster worth weighing
+    (`sharding.subsets.candidates`), each part's prediction or why it was not weighed kept in
+    `weighed`; a part's plan names the ranks it leaves out."""
+    weighed: list[dict] = [
+        {
+            "ranks": list(range(inputs.world)),
+            "what": "every device",
+            "est_step_ms": plan.est_step_ms,
+            "feasible": plan.feasible,
+        }
+    ]
+    best, best_keep = plan, None
+    alone = replace(cfg, planner=replace(cfg.planner, leave_out=False))
+    for keep, what in candidates(cfg.cluster):
+        entry: dict = {"ranks": keep, "what": what}
+        weighed.append(entry)
+        try:
+            part_cfg, part = on_part(alone, inputs, keep)
+            made = make_plan(part_cfg, part)
+        except UserError as e:  # not calibrated, or it cannot hold the tables
+            entry["not_weighed"] = str(e)
+            continue
+        entry.update(est_step_ms=made.est_step_ms, feasible=made.feasible)
+        if made.feasible and made.est_step_ms < best.est_step_ms * (1 - LEAVE_OUT_MARGIN):
+            best, best_keep = made, keep
+    if best_keep is not None:
+        best.left_out = [r for r in range(inputs.world) if r not in best_keep]
+    best.weighed = weighed
+    return best
 
 
 def _under(
@@ -259,6 +311,10 @@ def plan_json(plan: Plan) -> dict:
         "devices": plan.devices,
         "sharding_group_size": plan.sharding_group_size,  # 2D: one group's plan (0: none)
         "dense_allreduce": plan.dense_allreduce,  # the dense reduction it prices: flat or by node
+        # a plan for part of the cluster: the whole cluster's ranks it leaves out, and each
+        # part hybrid weighed (its predicted step, or why it was not weighed)
+        "left_out": plan.left_out,
+        "weighed": plan.weighed,
         # per device kind: calibrated, measured by the GPU probe, or datasheet assumptions,
         # and where each constant comes from
         "constants": {
@@ -284,6 +340,16 @@ def plan_json(plan: Plan) -> dict:
 
 class SavedPlanError(UserError, ValueError):
     """`trainer.plan` names a file that is no plan of this model and cluster."""
+
+
+def saved_part(path: str, world: int) -> list[int] | None:
+    """The ranks a saved plan for part of a cluster keeps (None: every rank, or a file that
+    `load_plan` will refuse with its reason)."""
+    try:
+        left_out = json.loads(Path(path).read_text()).get("left_out") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [r for r in range(world) if r not in left_out] if left_out else None
 
 
 def load_plan(path: str, inputs: PlanInputs) -> Plan:
@@ -346,6 +412,7 @@ def load_plan(path: str, inputs: PlanInputs) -> Plan:
         )
     plan = Plan(planner, cluster, tables, batch, sharding_group_size=group)
     plan = evaluate_two_d(plan, inputs) if group else evaluate(plan, inputs)
+    plan.left_out, plan.weighed = raw.get("left_out", []), raw.get("weighed", [])
     plan.planning_s = 0.0
     return plan
 

@@ -27,7 +27,15 @@ from tqdm import tqdm
 from pipelines.types import PipelineName
 from recsys import launch, preflight
 from recsys.app import CONF_DIR
-from recsys.app.planning import SavedPlanError, load_plan, make_plan, plan_inputs, plan_json
+from recsys.app.planning import (
+    SavedPlanError,
+    load_plan,
+    make_plan,
+    on_part,
+    plan_inputs,
+    plan_json,
+    saved_part,
+)
 from recsys.checkpoint import (
     checkpoint_run_id,
     checkpoint_step,
@@ -102,6 +110,9 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     read the saved plan `trainer.plan`; the ranks run this plan. Writes plan.json beside the
     run's other outputs."""
     if cfg.trainer.plan:
+        keep = saved_part(cfg.trainer.plan, inputs.world)
+        if keep is not None:  # a plan for part of this cluster: judged there
+            cfg, inputs = on_part(cfg, inputs, keep)
         plan = load_plan(cfg.trainer.plan, inputs)
         if DenseAllreduce(cfg.trainer.dense_allreduce) == DenseAllreduce.auto:  # priced both ways
             by_node = load_plan(
@@ -423,6 +434,17 @@ def _train_in(
 
     ours = tcfg.planner.name != PlannerName.torchrec
     plan = plan_ours(tcfg, inputs, run_dir) if ours else None
+    if plan is not None and plan.left_out:  # the ranks train the part the plan is for
+        keep = [r for r in range(inputs.world) if r not in plan.left_out]
+        log.info(
+            "the %s plan leaves ranks %s of %s out (predicted faster without them, "
+            "plan.json's weighed): training on %d ranks",
+            plan.planner,
+            ", ".join(map(str, plan.left_out)),
+            tcfg.cluster.name,
+            len(keep),
+        )
+        tcfg, inputs = on_part(tcfg, inputs, keep)
     if plan is not None and tcfg.trainer.plan:  # the summary names the plan's planner
         tcfg = replace(tcfg, planner=replace(tcfg.planner, name=PlannerName(plan.planner)))
     if DenseAllreduce(tcfg.trainer.dense_allreduce) == DenseAllreduce.auto:

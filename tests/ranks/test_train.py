@@ -538,3 +538,29 @@ def test_tensorboard_scalars_are_the_runs_own_figures(tmp_path: Path, monkeypatc
     monkeypatch.setattr(recsys.config, "tensorboard_installed", lambda: False)
     with pytest.raises(TrainConfigError, match=r"tensorboard=true needs the tensorboard package"):
         train(compose_config(TINY + ["trainer.tensorboard=true"]), tmp_path / "none")
+
+
+def test_a_plan_that_leaves_ranks_out_trains_on_the_rest(tmp_path: Path) -> None:
+    """A plan for part of the cluster (hybrid leaving slow devices out, `plan.left_out`)
+    starts only the ranks it keeps: trained as a saved plan on the whole 3-rank cluster, the
+    run is on 2 ranks, at the same global batch, and its plan.json names the one left out.
+    `cluster.only_ranks` trains TorchRec's planner on a part alike."""
+    from recsys.app.planning import make_plan, on_part, plan_inputs, plan_json
+
+    base = TINY + ["cluster=local_cpu3_skewed", "trainer.batch_size=32"]
+    whole = to_typed(compose_config(base + ["planner=hybrid", "planner.leave_out=false"]))
+    inputs = plan_inputs(whole, None, None)
+    part_cfg, part = on_part(whole, inputs, [0, 2])
+    plan = make_plan(part_cfg, part)
+    plan.left_out = [1]
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(plan_json(plan)))
+    summary = train(compose_config(base + [f"trainer.plan={saved}"]), tmp_path / "run")
+    assert summary["world_size"] == 2 and sum(summary["batch_per_rank"]) == 96
+    ran = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert ran["left_out"] == [1] and ran["cluster"] == "local_cpu3_skewed@ranks_0_2"
+
+    alone = train(
+        compose_config(base + ["planner=torchrec", "cluster.only_ranks=[2]"]), tmp_path / "one"
+    )
+    assert alone["world_size"] == 1 and alone["eval_auc"] is not None
