@@ -3,7 +3,9 @@
 1. Presets: the MLPerf DLRM-DCNv2 tables on each mixed and homogeneous cluster preset, planned
    by hybrid, by TorchRec's planner configured fairly (`sharding.torchrec_planner`: its own
    choice, and the fastest under our cost model of every plan it rated), greedy_size and
-   round_robin; each plan's gap to the lower bound; and where hybrid's gain comes from:
+   round_robin, and the alternatives of leaving devices out (hybrid weighing parts of the
+   cluster, TorchRec's planner on the best part); each plan's gap to the lower bound; and
+   where hybrid's gain comes from:
    TorchRec -> TorchRec's placement with speed-aware batch shares -> hybrid with whole-table
    replication only -> + speed-aware shares -> + hot-row replication -> + row parts.
 2. The grid (`benchmarks.planner_grid`): many workloads x clusters x planners.
@@ -94,11 +96,11 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
     inputs = cli.plan_inputs(typed, None, None)
     planners = {}
 
-    def timed(name: str, make) -> None:
+    def timed(name: str, make, judged: bool = False) -> None:
         begin = time.perf_counter()
         plan = make()
         seconds = time.perf_counter() - begin
-        plan = evaluate(plan, inputs)
+        plan = plan if judged else evaluate(plan, inputs)  # judged: on its own part
         batch = plan.batch_per_rank
         planners[name] = {
             "est_step_ms": plan.est_step_ms,
@@ -107,6 +109,7 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
             "a2a_bytes_per_step": plan.a2a_bytes_per_step,
             "feasible": plan.feasible,
             "batch_range": [min(batch), max(batch)],
+            "left_out": plan.left_out,  # the cluster's ranks a plan for part of it leaves out
         }
         print(
             f"{cluster:14} {name:14} {plan.est_step_ms:9.2f} ms (bound {plan.lower_bound_ms:.2f})"
@@ -124,6 +127,14 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
         timed(name, lambda name=name: PLANNERS[name](inputs))
     for name in ("torchrec", "torchrec_own"):
         planners[name]["planning_s"] = tr_s
+    # what a user might do instead: hybrid as it plans by default, weighing parts of the
+    # cluster (planner.leave_out), and TorchRec's planner on the best part of it
+    timed(
+        "hybrid+parts",
+        lambda: cli.make_plan(_compose([*_base(cfg, cluster), "planner=hybrid"]), inputs),
+        judged=True,
+    )
+    timed("torchrec@best_part", lambda: _torchrec_on_best_part(typed, inputs), judged=True)
     steps = {
         "torchrec": tr.best_ours,
         "torchrec+speed_shares": with_speed_aware_batch(tr.best_ours, inputs),
@@ -147,6 +158,28 @@ def preset(cfg: PlannerBenchConfig, cluster: str) -> dict:
         "decomposition": decomposition,
         "planners": planners,
     }
+
+
+def _torchrec_on_best_part(typed, inputs):
+    """TorchRec's plan (its best under our cost model) on each part of the cluster
+    (`sharding.subsets.candidates`) at the same global batch, the fastest, naming the ranks
+    it leaves out; TorchRec's plan on every device where no part holds the model."""
+    import recsys.app.planning as cli
+    from sharding.errors import UserError
+    from sharding.plan_eval import evaluate
+    from sharding.subsets import candidates
+
+    best = None
+    for keep, _ in candidates(typed.cluster):
+        try:
+            part_cfg, part = cli.on_part(typed, inputs, keep)
+            plan = evaluate(cli.torchrec_plans(part_cfg, part).best_ours, part)
+        except UserError:
+            continue
+        plan.left_out = [r for r in range(inputs.world) if r not in keep]
+        if plan.feasible and (best is None or plan.est_step_ms < best.est_step_ms):
+            best = plan
+    return best or evaluate(cli.torchrec_plans(typed, inputs).best_ours, inputs)
 
 
 def mlperf_workload(cfg: PlannerBenchConfig) -> Workload:
@@ -279,7 +312,11 @@ def table(r: dict) -> str:
         f"batch {r['config']['batch_size']} per rank)",
         "",
         "`torchrec`: the fastest under our cost model of every plan TorchRec's planner rated "
-        "(fair topology); `torchrec_own`: the plan it picks by its own estimate.",
+        "(fair topology); `torchrec_own`: the plan it picks by its own estimate; "
+        "`hybrid+parts`: hybrid weighing parts of the cluster (`planner.leave_out`, its "
+        "default); `torchrec@best_part`: TorchRec's plan on the fastest part of the cluster "
+        "(whole nodes, the fastest device kinds), the rest left out. Every plan at the same "
+        "global batch.",
         "",
         "| cluster | planner | predicted ms/step | speedup vs torchrec | / lower bound | "
         "a2a MB/step | planning s |",

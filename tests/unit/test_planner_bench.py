@@ -202,3 +202,23 @@ def test_the_recheck_takes_the_cut_cells_closest_to_a_torchrec_win() -> None:
     text = recheck_table(result)
     assert "Verdicts changed (TorchRec faster than hybrid by more than 0.5%): 1 of 1." in text
     assert "| c | b | 10 | 1.00 | 1.10 | 31 | 0.90 | 240 | yes | 0.900x |" in text
+
+
+def test_each_preset_is_also_planned_leaving_devices_out() -> None:
+    """Beside every planner on every device: hybrid as it plans by default (weighing parts
+    of the cluster) and TorchRec's planner on the fastest part, each at the same global
+    batch, naming the ranks it leaves out."""
+    from hydra import initialize_config_dir
+
+    from benchmarks import planners as bench
+    from recsys import CONF_DIR
+
+    cfg = bench.PlannerBenchConfig(model="dlrm_small", precision="fp32", at_scale=False)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        out = bench.preset(cfg, "emu_mixed4")
+    p = out["planners"]
+    assert p["torchrec@best_part"]["left_out"] in ([0, 1], [2, 3])
+    assert p["hybrid"]["left_out"] == [] and p["torchrec"]["left_out"] == []
+    whole_or_part = p["hybrid+parts"]
+    assert whole_or_part["est_step_ms"] <= p["hybrid"]["est_step_ms"] * 1.001
+    assert sum(whole_or_part["batch_range"]) > 0
