@@ -1130,3 +1130,24 @@ def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, 
     assert device_costs(ranks["emu_mixed4"], legacy, cluster="emu_mixed4")[3] == m4
     with pytest.raises(CalibrationError, match=r"emulated=\[emu_mixed3\]"):
         device_costs(ranks["emu_mixed3"], legacy, cluster="emu_mixed3")
+
+
+def test_generated_validation_settings_are_drawn_from_their_seed(typed_cfg):
+    """`benchmarks.calibrate`'s score: settings drawn at run time, each on its own emulated
+    layout (1-3 nodes, at most 4 ranks, shares within `max_cores`), the same for a seed and
+    different across seeds; each composes into a valid config."""
+    from benchmarks.calibrate import generated_settings
+
+    one, again, other = (generated_settings(s, 6) for s in (7, 7, 8))
+    assert [g.overrides for g in one] == [g.overrides for g in again]
+    assert [g.overrides for g in one] != [g.overrides for g in other]
+    names = set()
+    for g in one + other:
+        cfg = typed_cfg(g.overrides)
+        ranks = resolve_cluster(cfg.cluster)
+        assert cfg.cluster.emulation.enabled and g.link == "emulated"
+        assert 1 <= len(ranks) <= 4 and len({r.node for r in ranks}) <= 3
+        assert sum(r.share for r in ranks) <= 1.8 + 0.02 and min(r.share for r in ranks) > 0.1
+        assert cfg.trainer.batch_size in (1024, 2048) and g.name.startswith(cfg.cluster.name)
+        names.add(cfg.cluster.name)
+    assert len(names) == 12
