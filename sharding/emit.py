@@ -69,7 +69,7 @@ def _parts(t: TablePlan) -> list[tuple[str, int]]:
     return ([(f"{t.name}_hot", h)] if h else []) + list(zip(names, cold, strict=True))
 
 
-def _parameter_shardings(
+def parameter_shardings(
     plan: Plan, device_type: str
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, str]]:
     """Per table (each part of a split one): its TorchRec parameter sharding; the cache load
@@ -129,16 +129,13 @@ def to_torchrec_plan(
     cold_names = {name for t in plan.tables if t.name in sequences for name, _ in _parts(t)[1:]}
     meta = torch.device("meta")
     ebc = EmbeddingBagCollection([c for c in configs if c.name not in cold_names], device=meta)
-    per_param, caches, row_kernels = _parameter_shardings(plan, device_type)
+    per_param, caches, row_kernels = parameter_shardings(plan, device_type)
     world = len(plan.batch_per_rank)
     nodes = [d["node"] for d in plan.devices] or [0] * world  # ranks per node: TWRW's hosts
     local = max(nodes.count(n) for n in set(nodes))
     bag_params = {n: g for n, g in per_param.items() if n not in cold_names}
-    plans = {
-        MODULE: construct_module_sharding_plan(
-            ebc, bag_params, local_size=local, world_size=world, device_type=device_type
-        )
-    }
+    sizes = {"local_size": local, "world_size": world, "device_type": device_type}
+    plans = {MODULE: module_plan(ebc, bag_params, caches, row_kernels, **sizes)}
     if cold_names:
         ec = EmbeddingCollection(
             [
@@ -153,21 +150,44 @@ def to_torchrec_plan(
             ],
             device=meta,
         )
-        plans[SEQUENCE_MODULE] = construct_module_sharding_plan(
+        plans[SEQUENCE_MODULE] = module_plan(
             ec,
             {c.name: per_param[c.name] for c in configs if c.name in cold_names},
-            local_size=local,
-            world_size=world,
-            device_type=device_type,
+            caches,
+            row_kernels,
             sharder=EmbeddingCollectionSharder(),
+            **sizes,
         )
-    for module_plan in plans.values():  # the cache the plan sized, not TorchRec's default
-        for name, ps in module_plan.items():
-            if name in caches:
-                ps.cache_params = CacheParams(load_factor=caches[name])
-            if name in row_kernels:
-                ps.compute_kernel = row_kernels[name]
     return ShardingPlan(plans)
+
+
+def module_plan(
+    module: Any,
+    per_param: dict[str, Any],
+    caches: dict[str, float],
+    row_kernels: dict[str, str],
+    *,
+    local_size: int,
+    world_size: int,
+    device_type: str,
+    sharder: Any = None,
+) -> Any:
+    """TorchRec's plan of one embedding module from `parameter_shardings`' parts: the cache
+    the plan sized (not TorchRec's default) and table-row-wise tables' kernels set."""
+    made = construct_module_sharding_plan(
+        module,
+        per_param,
+        local_size=local_size,
+        world_size=world_size,
+        device_type=device_type,
+        **({"sharder": sharder} if sharder is not None else {}),
+    )
+    for name, ps in made.items():
+        if name in caches:
+            ps.cache_params = CacheParams(load_factor=caches[name])
+        if name in row_kernels:
+            ps.compute_kernel = row_kernels[name]
+    return made
 
 
 # CUDA-only kernels and what a CPU rank runs instead: the table in the rank's own memory

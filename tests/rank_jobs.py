@@ -319,3 +319,62 @@ def sharded_scores(cfg, plan, run_dir: str, batches: int) -> dict:
             )
     hot_ids = {f: ids.numpy() for f, ids in job.remap.hot_ids.items()} if job.remap else {}
     return {"rank": rank, "batches": out, "hot_ids": hot_ids}
+
+
+def library_planner_trains(timeout_s: float) -> dict:
+    """A TorchRec user's script with `sharding.HybridPlanner` in place of TorchRec's
+    planner: a DLRMTrain built on meta, planned collectively for the 2-rank local cluster,
+    sharded by DistributedModelParallel, and trained a few steps at the plan's shares."""
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.models.dlrm import DLRM, DLRMTrain
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+    import sharding
+
+    rank, world = launch.init_distributed(timeout_s)
+    meta = torch.device("meta")
+    rows = [500, 2000, 40]
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=n, feature_names=[f"f{i}"])
+        for i, n in enumerate(rows)
+    ]
+    model = DLRMTrain(
+        DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables, device=meta),
+            dense_in_features=4,
+            dense_arch_layer_sizes=[16, 8],
+            over_arch_layer_sizes=[16, 1],
+            dense_device=meta,
+        )
+    )
+    sharders = [EmbeddingBagCollectionSharder()]
+    planner = sharding.HybridPlanner("local_cpu2", batch_size=32)
+    plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+    sharding.check_plan_paths(model, plan)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    opt = KeyedOptimizerWrapper(dict(dmp.named_parameters()), lambda p: torch.optim.SGD(p, 0.1))
+    gen = torch.Generator().manual_seed(rank)
+    batch = plan.batch_per_rank[rank]
+    losses = []
+    for _ in range(3):
+        ids = torch.cat([torch.randint(0, n, (batch,), generator=gen) for n in rows])
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=[f"f{i}" for i in range(len(rows))],
+            values=ids,
+            lengths=torch.ones(batch * len(rows), dtype=torch.int32),
+        )
+        b = Batch(
+            dense_features=torch.randn(batch, 4, generator=gen),
+            sparse_features=kjt,
+            labels=torch.randint(0, 2, (batch,), generator=gen).float(),
+        )
+        loss, _ = dmp(b)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    sharded = type(dmp.module.model.sparse_arch.embedding_bag_collection).__name__
+    return {"rank": rank, "losses": losses, "sharded": sharded, "shares": plan.batch_per_rank}

@@ -246,3 +246,14 @@ def test_a_stopping_launcher_passes_on_the_signal_it_received(tmp_path: Path, si
         time.sleep(0.05)
     stop_ranks([PopenRank(proc)], sig, grace_s=10)
     assert said.read_text() == sig.name and proc.returncode is not None
+
+
+def test_the_library_planner_shards_a_users_torchrec_model() -> None:
+    """`sharding.HybridPlanner.collective_plan` in a plain TorchRec script: both ranks get
+    one plan, DistributedModelParallel shards the collection at the model's own path (a
+    Sharded module, not the unsharded one), and the model trains at the plan's shares."""
+    job = spawn_ranks(rank_jobs.library_planner_trains, 2, args=(60.0,), timeout_s=300)
+    out = raise_on_failure(job, "library planner")
+    assert all(o["sharded"] == "ShardedEmbeddingBagCollection" for o in out)
+    assert out[0]["shares"] == out[1]["shares"] and sum(out[0]["shares"]) == 64
+    assert all(len(o["losses"]) == 3 and all(x == x for x in o["losses"]) for o in out)
