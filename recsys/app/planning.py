@@ -217,11 +217,6 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
     return plan
 
 
-# a part of the cluster is kept only if its plan is predicted this much faster than the
-# plan on every device: within it the cost model cannot tell them apart
-LEAVE_OUT_MARGIN = 0.02
-
-
 def on_part(
     cfg: TrainConfig, inputs: PlanInputs, keep: list[int]
 ) -> tuple[TrainConfig, PlanInputs]:
@@ -258,7 +253,7 @@ def _with_fewer_devices(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> Pla
             entry["not_weighed"] = str(e)
             continue
         entry.update(est_step_ms=made.est_step_ms, feasible=made.feasible)
-        if made.feasible and made.est_step_ms < best.est_step_ms * (1 - LEAVE_OUT_MARGIN):
+        if made.feasible and made.est_step_ms < best.est_step_ms:
             best, best_keep = made, keep
     if best_keep is not None:
         best.left_out = [r for r in range(inputs.world) if r not in best_keep]
