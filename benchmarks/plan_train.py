@@ -15,7 +15,10 @@ Beside the planners, the alternatives that tell a gain's parts apart (`SPLIT_VAR
 `<planner>+hybrid_split`, that planner's placement at hybrid's batch split (TorchRec's
 placement with speed-aware shares), and `<planner>+equal_split`, its placement at equal
 batches (hybrid's tables without its split), each trained as a saved plan (`trainer.plan`)
-with the same global batch.
+with the same global batch. And the alternatives of leaving devices out: `hybrid+all_devices`
+(hybrid kept on every device; not trained where hybrid keeps them all anyway), and with
+`parts=[torchrec]` TorchRec's planner on the part of the cluster its plan is predicted
+fastest on (`parts_max` of them), the rest left out.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from benchmarks.common import (
 from recsys import CONF_DIR
 from recsys.config import register_configs
 from sharding.cluster import resolve_cluster
+from sharding.errors import UserError
 from sharding.subsets import candidates
 from sharding.types import ClusterSpec
 
@@ -72,10 +76,11 @@ class PlanTrainBenchConfig:
     link_rate: str = "1gbit"
     # cluster=<an emulated preset> (emu_mixed4): train on it instead of the 2-rank veth pair
     cluster: ClusterSpec | None = None
-    # these planners also trained on each part of the cluster a user might keep, leaving
-    # the other devices out (whole nodes, the fastest device kinds: sharding.subsets), at
-    # the same global batch: rows `<planner>@ranks_<r>_...`
+    # these planners also trained on part of the cluster, as a user might keep it, the other
+    # devices left out (whole nodes, the fastest device kinds: sharding.subsets), at the same
+    # global batch: rows `<planner>@ranks_<r>_...`
     parts: list[str] = field(default_factory=list)
+    parts_max: int = 1  # ... on this many parts, those its plan is predicted fastest on
     # predict with the per-core rates re-measured at the start (about a minute;
     # benchmarks.calibrate.refreshed), not the saved calibration's
     recalibrate: bool = False
@@ -138,8 +143,10 @@ def _overrides(cfg: PlanTrainBenchConfig, planner: str) -> list[str]:
 
 
 def part_labels(cfg: PlanTrainBenchConfig) -> list[str]:
-    """`<planner>@ranks_<r>_...` for each planner of `parts` on each part of the cluster
-    whose ranks split its global batch evenly."""
+    """`<planner>@ranks_<r>_...` for each planner of `parts` on the `parts_max` parts of the
+    cluster its plan is predicted fastest on (parts whose ranks split the global batch
+    evenly, that hold the model); each part's prediction printed."""
+    from recsys.app.planning import make_plan, plan_inputs
     from recsys.app.train import to_typed
 
     if not cfg.parts or cfg.cluster is None:
@@ -148,12 +155,34 @@ def part_labels(cfg: PlanTrainBenchConfig) -> list[str]:
     composed = hydra.compose(config_name="config", overrides=cfg.overrides)
     total = world * to_typed(composed).trainer.batch_size
     out = []
-    for keep, what in candidates(cfg.cluster):
-        if total % len(keep):
-            print(f"not trained on {what}: {len(keep)} ranks cannot split {total} samples evenly")
-            continue
-        out += [f"{p}@ranks_{'_'.join(map(str, keep))}" for p in cfg.parts]
+    for planner in cfg.parts:
+        predicted = []
+        for keep, what in candidates(cfg.cluster):
+            label = f"{planner}@ranks_{'_'.join(map(str, keep))}"
+            if total % len(keep):
+                print(f"{label} ({what}): {len(keep)} ranks cannot split {total} samples evenly")
+                continue
+            typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, label)))
+            try:
+                plan = make_plan(typed, plan_inputs(typed, None, None))
+            except UserError as e:
+                print(f"{label} ({what}): not trained: {e}")
+                continue
+            print(f"{label} ({what}): predicted {plan.est_step_ms:.1f} ms/step", flush=True)
+            if plan.feasible:
+                predicted.append((plan.est_step_ms, label))
+        out += [label for _, label in sorted(predicted)[: cfg.parts_max]]
     return out
+
+
+def _same_as_hybrid(cfg: PlanTrainBenchConfig) -> bool:
+    """Whether hybrid keeps every device here (`hybrid+all_devices` would train its plan
+    again)."""
+    from recsys.app.planning import make_plan, plan_inputs
+    from recsys.app.train import to_typed
+
+    typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, "hybrid")))
+    return not make_plan(typed, plan_inputs(typed, None, None)).left_out
 
 
 @contextmanager
@@ -184,6 +213,9 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     fresh = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
     cfg = copy.copy(cfg)
     cfg.planners = [*cfg.planners, *part_labels(cfg)]
+    if "hybrid+all_devices" in cfg.planners and _same_as_hybrid(cfg):
+        print("hybrid keeps every device here: hybrid+all_devices is hybrid, not trained again")
+        cfg.planners = [p for p in cfg.planners if p != "hybrid+all_devices"]
     moved = {p: m for p in cfg.planners if (m := _moved_plan(cfg, p)) is not None}
     with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
 
