@@ -116,3 +116,23 @@ def test_a_part_that_cannot_be_priced_is_listed_with_why(typed_cfg, monkeypatch)
     plan = planning.make_plan(cfg, real(cfg, None, None))
     by = {w["what"]: w for w in plan.weighed}
     assert by["node 1"]["not_weighed"] == "no calibration here" and "est_step_ms" in by["node 0"]
+
+
+def test_plan_train_trains_torchrec_on_the_part_its_plan_is_fastest_on(capsys):
+    """`benchmarks.plan_train parts=[torchrec]`: TorchRec's planner on each part, each
+    predicted; the fastest trained, on its ranks alone, at the same global batch."""
+    from hydra import initialize_config_dir
+
+    from benchmarks import plan_train as bench
+    from recsys import CONF_DIR
+
+    cfg = bench.PlanTrainBenchConfig(cluster=cluster_of("emu_mixed4"), parts=["torchrec"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        labels = bench.part_labels(cfg)
+        overrides = bench._overrides(cfg, labels[0])
+    printed = capsys.readouterr().out
+    assert "torchrec@ranks_0_1 (node 0): predicted" in printed
+    assert "torchrec@ranks_2_3 (node 1): predicted" in printed
+    assert labels == ["torchrec@ranks_0_1"]  # the fast node: 2 ranks at 0.6 of a core
+    assert "planner=torchrec" in overrides and "cluster.only_ranks=[0,1]" in overrides
+    assert overrides[-1] == "trainer.batch_size=4096"  # 4 x 2048 on 2 ranks
