@@ -65,6 +65,31 @@ WAITS = ("ids", "chunks", "gradients", "dense_allreduce")
 
 
 class NestedPipeline(TrainPipeline[Any, Any]):
+    """The nested pipeline, a drop-in for TorchRec's `TrainPipelineSparseDist`:
+
+        pipeline = NestedPipeline(dmp_model, optimizer, device, micro_batches=4)
+        for _ in range(steps):
+            pipeline.progress(batches)
+
+    Inter-batch, the next batch's ids are routed and its first lookups started while the
+    current batch trains; intra-batch, the batch runs as `micro_batches` chunks whose
+    embedding all-to-all overlaps the dense work, the tables frozen within the batch. The
+    losses equal the plain loop's, bit for bit (docs/pipelines.md).
+
+    What it needs and does, beyond TorchRec's pipeline:
+    - a model shaped like TorchRec's `DLRMTrain` (a forward of a `Batch` giving the loss
+      and its outputs, the sparse part's embedding collections under DistributedModelParallel),
+      with a loss that is a mean over samples; another is refused, naming why;
+    - the dense gradients are averaged over ranks by its own fixed buckets
+      (`pipelines.dense_reduce.BucketedReduce`), once a batch: DMP's DDP wrapper stays in
+      place but its backward hooks are not used (pass `reduce=` to choose the buckets);
+    - `cluster=True` groups samples by key within a batch to cut the exchange, `dedup=True`
+      sends each distinct row once (and its gradient: equal within rounding; with
+      `dedup_grads=False` forward only, bit for bit), `lookahead=True` looks the next
+      batch's rows up early and again where the update changed them.
+    `stats` counts what it did and where a step waited.
+    """
+
     def __init__(
         self,
         model: torch.nn.Module,
