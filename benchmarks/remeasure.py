@@ -71,7 +71,7 @@ PUBLISHED = [
                 "repeats=3",
             ],
         )
-        for cluster in ("emu_mixed4", "emu_mixed3")
+        for cluster in ("emu_mixed4", "emu_mixed3", "emu_mixed_even")
     ),
     # hybrid's plan at several batch splits: does the split it picks train fastest?
     ("batch_split_emu_mixed3", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed3"]),
@@ -206,6 +206,7 @@ _DEFAULT_DIR = {
     "pipeline_emu_mixed4",
     "plan_train_emu_2node",
     "plan_train_emu_mixed3",
+    "plan_train_emu_mixed_even",
     "pipeline_emu_mixed3",
     "batch_split_emu_mixed3",
     "batch_split_emu_mixed4",
