@@ -436,6 +436,13 @@ def _train_in(
     plan = plan_ours(tcfg, inputs, run_dir) if ours else None
     if plan is not None and plan.left_out:  # the ranks train the part the plan is for
         keep = [r for r in range(inputs.world) if r not in plan.left_out]
+        if launch.launched_externally():
+            raise TrainConfigError(
+                f"the {plan.planner} plan leaves ranks {plan.left_out} of {tcfg.cluster.name} "
+                f"out, but torchrun or Slurm started every rank: start {len(keep)} with "
+                f"cluster.only_ranks=[{','.join(map(str, keep))}] and trainer.plan=<its "
+                f"plan.json>, or set planner.leave_out=false"
+            )
         log.info(
             "the %s plan leaves ranks %s of %s out (predicted faster without them, "
             "plan.json's weighed): training on %d ranks",
