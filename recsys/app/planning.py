@@ -337,14 +337,17 @@ class SavedPlanError(UserError, ValueError):
     """`trainer.plan` names a file that is no plan of this model and cluster."""
 
 
-def saved_part(path: str, world: int) -> list[int] | None:
-    """The ranks a saved plan for part of a cluster keeps (None: every rank, or a file that
-    `load_plan` will refuse with its reason)."""
+def saved_part(path: str, inputs: PlanInputs) -> list[int] | None:
+    """The ranks of this run's cluster a saved plan for part of it keeps (None: the plan is
+    for this cluster as it is, or a file that `load_plan` will refuse with its reason)."""
     try:
-        left_out = json.loads(Path(path).read_text()).get("left_out") or []
+        raw = json.loads(Path(path).read_text())
+        left_out, cluster = raw.get("left_out") or [], raw.get("cluster")
     except (OSError, ValueError, AttributeError):
         return None
-    return [r for r in range(world) if r not in left_out] if left_out else None
+    if not left_out or cluster == inputs.cluster:
+        return None
+    return [r for r in range(inputs.world) if r not in left_out]
 
 
 def load_plan(path: str, inputs: PlanInputs) -> Plan:

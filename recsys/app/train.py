@@ -110,7 +110,7 @@ def plan_ours(cfg: TrainConfig, inputs: PlanInputs, run_dir: Path) -> Plan:
     read the saved plan `trainer.plan`; the ranks run this plan. Writes plan.json beside the
     run's other outputs."""
     if cfg.trainer.plan:
-        keep = saved_part(cfg.trainer.plan, inputs.world)
+        keep = saved_part(cfg.trainer.plan, inputs)
         if keep is not None:  # a plan for part of this cluster: judged there
             cfg, inputs = on_part(cfg, inputs, keep)
         plan = load_plan(cfg.trainer.plan, inputs)
@@ -434,7 +434,8 @@ def _train_in(
 
     ours = tcfg.planner.name != PlannerName.torchrec
     plan = plan_ours(tcfg, inputs, run_dir) if ours else None
-    if plan is not None and plan.left_out:  # the ranks train the part the plan is for
+    if plan is not None and plan.left_out and plan.cluster != tcfg.cluster.name:
+        # the ranks train the part the plan is for
         keep = [r for r in range(inputs.world) if r not in plan.left_out]
         if launch.launched_externally():
             raise TrainConfigError(
