@@ -559,6 +559,9 @@ def test_a_plan_that_leaves_ranks_out_trains_on_the_rest(tmp_path: Path) -> None
     assert summary["world_size"] == 2 and sum(summary["batch_per_rank"]) == 96
     ran = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert ran["left_out"] == [1] and ran["cluster"] == "local_cpu3_skewed@ranks_0_2"
+    # the same file on a run already on that part (as torchrun would start it)
+    on_part_run = compose_config(base + [f"trainer.plan={saved}", "cluster.only_ranks=[0,2]"])
+    assert train(on_part_run, tmp_path / "part")["world_size"] == 2
 
     alone = train(
         compose_config(base + ["planner=torchrec", "cluster.only_ranks=[2]"]), tmp_path / "one"
