@@ -68,8 +68,12 @@ def subset(spec: ClusterSpec, keep: list[int]) -> ClusterSpec:
                 devices=_merged(kept),
             )
         )
+    whole = parse(spec.name)  # a part of a part: named in the whole cluster's numbering
+    name = subset_name(whole[0], [whole[1][r] for r in wanted]) if whole else None
     return replace(
-        copy.deepcopy(spec), name=subset_name(spec.name, wanted), nodes=copy.deepcopy(nodes)
+        copy.deepcopy(spec),
+        name=name or subset_name(spec.name, wanted),
+        nodes=copy.deepcopy(nodes),
     )
 
 

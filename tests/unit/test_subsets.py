@@ -30,6 +30,7 @@ def test_a_part_keeps_its_ranks_devices_and_host_memory_per_device():
         [ranks[r].host_bytes for r in keep], rel=1e-9
     )
     assert part.network == spec.network and subset_name("x", [2]) == "x@ranks_2"
+    assert subset(part, [2, 4]).name == "hetero_3node@ranks_8_10"  # the whole's numbering
     with pytest.raises(ClusterConfigError, match="has ranks 0-23"):
         subset(spec, [24])
 
