@@ -61,7 +61,9 @@ def unsupported_sharding(cfg: PipelineConfig, plan: ShardingPlan) -> str | None:
                 return (
                     f"pipeline=nested: table '{table}' of {module} is sharded {ps.sharding_type};"
                     f" the nested pipeline handles {', '.join(NESTED_SHARDINGS)} pooled tables. "
-                    f"Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist), or a plan without {ps.sharding_type} tables"
+                    f"Use TorchRec's "
+                    f"TrainPipelineSparseDist (pipeline=sparse_dist), or a plan without "
+                    f"{ps.sharding_type} tables"
                 )
     return None
 

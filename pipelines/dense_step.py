@@ -55,14 +55,16 @@ def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tenso
         raise NotImplementedError(
             f"pipeline=nested needs a train module like TorchRec's DLRMTrain (a `model` "
             f"giving logits and a `loss_fn(logits, labels)`); {type(train).__name__} has "
-            f"{'no loss_fn' if fn is None else 'no model'}. Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist)"
+            f"{'no loss_fn' if fn is None else 'no model'}. Use TorchRec's "
+            f"TrainPipelineSparseDist (pipeline=sparse_dist)"
         )
     for name, m in train.model.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._NormBase):
             raise NotImplementedError(
                 f"pipeline=nested: the model's '{name}' is a {type(m).__name__}, whose "
                 f"statistics are taken over the batch; micro-batches would change them (and "
-                f"the result). Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist), or a per-sample norm (LayerNorm)"
+                f"the result). Use TorchRec's "
+                f"TrainPipelineSparseDist (pipeline=sparse_dist), or a per-sample norm (LayerNorm)"
             )
     per_sample = (
         isinstance(fn, torch.nn.modules.loss._Loss)
@@ -72,7 +74,8 @@ def batch_loss_fn(train: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tenso
         raise NotImplementedError(
             f"pipeline=nested: {type(train).__name__}.loss_fn ({type(fn).__name__}) is not "
             f"one of torch's per-sample losses, so it may couple samples (e.g. in-batch "
-            f"negatives), which micro-batches would change. Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist), or set "
+            f"negatives), which micro-batches would change. Use TorchRec's "
+            f"TrainPipelineSparseDist (pipeline=sparse_dist), or set "
             f"`per_sample_loss = True` on the train module if each sample's loss depends on "
             f"that sample alone"
         )

@@ -182,7 +182,8 @@ def _group_exchange(module: torch.nn.Module, g: int, fqn: str):
         raise NotImplementedError(
             f"pipeline=nested: '{fqn}' is sharded {sharding_type}; the nested pipeline handles "
             f"table_wise, column_wise, table_column_wise, row_wise, table_row_wise and "
-            f"data_parallel pooled tables. Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist), or a plan without "
+            f"data_parallel pooled tables. Use TorchRec's "
+            f"TrainPipelineSparseDist (pipeline=sparse_dist), or a plan without "
             f"{sharding_type} tables"
         )
     if quantized:
@@ -202,7 +203,8 @@ def _sequence_exchange(module: ShardedEmbeddingCollection, g: int, fqn: str):
         raise NotImplementedError(
             f"pipeline=nested: '{fqn}' is a sequence EmbeddingCollection sharded "
             f"{sharding_type}; the nested pipeline exchanges table-wise sequence tables (what "
-            f"hybrid's cold parts are). Use TorchRec's TrainPipelineSparseDist (pipeline=sparse_dist), or set "
+            f"hybrid's cold parts are). Use TorchRec's "
+            f"TrainPipelineSparseDist (pipeline=sparse_dist), or set "
             f"planner.cold_only_exchange=false (pooled cold parts)"
         )
     if d._dist._codecs:

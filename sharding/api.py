@@ -1,6 +1,6 @@
 """Hybrid planning for a TorchRec script: `HybridPlanner`, in TorchRec's planner's shape.
 
-    from sharding import HybridPlanner, load_cluster
+    from sharding.api import HybridPlanner, load_cluster
 
     planner = HybridPlanner(load_cluster("my_cluster.yaml"), batch_size=2048)
     plan = planner.collective_plan(model, sharders, pg)     # a torchrec ShardingPlan
@@ -49,6 +49,8 @@ from sharding.types import (
     Schedule,
     TableStats,
 )
+
+__all__ = ["HybridPlanner", "HybridShardingPlan", "check_plan_paths", "load_cluster"]
 
 PRESETS = Path(__file__).resolve().parents[1] / "conf" / "cluster"
 # the planner's own ideas that keep the model's tables as they are

@@ -332,7 +332,7 @@ def library_planner_trains(timeout_s: float) -> dict:
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-    import sharding
+    from sharding import api as sharding
 
     rank, world = launch.init_distributed(timeout_s)
     meta = torch.device("meta")

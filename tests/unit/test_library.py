@@ -1,4 +1,4 @@
-"""The planner as a library (`sharding.HybridPlanner`): a TorchRec user's model planned in a
+"""The planner as a library (`sharding.api.HybridPlanner`): a TorchRec user's model planned in a
 few lines, keyed by the model's own module paths, never silently left unsharded."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM, DLRMTrain
 
-import sharding
+from sharding import api as sharding
 from sharding.api import PlannerInputError
 from sharding.cluster import ClusterConfigError, resolve_cluster
 from sharding.types import PlanDoesNotFitError
