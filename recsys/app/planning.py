@@ -21,6 +21,7 @@ from recsys.data.multi_hot import resolve_hotness
 from recsys.models.cost_inputs import model_cost
 from recsys.models.dlrm import table_configs
 from sharding.access_profile import AccessProfile
+from sharding.bound import lower_bound_ms
 from sharding.calibration import (
     Calibration,
     constants_provenance,
@@ -232,7 +233,8 @@ def on_part(
 def _with_fewer_devices(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> Plan:
     """The fastest of `plan` and hybrid's plan on each part of the cluster worth weighing
     (`sharding.subsets.candidates`), each part's prediction or why it was not weighed kept in
-    `weighed`; a part's plan names the ranks it leaves out."""
+    `weighed`; a part's plan names the ranks it leaves out. A part whose lower bound is no
+    faster than the best plan so far is not planned: no plan there could win."""
     weighed: list[dict] = [
         {
             "ranks": list(range(inputs.world)),
@@ -248,6 +250,10 @@ def _with_fewer_devices(cfg: TrainConfig, inputs: PlanInputs, plan: Plan) -> Pla
         weighed.append(entry)
         try:
             part_cfg, part = on_part(alone, inputs, keep)
+            bound = lower_bound_ms(part)
+            if bound >= best.est_step_ms:  # no plan there can win: not planned
+                entry.update(lower_bound_ms=bound, not_weighed="its lower bound is slower")
+                continue
             made = make_plan(part_cfg, part)
         except UserError as e:  # not calibrated, or it cannot hold the tables
             entry["not_weighed"] = str(e)
