@@ -67,6 +67,8 @@ def test_a_set_is_stale_when_another_stack_measured_it(tmp_path: Path, monkeypat
     (tmp_path / "data").mkdir()
     file = tmp_path / "data" / "data.json"
     file.write_text(json.dumps({"environment": {**installed, "date": "2026-12-04"}}))
+    assert "the code it measured is unknown" in remeasure.why_stale("data", installed)
+    (tmp_path / "data" / "code.json").write_text(json.dumps({"files": {}}))  # nothing changed
     assert remeasure.why_stale("data", installed) is None
     file.write_text(json.dumps({"environment": {**installed, "torchrec": "1.8.0"}}))
     assert remeasure.why_stale("data", installed) == "torchrec 1.8.0 (installed 1.9.2)"

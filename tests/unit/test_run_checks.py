@@ -152,6 +152,7 @@ def test_a_plan_that_follows_the_pipeline_is_said_to(typed_cfg, tmp_path, caplog
         "cluster=local_cpu3_skewed",
         "cluster.nodes.0.devices.0.count=3",
         "planner=hybrid",
+        "planner.leave_out=false",  # every rank: the placement's schedule is the point
         CALIBRATION_2026_12_04,
     ]
     with caplog.at_level(logging.INFO, logger="recsys.app.train"):

@@ -82,7 +82,11 @@ def test_hybrid_leaves_devices_out_only_where_that_is_predicted_faster(typed_cfg
     plan = make_plan(cfg, inputs)
     weighed = {w["what"]: w for w in plan.weighed}
     assert set(weighed) == {"every device", "node 0", "node 1"}
-    fastest = min(weighed.values(), key=lambda w: w["est_step_ms"])
+    planned = [w for w in weighed.values() if "est_step_ms" in w]  # the others: bound too slow
+    assert all(
+        w["lower_bound_ms"] >= plan.est_step_ms for w in weighed.values() if w not in planned
+    )
+    fastest = min(planned, key=lambda w: w["est_step_ms"])
     assert plan.est_step_ms == pytest.approx(fastest["est_step_ms"])
     if fastest["what"] == "every device":
         assert plan.left_out == [] and plan.cluster == "emu_mixed4"
