@@ -560,7 +560,8 @@ def test_a_plan_that_leaves_ranks_out_trains_on_the_rest(tmp_path: Path) -> None
     ran = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert ran["left_out"] == [1] and ran["cluster"] == "local_cpu3_skewed@ranks_0_2"
     # the same file on a run already on that part (as torchrun would start it)
-    on_part_run = compose_config(base + [f"trainer.plan={saved}", "cluster.only_ranks=[0,2]"])
+    on_part = [f"trainer.plan={saved}", "cluster.only_ranks=[0,2]", "trainer.batch_size=48"]
+    on_part_run = compose_config(base + on_part)  # 96 samples on 2 ranks
     assert train(on_part_run, tmp_path / "part")["world_size"] == 2
 
     alone = train(
