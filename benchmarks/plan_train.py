@@ -208,15 +208,14 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
     short, long = cfg.steps
     if cfg.trainer.max_steps is not None:  # shorter runs: the long one at max_steps
         short, long = max(1, cfg.trainer.max_steps // 4), cfg.trainer.max_steps
-    runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in cfg.planners}
+    planners = [*cfg.planners, *part_labels(cfg)]  # the config keeps what it was told
+    if "hybrid+all_devices" in planners and _same_as_hybrid(cfg):
+        print("hybrid keeps every device here: hybrid+all_devices is hybrid, not trained again")
+        planners.remove("hybrid+all_devices")
+    runs: dict[str, list[tuple[float, dict]]] = {p: [] for p in planners}
     short_bytes: dict[str, float] = {}
     fresh = refresh_calibration() if cfg.recalibrate else None  # the cores' speed today
-    cfg = copy.copy(cfg)
-    cfg.planners = [*cfg.planners, *part_labels(cfg)]
-    if "hybrid+all_devices" in cfg.planners and _same_as_hybrid(cfg):
-        print("hybrid keeps every device here: hybrid+all_devices is hybrid, not trained again")
-        cfg.planners = [p for p in cfg.planners if p != "hybrid+all_devices"]
-    moved = {p: m for p in cfg.planners if (m := _moved_plan(cfg, p)) is not None}
+    moved = {p: m for p in planners if (m := _moved_plan(cfg, p)) is not None}
     with trainer_on(cfg) as train, tempfile.TemporaryDirectory() as tmp:
 
         def overrides_of(planner: str) -> list[str]:
@@ -227,7 +226,7 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
             return [*_overrides(cfg, "hybrid"), f"trainer.plan={path}"]  # trained as it is
 
         for rep in range(cfg.repeats):  # interleaved, so drift on the machine hits all alike
-            for planner in cfg.planners:
+            for planner in planners:
                 overrides = overrides_of(planner)
                 if rep == 0:
                     short_bytes[planner], _ = train(overrides, short, Path(tmp) / f"{planner}_s")
@@ -239,7 +238,7 @@ def run(cfg: PlanTrainBenchConfig) -> dict:
                     flush=True,
                 )
     rows = []
-    for planner in cfg.planners:
+    for planner in planners:
         name = planner.partition("+")[0] if planner in moved else planner
         typed = to_typed(hydra.compose(config_name="plan", overrides=_overrides(cfg, name)))
         plan = moved.get(planner) or make_plan(typed, plan_inputs(typed, None, None))

@@ -141,3 +141,43 @@ def test_plan_train_trains_torchrec_on_the_part_its_plan_is_fastest_on(capsys):
     assert labels == ["torchrec@ranks_0_1"]  # the fast node: 2 ranks at 0.6 of a core
     assert "planner=torchrec" in overrides and "cluster.only_ranks=[0,1]" in overrides
     assert overrides[-1] == "trainer.batch_size=4096"  # 4 x 2048 on 2 ranks
+
+
+def test_plan_train_runs_the_parts_beside_the_planners_it_was_told(monkeypatch):
+    """Every row trained, the part's among them, each run listed; the result's config keeps
+    the planners it was told (the part's rows are added, not written into it)."""
+    import contextlib
+
+    from hydra import initialize_config_dir
+
+    from benchmarks import plan_train as bench
+    from recsys import CONF_DIR
+
+    trained = []
+
+    def train(overrides, steps, run_dir):
+        trained.append(overrides)
+        world = 2 if any(o.startswith("cluster.only_ranks") for o in overrides) else 4
+        return 1000 * steps, {
+            "samples_per_s": 100.0 * world,
+            "batch_per_rank": [1] * world,
+            "step_time_s": 0.1,
+            "steps": steps,
+        }
+
+    monkeypatch.setattr(bench, "trainer_on", lambda cfg: contextlib.nullcontext(train))
+    monkeypatch.setattr(bench, "measured_ms", lambda summary: 100.0)
+    cfg = bench.PlanTrainBenchConfig(
+        cluster=cluster_of("emu_mixed4"),
+        planners=["torchrec", "hybrid+all_devices", "hybrid"],
+        parts=["torchrec"],
+        repeats=1,
+        steps=[2, 4],
+    )
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        result = bench.run(cfg)
+    rows = {r["planner"]: r for r in result["rows"]}
+    assert set(rows) == {"torchrec", "hybrid+all_devices", "hybrid", "torchrec@ranks_0_1"}
+    assert rows["torchrec@ranks_0_1"]["speedup_vs_first"] == 0.5
+    assert result["config"]["planners"] == ["torchrec", "hybrid+all_devices", "hybrid"]
+    assert len(trained) == 8  # a short and a long run each
