@@ -738,7 +738,8 @@ def measure_emulated(
         ahead.shares.update({k: shares[k] for k in at})
         ahead.links[name] = _network_cost(links[name])
         save_calibration(ahead, run_dir / f"{name}_shares.json")
-        micro = measure_micro_batch_cpu(cfg, name, run_dir, run_dir / f"{name}_shares.json")
+        shares_file = run_dir / f"{name}_shares.json"
+        micro = measure_micro_batch_cpu(cfg, name, overrides, run_dir, shares_file)
         raw[name] = {
             "shares": [r.share for r in emu.ranks],
             "compute": per_rank,
@@ -761,7 +762,7 @@ def _network_cost(fitted: dict) -> NetworkCost:
 
 
 def measure_micro_batch_cpu(
-    cfg: CalibrateConfig, cluster: str, run_dir: Path, calibration: Path
+    cfg: CalibrateConfig, cluster: str, overrides: list[str], run_dir: Path, calibration: Path
 ) -> dict:
     """The nested pipeline on an emulated cluster at the fewest and the most micro-batches of
     `micro_batch_runs`, at each of `emulated_micro_batch_batches`: each rank's CPU per step
@@ -775,7 +776,7 @@ def measure_micro_batch_cpu(
     runs, per_batch = [], []
     for batch in cfg.emulated_micro_batch_batches:
         base = [
-            f"cluster={cluster}",
+            *overrides,  # the cluster `cluster`: a preset, a part of one, or generated
             f"trainer.batch_size={batch}",
             f"planner.calibration={calibration}",
         ]
