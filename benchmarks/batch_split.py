@@ -79,7 +79,8 @@ def run(cfg: BatchSplitBenchConfig) -> dict:
     from sharding.plan_eval import evaluate
 
     where = [f"cluster={cfg.cluster.name}", *cfg.overrides]
-    typed = to_typed(hydra.compose(config_name="config", overrides=[*where, "planner=hybrid"]))
+    every = ["planner=hybrid", "planner.leave_out=false"]  # the split over every rank
+    typed = to_typed(hydra.compose(config_name="config", overrides=[*where, *every]))
     inputs = plan_inputs(typed, None, None)
     plan = make_plan(typed, inputs)
     speeds = [d.core_speed for d in inputs.devices]

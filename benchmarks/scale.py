@@ -140,7 +140,8 @@ def plan_at(
             f"trainer.precision={cfg.precision}",
         ]
     )
-    tcfg = replace(tcfg, cluster=spec)
+    # every worker of the family's cluster: the study is of schedules at each size
+    tcfg = replace(tcfg, cluster=spec, planner=replace(tcfg.planner, leave_out=False))
     t0 = time.perf_counter()
     inputs = plan_inputs(tcfg, profile, None, profile_path=cfg.profile or "")
     if cfg.host_s_per_sample is not None:
@@ -382,7 +383,8 @@ def validate() -> list[dict]:
 
     rows, profiles, cal = [], {}, load_calibration()
     for s in validation_settings():
-        tcfg = _compose(s["overrides"])
+        tcfg = _compose(s["overrides"])  # the measured runs trained on every rank
+        tcfg = replace(tcfg, planner=replace(tcfg.planner, leave_out=False))
         inputs = plan_inputs(tcfg, None, s["link"], cores_at_speed(cal, s["cores_speed"]))
         plan = make_plan(tcfg, inputs)
         cost = plan_cost(plan, inputs)

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 TINY = ["debug=tiny"]
+# hybrid on every rank of a cluster: where a test is about unequal batch shares, not about
+# which part of the cluster hybrid would keep
+EVERY_RANK = "planner.leave_out=false"
 
 
 def test_two_rank_training_learns_and_writes_summary(tmp_path: Path, monkeypatch) -> None:
@@ -220,6 +223,7 @@ def test_unequal_shares_report_global_figures(tmp_path: Path, capfd) -> None:
     cfg = TINY + [
         "cluster=local_cpu3_skewed",
         "planner=hybrid",
+        "planner.leave_out=false",  # unequal shares on every rank: the point here
         "trainer.progress_bar=true",
         "trainer.log_every=3",
     ]
@@ -387,7 +391,8 @@ def test_exported_split_model_scores_as_the_sharded_one(tmp_path: Path) -> None:
 
 def test_speed_aware_shares_train_on_the_skewed_cluster(tmp_path: Path) -> None:
     summary = train(
-        compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed"]), tmp_path
+        compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed", EVERY_RANK]),
+        tmp_path,
     )
     shares = summary["batch_per_rank"]
     assert shares[2] > shares[0] == shares[1] and sum(shares) == 3 * 64  # the fast rank: more
@@ -402,7 +407,7 @@ def test_speed_aware_shares_train_on_prepared_files(tmp_path: Path) -> None:
     synthesize(SynthConfig(output=str(tmp_path / "tsv"), rows=8000, test_rows=0, scale=1000))
     convert(tmp_path / "tsv", tmp_path / "bin", ConvertOptions(workers=1, progress=False))
     files = ["dataset=synthetic_criteo", f"dataset.path={tmp_path / 'bin'}"]
-    cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed", *files])
+    cfg = compose_config(TINY + ["planner=hybrid", "cluster=local_cpu3_skewed", EVERY_RANK, *files])
     summary = train(cfg, tmp_path / "run")
     shares = summary["batch_per_rank"]
     assert shares[2] > shares[0] == shares[1]
