@@ -142,8 +142,9 @@ class HybridPlanner:
       sharding.profile`); None: a power law of exponent `zipf_exponent` over each table.
     - `calibration`: CPU ranks' constants (a `Calibration` or its file); None: the committed
       one. GPU ranks use their kind's figures (docs/clusters.md).
-    - `dense_flops_per_sample` / `activation_bytes_per_sample`: the dense part's work and
-      saved activations; None: estimated from the module's `Linear` layers.
+    - `interaction_flops_per_sample`: the feature interaction's work beyond its parameters
+      (0: none counted); `activation_bytes_per_sample`: the dense part's saved activations,
+      None: estimated from the module's `Linear` layers.
     """
 
     def __init__(

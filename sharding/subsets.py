@@ -8,7 +8,7 @@ fastest nodes first) and the devices of the fastest kinds (a kind: its device, i
 emulated, its share of a core), each a proper, non-empty part of the cluster.
 
 An emulated subset is priced with its own calibration where one was measured
-(`python -m benchmarks.calibrate measure=emulated "emulated=[<subset name>]"`), else with
+(`python -m benchmarks.calibrate measure=emulated "emulated=['<subset name>']"`), else with
 the whole cluster's: each rank's rates at its share as measured in the whole cluster, and
 the link across its nodes, or loopback's for a subset on one node (`sharding.calibration`).
 """
