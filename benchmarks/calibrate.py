@@ -1079,8 +1079,10 @@ def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
             _merge_emulated(cal, measure_emulated(cfg, cal, run_dir))
         elif cfg.emulated:
             print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
-        cal.measured["environment"] = environment()
-        if cfg.save:
+        measured = cfg.measure == "all" or bool(cfg.emulated and why_not is None)
+        if measured:
+            cal.measured["environment"] = environment()
+        if cfg.save and measured:  # only generated settings: the saved constants untouched
             save_calibration(cal)
         generated = [
             g
