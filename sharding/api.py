@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchrec import EmbeddingBagCollection, EmbeddingCollection
-from torchrec.distributed.types import ShardingPlan
+from sharding.resources import CONF_DIR, require_torchrec
+
+try:
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.distributed.types import ShardingPlan
+except ModuleNotFoundError:  # the library's entry: a missing torchrec said with its fix
+    require_torchrec()
+    raise
 
 from sharding.access_profile import AccessProfile
 from sharding.calibration import Calibration, device_costs, load_calibration, network_cost
@@ -52,7 +58,7 @@ from sharding.types import (
 
 __all__ = ["HybridPlanner", "HybridShardingPlan", "check_plan_paths", "load_cluster"]
 
-PRESETS = Path(__file__).resolve().parents[1] / "conf" / "cluster"
+PRESETS = CONF_DIR / "cluster"
 # the planner's own ideas that keep the model's tables as they are
 WHOLE_TABLES = HybridOptions(speed_aware=True, hot_rows=False, row_parts=False, pooled_hot=False)
 

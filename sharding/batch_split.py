@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sharding import cost_model
+import sharding.cost_model as cost_model
 
 if TYPE_CHECKING:
     from sharding.types import PlanInputs

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import rank_jobs
+import torch
 from support import sigint_default
 
 from recsys.launch import (
@@ -246,6 +247,48 @@ def test_a_stopping_launcher_passes_on_the_signal_it_received(tmp_path: Path, si
         time.sleep(0.05)
     stop_ranks([PopenRank(proc)], sig, grace_s=10)
     assert said.read_text() == sig.name and proc.returncode is not None
+
+
+@pytest.mark.slow
+def test_the_example_script_trains_a_users_model_as_the_plain_loop_does(tmp_path: Path) -> None:
+    """examples/torchrec_script.py as its docstring runs it, under torchrun on 2 CPU ranks:
+    the user's model (tables at `embeddings`) planned by HybridPlanner, sharded by DMP,
+    trained by NestedPipeline to the plain loop's losses bit for bit, and exported whole."""
+    from conftest import REPO
+
+    def run(pipeline: str) -> list[list[float]]:
+        out = tmp_path / pipeline
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                str(REPO / "examples" / "torchrec_script.py"),
+                "--steps",
+                "6",
+                "--pipeline",
+                pipeline,
+                "--out",
+                str(out),
+            ],  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        assert "predicted" in done.stdout and "exported" in done.stdout, done.stdout
+        return [json.loads((out / f"losses_rank{r}.json").read_text()) for r in range(2)]
+
+    nested, plain = run("nested"), run("plain")
+    assert nested == plain and len(nested[0]) == 6
+    assert nested[0] != nested[1]  # each rank its own samples
+    exported = torch.load(tmp_path / "nested" / "model.pt")
+    table = exported["model.embeddings.embedding_bags.t0.weight"]
+    assert table.shape == (20_000, 16) and table.abs().sum() > 0
 
 
 def test_the_library_planner_shards_a_users_torchrec_model() -> None:
