@@ -86,12 +86,15 @@ def tee_to_log(path: Path | None = None) -> Iterator[None]:
         return
     log = open(path, "a", buffering=1)  # noqa: SIM115 - closed below
     old = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(old[0], log), _Tee(old[1], log)
+    tees = _Tee(old[0], log), _Tee(old[1], log)
+    sys.stdout, sys.stderr = tees
     os.environ[LOG_ENV] = str(path)
     try:
         yield
     finally:
         sys.stdout, sys.stderr = old
+        for tee in tees:  # a handler that kept one (logging's, flushed at exit): console only
+            tee.broken = True
         os.environ.pop(LOG_ENV, None)
         with contextlib.suppress(OSError):  # a full disk: said once already by _Tee
             log.close()

@@ -5,12 +5,13 @@ cannot be (recsys/trainer/outputs.py, recsys/console.py)."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
 from support import small_disk
 
-from recsys.console import _Tee
+from recsys.console import _Tee, tee_to_log
 from recsys.trainer.outputs import LossFile, OutputWriteError, read_losses, write_summary
 
 
@@ -45,6 +46,22 @@ def test_a_log_that_cannot_be_written_leaves_the_console_alone() -> None:
         "step 1\n(cannot write the log /run/train.log: No space left on device; the output "
         "goes on here only)\nstep 2\n"
     )
+
+
+def test_a_tee_kept_past_the_command_goes_to_the_console_without_a_word(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A handler made while the command ran keeps its stream (logging flushes it at exit):
+    after the command, the log is closed and that is no fault to report."""
+    console = io.StringIO()
+    monkeypatch.setattr("sys.stdout", console)
+    with tee_to_log(tmp_path / "cmd.log"):
+        kept = sys.stdout
+        print("planned")
+    kept.write("after\n")
+    kept.flush()
+    assert console.getvalue() == "planned\nafter\n"
+    assert (tmp_path / "cmd.log").read_text() == "planned\n"
 
 
 def test_a_summary_that_does_not_fit_is_one_line_and_leaves_no_half(tmp_path: Path) -> None:
