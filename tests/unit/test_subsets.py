@@ -181,3 +181,40 @@ def test_plan_train_runs_the_parts_beside_the_planners_it_was_told(monkeypatch):
     assert rows["torchrec@ranks_0_1"]["speedup_vs_first"] == 0.5
     assert result["config"]["planners"] == ["torchrec", "hybrid+all_devices", "hybrid"]
     assert len(trained) == 8  # a short and a long run each
+
+
+def test_plan_train_rates_hybrid_against_the_fastest_other_way_round_by_round():
+    from benchmarks.plan_train import table, versus_best_alternative
+
+    def row(planner, runs):
+        figures = dict.fromkeys(["bytes_per_step", "bytes_vs_first", "speedup_vs_first"], 1.0)
+        return {
+            **figures,
+            **dict.fromkeys(["predicted_a2a_bytes_per_step", "predicted_step_ms"], 1.0),
+            "measured_step_ms": 1.0,
+            "speedup_vs_first_range": [1.0, 1.0],
+            "planner": planner,
+            "samples_per_s": sorted(runs)[1],
+            "samples_per_s_runs": runs,
+        }
+
+    rows = [
+        row("torchrec", [10.0, 12.0, 11.0]),
+        row("torchrec@ranks_0_1", [20.0, 30.0, 25.0]),  # the fastest alternative by median
+        row("hybrid", [22.0, 27.0, 30.0]),
+    ]
+    vs = versus_best_alternative(rows)
+    assert vs["alternative"] == "torchrec@ranks_0_1" and vs["speedup"] == 27.0 / 25.0
+    assert vs["speedup_range"] == [0.9, 1.2]  # 27/30 and 30/25; 22/20 between
+    assert versus_best_alternative(rows[:2]) is None  # no hybrid row
+    assert versus_best_alternative(rows[2:]) is None  # nothing to compare with
+    assert "hybrid against the best alternative (torchrec@ranks_0_1): 1.08x (each round " in (
+        table(
+            {
+                "rows": rows,
+                "hybrid_vs_best_alternative": vs,
+                "environment": {"date": "d", "torch": "t", "torchrec": "r"},
+                "config": {"cluster": None, "link_rate": "1gbit", "overrides": [], "repeats": 3},
+            }
+        )
+    )
