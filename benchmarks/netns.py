@@ -102,7 +102,12 @@ def gso_limit(burst: str) -> int:
 
 def tx_bytes(link: VethLink) -> int:
     """Bytes sent so far by both ends of the link (the kernel's interface counters)."""
-    total = 0
+    return sum(tx_bytes_by_side(link))
+
+
+def tx_bytes_by_side(link: VethLink) -> list[int]:
+    """Bytes sent so far by each end of the link: one direction each."""
+    sent = []
     for side in (0, 1):
         out = subprocess.run(
             link.prefix(side) + ["cat", f"/sys/class/net/{link.ifnames[side]}/statistics/tx_bytes"],
@@ -111,8 +116,8 @@ def tx_bytes(link: VethLink) -> int:
             text=True,
             timeout=30,
         )
-        total += int(out.stdout.strip())
-    return total
+        sent.append(int(out.stdout.strip()))
+    return sent
 
 
 def rate_bits(rate: str) -> float:
@@ -217,10 +222,11 @@ def run_pair(link: VethLink, args: list[str], timeout_s: float = 600) -> None:
 
 def train_pair(link: VethLink, overrides: list[str], steps: int, run_dir: Path) -> tuple[int, dict]:
     """`recsys.train` with `overrides` for `steps` steps, one rank on each side of the link
-    (one thread each); returns the bytes the link carried and the run's summary."""
+    (one thread each); returns the bytes the link carried and the run's summary, with the
+    bytes each direction carried (`link_bytes_by_direction`: side 0's sends, then side 1's)."""
     import json
 
-    before = tx_bytes(link)
+    before = tx_bytes_by_side(link)
     args = [
         "-m",
         "recsys.train",
@@ -233,4 +239,6 @@ def train_pair(link: VethLink, overrides: list[str], steps: int, run_dir: Path) 
         f"hydra.run.dir={run_dir}",
     ]
     run_pair(link, args)
-    return tx_bytes(link) - before, json.loads((run_dir / "summary.json").read_text())
+    sent = [after - b for after, b in zip(tx_bytes_by_side(link), before, strict=True)]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return sum(sent), {**summary, "link_bytes_by_direction": sent}

@@ -262,6 +262,7 @@ def _train_all(
                     {
                         "summary": summary,
                         "bytes": sent,
+                        "bytes_by_direction": summary.get("link_bytes_by_direction"),
                         "dir": run_dir,
                         "losses": losses,
                         "overrides": overrides,
@@ -281,6 +282,7 @@ def _train_all(
         out[label] = {
             "summary": best["summary"],
             "bytes": best["bytes"],
+            "bytes_by_direction": best["bytes_by_direction"],
             "losses": best["losses"],
             "runs": [r["summary"]["samples_per_s"] for r in done],
             "same_losses_every_round": all(r["losses"] == best["losses"] for r in done),
@@ -391,6 +393,9 @@ def run(cfg: PipelineBenchConfig) -> dict:
         if cfg.row_wise is not None and cfg.cluster is None:  # a two-GPU plan: the veth pair
             extra = tuple(cfg.row_wise)
             row_wise = _row_set(cfg, Path(tmp), cfg.row_wise_pipelines, extra, "row_wise")
+    steps = cfg.trainer.max_steps or cfg.steps
+    for row_set in (rows, multi, row_wise):
+        add_wire_limits(row_set or [], link, steps)
     main = _summary(rows)
     result = {
         "pipelines": {r["pipeline"]: r["samples_per_s"] for r in rows},
@@ -471,6 +476,7 @@ def _rows(pipelines: list[str], slow: dict, fast: dict | None) -> list[dict]:
                 "predicted_ms": slow[label].get("predicted_ms"),
                 "exposed_comm_ms": None if fast_ms is None else measured_ms(s) - fast_ms,
                 "link_bytes": slow[label]["bytes"],
+                "link_bytes_by_direction": slow[label].get("bytes_by_direction"),
                 "max_rel_loss_diff_vs_plain": diff,
                 "equal_to_plain": diff is not None and diff <= EQUAL_RTOL,
                 "bit_identical": diff == 0.0,
@@ -515,8 +521,36 @@ def _summary(rows: list[dict]) -> dict:
             [r for r in rows if r["pipeline"].startswith("nested")], best
         ),
         "overlap_limit_ms": limit,
+        # against the physical limit (`add_wire_limits`): a step no schedule can beat
+        "over_wire_limit": {
+            r["pipeline"]: r["over_wire_limit"] for r in rows if r.get("over_wire_limit")
+        },
         "plain_comm_share": _comm_share(by),
     }
+
+
+def add_wire_limits(rows: list[dict], link: dict, steps: int) -> None:
+    """Each row's step against the physical limit of its own traffic: the bytes the busier
+    direction of the link carried a step (the interface counters over the run's steps; the
+    run's setup and its one evaluation batch are counted too, so the figure errs high), the
+    time they take at the rate a chunked transfer measured on this link, and
+    `max(compute alone, wire)`: the plain loop's step over the fast link (no schedule
+    computes less) or that wire time (none sends faster). Rows without the counters of each
+    direction (an emulated cluster's) or without the plain loop's fast-link run get none."""
+    plain = next((r for r in rows if r["pipeline"] == "plain"), None)
+    compute_ms = None if plain is None else plain["fast_link_step_ms"]
+    bytes_per_s = link["rate_mbit"] * 1e6 / 8 * link["chunked_rate_ratio"]
+    for r in rows:
+        sides = r.get("link_bytes_by_direction")
+        if not sides or compute_ms is None:
+            continue
+        per_step = max(sides) / steps
+        wire_ms = 1e3 * per_step / bytes_per_s
+        r["wire_bytes_per_step"] = per_step
+        r["wire_ms"] = wire_ms
+        r["compute_alone_ms"] = compute_ms
+        r["wire_limit_ms"] = max(compute_ms, wire_ms)
+        r["over_wire_limit"] = r["step_ms"] / r["wire_limit_ms"]
 
 
 def overlap_limit_ms(by: dict[str, dict]) -> float | None:
@@ -564,8 +598,9 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
     lines = [
         "| pipeline | samples/s | vs sparse_dist | step ms | exposed comm ms | "
         "link MB (run) | equal to plain (max rel loss diff) | waits ms/step: ids, "
-        "chunks, gradients, all-reduce | step / overlap limit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "chunks, gradients, all-reduce | step / overlap limit | MB a step, busier direction | "
+        "wire ms | step / max(compute alone, wire) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in rows:
         speed, diff = speedups.get(x["pipeline"]), x["max_rel_loss_diff_vs_plain"]
@@ -579,9 +614,15 @@ def _row_lines(rows: list[dict], speedups: dict) -> list[str]:
             f"{f'{speed:.2f}x' if speed else '-'} | {x['step_ms']:.1f} | "
             f"{_ms(x['exposed_comm_ms'])} | {x['link_bytes'] / 1e6:.2f} | "
             f"{equal} | {_waits(x.get('wait_ms_per_step'))} | "
-            f"{_times(x.get('over_overlap_limit'))} |"
+            f"{_times(x.get('over_overlap_limit'))} | "
+            f"{_mb(x.get('wire_bytes_per_step'))} | {_ms(x.get('wire_ms'))} | "
+            f"{_times(x.get('over_wire_limit'))} |"
         )
     return lines
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:.2f}"
 
 
 def _times(value: float | None) -> str:
@@ -605,7 +646,16 @@ def _headline(m: dict) -> list[str]:
     if m.get("overlap_limit_ms") is not None:
         lines.append(
             f"Overlap limit: {m['overlap_limit_ms']:.1f} ms (the longer of the plain "
-            f"loop's compute alone, its fast-link step, and its exchange alone)."
+            f"loop's compute alone, its fast-link step, and its exchange alone: a reference "
+            f"that keeps the plain loop's use of the link, not a bound)."
+        )
+    if m.get("over_wire_limit"):
+        lines.append(
+            "Physical limit, per pipeline: max(compute alone, wire), the wire time of the "
+            "bytes the busier direction carried a step at the chunked transfers' measured "
+            "rate; against it: "
+            + ", ".join(f"{p} {x:.2f}x" for p, x in m["over_wire_limit"].items())
+            + "."
         )
     return [*lines, ""] if lines else []
 

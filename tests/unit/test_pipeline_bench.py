@@ -178,6 +178,40 @@ def test_nested_is_compared_with_the_fastest_exact_torchrec_pipeline_and_the_lim
     assert none["speedup_vs_best_torchrec_exact"] == {}
 
 
+def test_each_step_is_held_against_the_wire_and_compute_alone() -> None:
+    """The physical limit: the busier direction's bytes a step at the chunked rate, or the
+    plain loop's compute alone over the fast link, whichever is longer; per pipeline, from
+    its own traffic (dedup sends less, so its wire time is shorter)."""
+    from benchmarks.pipeline import add_wire_limits
+
+    slow = {"plain": _run(100.0, [0.5]), "nested4": _run(200.0, [0.5])}  # 40 and 20 ms
+    slow["plain"]["bytes_by_direction"] = [10e6, 8e6]  # over 10 steps: 1 MB a step
+    slow["nested4"]["bytes_by_direction"] = [2e6, 3e6]  # 0.3 MB a step
+    fast = {k: _run(400.0, [0.5]) for k in slow}  # 10 ms a step: compute alone
+    rows = _rows(list(slow), slow, fast)
+    link = {"rate_mbit": 100.0, "chunked_rate_ratio": 0.8}  # 10 MB/s
+    add_wire_limits(rows, link, steps=10)
+    by = {r["pipeline"]: r for r in rows}
+    assert by["plain"]["wire_ms"] == pytest.approx(100.0)  # 1 MB at 10 MB/s
+    assert by["plain"]["wire_limit_ms"] == pytest.approx(100.0)
+    assert by["nested4"]["wire_ms"] == pytest.approx(30.0)
+    assert by["nested4"]["over_wire_limit"] == pytest.approx(20.0 / 30.0)
+    summary = _summary(rows)
+    assert summary["over_wire_limit"] == {
+        "plain": pytest.approx(0.4),
+        "nested4": pytest.approx(2 / 3),
+    }
+    text = "\n".join(_row_lines(rows, summary["speedup_vs_sparse_dist"]))
+    assert "| 0.30 | 30.0 | 0.67x |" in text
+    # compute alone longer than the wire: the limit is the compute
+    add_wire_limits(rows, {"rate_mbit": 8000.0, "chunked_rate_ratio": 1.0}, steps=10)
+    assert by["nested4"]["wire_limit_ms"] == pytest.approx(10.0)
+    # an emulated cluster's rows (no counters per direction) and no plain loop: none
+    bare = _rows(["nested4"], {"nested4": _run(200.0, [0.5])}, None)
+    add_wire_limits(bare, link, steps=10)
+    assert "wire_limit_ms" not in bare[0] and _summary(bare)["over_wire_limit"] == {}
+
+
 def test_the_row_wise_plan_is_a_second_row_set_under_plans(tmp_path, monkeypatch) -> None:
     """The second benchmark plan: each of its pipelines trained with the row-wise overrides
     after the main ones, on both links, in its own directories, without the cost model's
