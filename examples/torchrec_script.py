@@ -109,7 +109,9 @@ def main() -> None:
     plan = sharding.HybridPlanner(args.cluster, batch_size=args.batch_size).collective_plan(
         model, sharders, dist.group.WORLD
     )
-    sharding.check_plan_paths(model, plan)  # DMP would leave an unplanned module unsharded
+    # its paths checked (DMP would leave an unplanned module unsharded); with unequal batch
+    # shares each rank's loss weighted by its share
+    plan.prepare(model)
     if rank == 0:
         print(f"predicted {plan.est_step_ms:.1f} ms/step (bound {plan.lower_bound_ms:.1f} ms)")
     my_batch = plan.batch_per_rank[rank]

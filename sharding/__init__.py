@@ -8,7 +8,13 @@ when first named, so that `import sharding` stays free of torch; docs/library.md
 modules may change between versions.
 """
 
-__all__ = ["HybridPlanner", "HybridShardingPlan", "check_plan_paths", "load_cluster"]
+__all__ = [
+    "HybridPlanner",
+    "HybridShardingPlan",
+    "ShareWeightedLoss",
+    "check_plan_paths",
+    "load_cluster",
+]
 
 
 def __getattr__(name: str):  # `from sharding import HybridPlanner`: sharding.api on first use

@@ -22,10 +22,13 @@ tables do not fit the cluster whole is refused.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from sharding.resources import CONF_DIR, require_torchrec
 
@@ -56,7 +59,13 @@ from sharding.types import (
     TableStats,
 )
 
-__all__ = ["HybridPlanner", "HybridShardingPlan", "check_plan_paths", "load_cluster"]
+__all__ = [
+    "HybridPlanner",
+    "HybridShardingPlan",
+    "ShareWeightedLoss",
+    "check_plan_paths",
+    "load_cluster",
+]
 
 PRESETS = CONF_DIR / "cluster"
 # the planner's own ideas that keep the model's tables as they are
@@ -127,6 +136,31 @@ class HybridShardingPlan(ShardingPlan):
     lower_bound_ms: float = 0.0  # no plan of these tables on this cluster is faster, under it
     report: Plan | None = field(default=None, repr=False)  # every table's and rank's figures
 
+    def prepare(self, module: Any) -> Any:
+        """Make `module`, the train module DistributedModelParallel will wrap, ready for
+        this plan, in place, and return it: every embedding module planned at its own path
+        (`check_plan_paths`), and with unequal batch shares its `loss_fn` a sum over the
+        rank's samples scaled by world / global batch (`ShareWeightedLoss`), so that the
+        ranks' averaged gradients are the global batch's mean, as on equal shares. The
+        module must compute its loss with its `loss_fn` attribute (TorchRec's `DLRMTrain`
+        does), a torch loss averaging over samples; another is refused, naming it."""
+        check_plan_paths(module, self)
+        if len(set(self.batch_per_rank)) <= 1:
+            return module
+        fn = getattr(module, "loss_fn", None)
+        if not isinstance(fn, torch.nn.modules.loss._Loss) or fn.reduction != "mean":
+            raise PlannerInputError(
+                f"this plan gives the ranks unequal batches {self.batch_per_rank}, so each "
+                f"rank's loss must be weighted by its share; {type(module).__name__}.loss_fn "
+                f"is {type(fn).__name__ if fn is not None else 'missing'}, not a torch loss "
+                f"averaging over samples that prepare() can rescale. Weight it yourself "
+                f"(loss summed over the rank's samples x world / global batch), or plan with "
+                f"equal shares"
+            )
+        module.loss_fn = ShareWeightedLoss(fn, len(self.batch_per_rank), sum(self.batch_per_rank))
+        module.loss_reduction = "sum"  # NestedPipeline reads it: a scaled sum over samples
+        return module
+
     def __str__(self) -> str:
         cluster = self.report.cluster if self.report else "?"
         return (
@@ -134,6 +168,22 @@ class HybridShardingPlan(ShardingPlan):
             f"{self.lower_bound_ms:.2f} ms; batch per rank {self.batch_per_rank}\n"
             + super().__str__()
         )
+
+
+class ShareWeightedLoss(torch.nn.Module):
+    """`loss` (a torch loss averaging over samples) summed over a rank's samples and scaled
+    by world / global batch: with unequal batch shares, the ranks' averaged gradients are
+    then the mean over the global batch (`HybridShardingPlan.prepare`; the project's
+    trainer prices its shared batches the same way, `recsys.models.shares`)."""
+
+    def __init__(self, loss: torch.nn.modules.loss._Loss, world: int, global_batch: int) -> None:
+        super().__init__()
+        self.summed = copy.copy(loss)
+        self.summed.reduction = "sum"
+        self.scale = world / global_batch
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.summed(logits, labels) * self.scale
 
 
 class HybridPlanner:

@@ -14,20 +14,19 @@ from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM
 
+from sharding.api import ShareWeightedLoss
+
 
 class SharedBatchDLRMTrain(nn.Module):
     """DLRMTrain for a rank holding `b_r` of `global_batch` samples: `(loss, (loss, logits,
-    labels))`, the loss summed over the rank's samples and scaled by world / global batch."""
+    labels))`, the loss summed over the rank's samples and scaled by world / global batch
+    (`sharding.ShareWeightedLoss`, what `HybridShardingPlan.prepare` gives a user's model)."""
 
     def __init__(self, model: DLRM, world_size: int, global_batch: int) -> None:
         super().__init__()
         self.model = model  # same parameter names as DLRMTrain: checkpoints carry over
-        self.loss_scale = world_size / global_batch
+        self.loss_fn = ShareWeightedLoss(nn.BCEWithLogitsLoss(), world_size, global_batch)
         self.loss_reduction = "sum"  # a scaled sum over samples (pipelines.nested reads it)
-
-    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        return loss * self.loss_scale
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)

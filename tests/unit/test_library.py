@@ -76,3 +76,40 @@ def test_a_cluster_file_loads_with_or_without_hydra_defaults(tmp_path) -> None:
     (tmp_path / "bad.yaml").write_text(text.replace("count: 4", "count: 4, hbm: 80"))
     with pytest.raises(ClusterConfigError, match=r"nodes\[0\].devices\[0\].*unknown key.*hbm"):
         sharding.load_cluster(tmp_path / "bad.yaml")
+
+
+def _train_plan(shares: list[int]) -> sharding.HybridShardingPlan:
+    model = DLRMTrain(_dlrm())
+    plan = sharding.HybridPlanner("local_cpu2", batch_size=64).plan(model)
+    plan.batch_per_rank = shares
+    return plan
+
+
+def test_prepare_weights_each_ranks_loss_by_its_share() -> None:
+    """Unequal shares: the loss becomes the rank's summed loss x world / global batch (its
+    gradients averaged over ranks are then the global batch's mean); equal shares: as it
+    was. The plan's paths are checked on the way."""
+    logits, labels = torch.tensor([0.3, -1.2, 2.0]), torch.tensor([1.0, 0.0, 1.0])
+    model = DLRMTrain(_dlrm())
+    assert _train_plan([32, 32]).prepare(model) is model
+    assert isinstance(model.loss_fn, torch.nn.BCEWithLogitsLoss)  # untouched
+    _train_plan([48, 16]).prepare(model)
+    summed = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+    assert torch.equal(model.loss_fn(logits, labels), summed * (2 / 64))
+    assert model.loss_reduction == "sum"
+    with pytest.raises(PlannerInputError, match="unsharded"):
+        _train_plan([48, 16]).prepare(_dlrm())  # the bare DLRM: the paths do not match
+
+
+def test_prepare_refuses_a_loss_it_cannot_rescale() -> None:
+    class WorstSample(torch.nn.Module):  # couples the samples: no sum to rescale
+        def forward(self, logits, labels):
+            return (logits - labels).abs().max()
+
+    model = DLRMTrain(_dlrm())
+    model.loss_fn = WorstSample()
+    with pytest.raises(PlannerInputError, match=r"unequal batches \[48, 16\].*is WorstSample"):
+        _train_plan([48, 16]).prepare(model)
+    model.loss_fn = torch.nn.BCEWithLogitsLoss(reduction="sum")  # not a mean either
+    with pytest.raises(PlannerInputError, match="is BCEWithLogitsLoss, not a torch loss"):
+        _train_plan([48, 16]).prepare(model)
