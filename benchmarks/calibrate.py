@@ -197,6 +197,9 @@ class CalibrateConfig:
     # all: measure everything; emulated: keep the saved one-core constants and links,
     # measure only the emulated clusters (a new preset's shares) and validate everything
     measure: str = "all"
+    # a calibrate run's directory: its constants (its generated layouts' included) taken as
+    # they are, nothing measured again; only the validation runs (a run that stopped there)
+    measured_in: str = ""
     # per rank: two hybrid runs each (pooled / sequence cold parts) for split tables' work
     split_batches: list[int] = field(default_factory=lambda: [512, 2048])
     # also write the published results and sharding/calibration/local_cpu.json, the
@@ -497,14 +500,18 @@ def predict_ms(overrides: list[str], run_dir: Path, link_name: str, cal) -> floa
     """The cost model's step time for the run in `run_dir`, under its own plan: one of our
     planners' as its plan.json has it (split tables, hot rows and batch split included),
     TorchRec's from the layout its ranks trained."""
-    from recsys.app.planning import load_plan, plan_inputs
+    from recsys.app.planning import load_plan, on_part, plan_inputs
     from recsys.app.predict import predict
     from recsys.app.train import to_typed
+    from sharding.subsets import parse
 
     ours = run_dir / "plan.json"
-    if ours.exists() and json.loads(ours.read_text())["planner"] != "torchrec":
+    if ours.exists() and (raw := json.loads(ours.read_text()))["planner"] != "torchrec":
         cfg = to_typed(_compose(overrides))
-        return load_plan(str(ours), plan_inputs(cfg, None, link_name, cal)).est_step_ms
+        inputs = plan_inputs(cfg, None, link_name, cal)
+        if (part := parse(raw["cluster"])) is not None:  # the plan left devices out
+            cfg, inputs = on_part(cfg, inputs, part[1], cal)
+        return load_plan(str(ours), inputs).est_step_ms
     layout = json.loads((run_dir / "plan_layout.json").read_text())
     summary = run_dir / "summary.json"  # a speed-aware plan's own batch split
     batch = json.loads(summary.read_text())["batch_per_rank"] if summary.exists() else None
@@ -1063,37 +1070,52 @@ def cores_at_speed(cal, speed: float):
     )
 
 
+def _measure(
+    cfg: CalibrateConfig, run_dir: Path, link, why_not: str | None, generated: list[Setting]
+) -> Calibration:
+    """The constants `cfg` asks for: one core's (`measure=all`) or the saved ones, the
+    emulated clusters' (saved with `save=true`), then the generated settings' layouts (kept
+    in the run directory only)."""
+    if cfg.measure == "all":
+        cal = measure_core(cfg, run_dir, link)
+    else:  # the saved one-core constants; only the emulated clusters measured anew
+        cal = load_calibration()
+    if cfg.emulated and why_not is None:
+        _merge_emulated(cal, measure_emulated(cfg, cal, run_dir))
+    elif cfg.emulated:
+        print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
+    measured = cfg.measure == "all" or bool(cfg.emulated and why_not is None)
+    if measured:
+        cal.measured["environment"] = environment()
+    if cfg.save and measured:  # only generated settings: the saved constants untouched
+        save_calibration(cal)
+    if generated and why_not is None:  # measured as a user measures a new layout
+        layouts = {g.name.split()[0]: _cluster_of(g) for g in generated}
+        _merge_emulated(cal, measure_emulated(cfg, cal, run_dir, layouts))
+    elif generated:
+        print(f"skipping the generated settings: {why_not}", flush=True)
+    return cal
+
+
 def run(cfg: CalibrateConfig, run_dir: Path) -> dict:
     if cfg.measure not in ("all", "emulated"):
         raise ValueError(f"measure must be all or emulated, got '{cfg.measure}'")
     torch.set_num_threads(1)
     why_not = netns.available()
     link_ctx = netns.veth_link(cfg.link_rate) if why_not is None else None
+    generated = [
+        g
+        for seed in cfg.generated.seeds
+        for g in generated_settings(seed, cfg.generated.per_seed, cfg.generated.max_cores)
+    ]
     try:
         link = link_ctx.__enter__() if link_ctx else None
-        if cfg.measure == "all":
-            cal = measure_core(cfg, run_dir, link)
-        else:  # the saved one-core constants; only the emulated clusters measured anew
-            cal = load_calibration()
-        if cfg.emulated and why_not is None:
-            _merge_emulated(cal, measure_emulated(cfg, cal, run_dir))
-        elif cfg.emulated:
-            print(f"skipping the emulated clusters {cfg.emulated}: {why_not}", flush=True)
-        measured = cfg.measure == "all" or bool(cfg.emulated and why_not is None)
-        if measured:
-            cal.measured["environment"] = environment()
-        if cfg.save and measured:  # only generated settings: the saved constants untouched
-            save_calibration(cal)
-        generated = [
-            g
-            for seed in cfg.generated.seeds
-            for g in generated_settings(seed, cfg.generated.per_seed, cfg.generated.max_cores)
-        ]
-        if generated and why_not is None:  # measured as a user measures a new layout
-            layouts = {g.name.split()[0]: _cluster_of(g) for g in generated}
-            _merge_emulated(cal, measure_emulated(cfg, cal, run_dir, layouts))
-        elif generated:
-            print(f"skipping the generated settings: {why_not}", flush=True)
+        if cfg.measured_in:  # that run's constants, its generated layouts' too: validate only
+            cal = load_calibration(Path(cfg.measured_in) / "local_cpu.json")
+            print(f"the constants of {cfg.measured_in}: nothing measured again", flush=True)
+        else:
+            cal = _measure(cfg, run_dir, link, why_not, generated)
+        save_calibration(cal, run_dir / "local_cpu.json")  # with them: this run's only
         save_calibration(cal, run_dir / "local_cpu.json")  # with them: this run's only
         cal = load_calibration(run_dir / "local_cpu.json")
         validation = validate(cfg, cal, run_dir, link, why_not, generated)

@@ -219,12 +219,13 @@ def make_plan(cfg: TrainConfig, inputs: PlanInputs) -> Plan:
 
 
 def on_part(
-    cfg: TrainConfig, inputs: PlanInputs, keep: list[int]
+    cfg: TrainConfig, inputs: PlanInputs, keep: list[int], cal: Calibration | None = None
 ) -> tuple[TrainConfig, PlanInputs]:
     """`cfg` and `inputs` on the ranks `keep` of the cluster alone (`sharding.subsets`):
-    the same tables, access frequencies and global batch."""
+    the same tables, access frequencies and global batch; priced with `cal` (None: as
+    `plan_inputs` finds it)."""
     part_cfg = replace(cfg, cluster=subset(cfg.cluster, keep))
-    part = plan_inputs(part_cfg, None, None)
+    part = plan_inputs(part_cfg, None, None, cal)
     return part_cfg, replace(
         part, tables=inputs.tables, coverage=inputs.coverage, global_batch=inputs.global_batch
     )

@@ -1025,6 +1025,26 @@ def test_the_validation_prices_our_plans_from_their_plan_json(monkeypatch, tmp_p
         calibrate.predict_ms(over, tmp_path, "loopback", cal)
 
 
+def test_the_validation_prices_a_plan_that_left_devices_out_on_its_part(monkeypatch, tmp_path):
+    """A generated setting's hybrid plan may leave ranks out: its plan.json names the part,
+    which is priced on the part (with the calibration given, where the layout's constants
+    are), not refused against the whole cluster."""
+    from benchmarks import calibrate
+    from recsys.app.train import to_typed
+    from sharding.calibration import load_calibration
+    from tests.conftest import compose_config
+
+    monkeypatch.setattr(calibrate, "_compose", compose_config)
+    over = ["cluster=emu_mixed4", "planner=hybrid", "trainer.batch_size=2048"]
+    cfg = to_typed(compose_config(over))
+    plan = make_plan(cfg, plan_inputs(cfg, None, None))
+    assert plan.left_out == [2, 3] and plan.cluster == "emu_mixed4@ranks_0_1"
+    (tmp_path / "plan.json").write_text(json.dumps(plan_json(plan)))
+    cal = load_calibration()
+    got = calibrate.predict_ms(over, tmp_path, "emu_mixed4", cal)
+    assert got == pytest.approx(plan.est_step_ms)
+
+
 def test_each_emulated_cluster_prices_its_shares_as_measured_there(monkeypatch, tmp_path) -> None:
     """A share's speed depends on what the rest of its cluster asks of the host's cores, so
     the calibration keeps each emulated cluster's shares apart (`<cluster>/<share>`): the
