@@ -4,80 +4,31 @@ runs its command as `python -m <module>` does from a checkout, e.g. `recsys-trai
 
 from __future__ import annotations
 
-
-def train() -> None:
-    from recsys.app.train import cli
-
-    cli(serve_forks=True)  # its ranks start from the stack this process imported
+import importlib
+from collections.abc import Callable
 
 
-def evaluate() -> None:
-    from recsys.app.train import evaluate_cli
+def _command(module: str, function: str = "main", **kwargs: object) -> Callable[[], None]:
+    """The script calling `module.function(**kwargs)`, imported only when it runs."""
 
-    evaluate_cli(serve_forks=True)
+    def run() -> None:
+        getattr(importlib.import_module(module), function)(**kwargs)
 
-
-def plan() -> None:
-    from recsys.app.plan import main
-
-    main()
+    run.__qualname__ = run.__name__ = f"{module}.{function}"
+    return run
 
 
-def predict() -> None:
-    from recsys.app.predict import main
-
-    main()
-
-
-def profile() -> None:
-    from recsys.app.profile import main
-
-    main()
-
-
-def describe() -> None:
-    from recsys.app.describe import main
-
-    main()
-
-
-def export() -> None:
-    from recsys.export import main
-
-    main()
-
-
-def score() -> None:
-    from recsys.export import score_main
-
-    score_main()
-
-
-def synth() -> None:
-    from recsys.data.synth import main
-
-    main()
-
-
-def prepare() -> None:
-    from recsys.data.prepare import main
-
-    main()
-
-
-def remap() -> None:
-    from recsys.data.remap import main
-
-    main()
-
-
-def tabular() -> None:
-    from recsys.data.tabular import main
-
-    main()
-
-
-def movielens() -> None:
-    from recsys.data.movielens import main
-
-    main()
+# recsys.train and recsys.evaluate: their ranks start from the stack this process imported
+train = _command("recsys.app.train", "cli", serve_forks=True)
+evaluate = _command("recsys.app.train", "evaluate_cli", serve_forks=True)
+plan = _command("recsys.app.plan")
+predict = _command("recsys.app.predict")
+profile = _command("recsys.app.profile")
+describe = _command("recsys.app.describe")
+export = _command("recsys.export")
+score = _command("recsys.export", "score_main")
+synth = _command("recsys.data.synth")
+prepare = _command("recsys.data.prepare")
+remap = _command("recsys.data.remap")
+tabular = _command("recsys.data.tabular")
+movielens = _command("recsys.data.movielens")

@@ -49,10 +49,24 @@ def test_the_library_declares_ranges_and_the_application_pins_them() -> None:
     assert {"torchrec", "fbgemm-gpu-cpu", "torch"} <= pins.keys()
 
 
-def test_every_console_script_names_a_function() -> None:
+def test_every_console_script_names_a_command() -> None:
     for name, target in PYPROJECT["project"]["scripts"].items():
         module, _, function = target.partition(":")
-        assert callable(getattr(import_module(module), function)), name
+        script = getattr(import_module(module), function)
+        command, _, main = script.__name__.rpartition(".")  # what it runs, imported on call
+        assert callable(getattr(import_module(command), main)), name
+
+
+def test_the_public_names_are_one_list_and_each_resolves() -> None:
+    import pipelines
+    import sharding
+    from sharding import api
+
+    assert sharding.__all__ == api.__all__
+    assert all(getattr(sharding, n) is getattr(api, n) for n in sharding.__all__)
+    assert pipelines.NestedPipeline.__module__ == "pipelines.nested"
+    with pytest.raises(AttributeError, match="no attribute 'Planner'"):
+        sharding.Planner  # noqa: B018
 
 
 @pytest.mark.slow
