@@ -105,9 +105,9 @@ def test_a_wheel_installed_elsewhere_finds_its_configs_and_calibration(tmp_path:
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([*pip, "--python", python, "install", "--no-deps", wheel], check=True)
     check = (
-        "import sharding, recsys; from sharding.calibration import load_calibration; "
-        "from sharding.api import load_cluster; load_calibration(); load_cluster('emu_mixed4'); "
-        "print(sharding.CONF_DIR)"
+        "import recsys, sharding; from sharding.calibration import load_calibration; "
+        "from sharding.resources import CONF_DIR; load_calibration(); "
+        "sharding.load_cluster('emu_mixed4'); print(CONF_DIR)"
     )
     out = subprocess.run([python, "-c", check], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
