@@ -71,7 +71,32 @@ PUBLISHED = [
                 "repeats=3",
             ],
         )
-        for cluster in ("emu_mixed4", "emu_mixed3", "emu_mixed_even")
+        for cluster in ("emu_mixed4", "emu_mixed3", "emu_mixed_even", "emu_mixed_tight")
+    ),
+    # emu_mixed3's one-rank plans against hybrid kept on every device, more rounds
+    (
+        "plan_train_emu_mixed3_parts",
+        "summary.json",
+        [
+            "benchmarks.plan_train",
+            "cluster=emu_mixed3",
+            "planners=[hybrid,hybrid+all_devices]",
+            "parts=[torchrec]",
+            "repeats=5",
+        ],
+    ),
+    # the cost model scored on settings drawn at run time, each layout measured as a user's
+    (
+        "calibrate_generated",
+        "summary.json",
+        [
+            "benchmarks.calibrate",
+            "measure=emulated",
+            "emulated=[]",
+            "settings=[]",
+            "generated.seeds=[1,2]",
+            "generated.per_seed=4",
+        ],
     ),
     # hybrid's plan at several batch splits: does the split it picks train fastest?
     ("batch_split_emu_mixed3", "summary.json", ["benchmarks.batch_split", "cluster=emu_mixed3"]),
@@ -207,6 +232,7 @@ _DEFAULT_DIR = {
     "plan_train_emu_2node",
     "plan_train_emu_mixed3",
     "plan_train_emu_mixed_even",
+    "plan_train_emu_mixed_tight",
     "pipeline_emu_mixed3",
     "batch_split_emu_mixed3",
     "batch_split_emu_mixed4",
@@ -218,6 +244,7 @@ DEPENDS = {
     "scale_multihot": ("calibrate",),
     "scale_multihot_bf16": ("calibrate",),
     "two_d": ("calibrate",),
+    "calibrate_generated": ("calibrate",),
 }
 # result sets that compare stacks, each run adding its own stack's rows: never stale
 ACROSS_STACKS = {"tbe_cpu"}

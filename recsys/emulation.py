@@ -426,7 +426,7 @@ def _cluster(name: str) -> ClusterSpec:
     from recsys.config import cluster_overrides, register_configs, to_object
 
     register_configs()
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=cluster_overrides(name))
     return to_object(cfg).cluster
 
